@@ -1,0 +1,26 @@
+// The `trident` front door: one binary, one subcommand per cli/cmd_*.cpp file.
+// Each file registers itself with TRIDENT_COMMAND; main() builds the CLI11 app from the registry.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace trident::cli {
+
+// setup() adds options to `sub` and returns the action to run once parsing succeeded.
+// The action returns the process exit code; it may throw (main prints one line and exits 1).
+using Action = std::function<int()>;
+struct Command {
+  std::string name;
+  std::string help;
+  std::function<Action(CLI::App& sub)> setup;
+};
+
+bool register_command(Command cmd);
+
+}  // namespace trident::cli
+
+#define TRIDENT_CONCAT_(a, b) a##b
+#define TRIDENT_CONCAT(a, b) TRIDENT_CONCAT_(a, b)
+#define TRIDENT_COMMAND(...) \
+  static const bool TRIDENT_CONCAT(trident_cmd_registered_, __LINE__) = ::trident::cli::register_command(__VA_ARGS__)

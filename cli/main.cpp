@@ -1,0 +1,46 @@
+// trident: the command-line front door. Subcommands live in cli/cmd_*.cpp and register themselves.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <vector>
+
+#include "cli/command.h"
+
+namespace trident::cli {
+static std::vector<Command>& registry() {
+  static std::vector<Command> r;
+  return r;
+}
+bool register_command(Command cmd) {
+  registry().push_back(std::move(cmd));
+  return true;
+}
+}  // namespace trident::cli
+
+int main(int argc, char** argv) {
+  using namespace trident::cli;
+  CLI::App app{"trident: reference, emulator and planner for FSDP x CP x EP MoE training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "trident 0.1.0");
+  auto cmds = registry();
+  std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  std::map<CLI::App*, Action> actions;
+  for (auto& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    actions[sub] = c.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, act] : actions)
+      if (sub->parsed()) return act();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trident: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

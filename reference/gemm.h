@@ -1,0 +1,23 @@
+// Batch-invariant GEMM (docs/numerics.md, "GEMM order").
+//
+//   C[m, n] = sum_{k = 0..K-1} A[m, k] * B(k, n)    with B(k, n) = B[k, n] (trans_b = false) or B[n, k] (true)
+//
+// Every C[m, n] is computed as  s = +0; for k = 0, 1, ..., K-1: s = s + round_T(A[m,k] * B(k,n));  C = s
+// in T (float or double): one fixed order over K, no blocking of K, no FMA. The value of C[m, n] therefore
+// depends only on row m of A and column n of op(B): not on M, N, other rows, thread count or ISA.
+// Parallelism (OpenMP) is over tiles of output elements only. Vectorisation is across n (independent
+// output elements), never across k.
+//
+// bf16 policy: round both operands with round_bf16 first (their products are then exact in fp32), then call
+// the float GEMM.
+#pragma once
+#include <cstdint>
+
+namespace trident {
+
+// A: (M, K) row stride lda; B: (K, N) stride ldb, or (N, K) stride ldb when trans_b; C: (M, N) stride ldc.
+template <class T>
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
+          T* C, int64_t ldc);
+
+}  // namespace trident

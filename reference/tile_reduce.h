@@ -1,0 +1,42 @@
+// Tile reductions: the contract's one cross-token reduction (docs/numerics.md, "Tile reductions").
+//
+// Rows (tokens, or (token, head) pairs) are grouped into segments; a segment holds the rows of one global
+// reduction tile, in token order. For each output element:
+//   partial(tile) = in-order sum over the tile's rows in T (T = float or double), starting from +0,
+//                   each product rounded to T before it is added (no FMA);
+//   result        = exact sum (ExactAcc<T>) of all tile partials, rounded once.
+// Because the exact sum is order- and partition-free, any split of the tiles over ranks followed by an
+// exact merge (ExactAcc::merge / emulator exact_sum) gives the same bits. Empty segments contribute nothing.
+//
+// segs: offsets [n_tiles + 1] into the rows, non-decreasing, segs[0] == 0 (or any start), rows
+// segs[i]..segs[i+1]-1 belong to tile i.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "reference/exact_acc.h"
+
+namespace trident {
+
+// acc[j] += sum over tiles of (in-tile sum over rows r of x[r, j])          x: (N, J) row-major
+template <class T>
+void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);
+
+// acc[k, m] += sum over tiles of (in-tile sum over rows r of X[r, k] * dY[r, m])
+//   X: (N, K) row stride ldx, dY: (N, M) row stride ldy, acc: (K, M) row-major.
+// The weight-gradient form dW = X^T dY. Parallel (OpenMP) over blocks of output elements only.
+template <class T>
+void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, ExactAcc<T>* acc);
+
+// Convenience: zeroed accumulators, tile_wgrad_acc, round into dW (K, M).
+template <class T>
+void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                std::span<const int64_t> segs, T* dW);
+
+// Segments of `n` rows cut into tiles of `tile` consecutive rows (the last may be shorter):
+// {0, tile, 2*tile, ..., n}. Rows of several sequences: call per sequence, or use tile ids directly.
+std::vector<int64_t> uniform_segments(int64_t n, int64_t tile);
+
+}  // namespace trident
