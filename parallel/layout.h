@@ -1,0 +1,61 @@
+// Parallel layout (docs/parallel.md): which rank holds which tokens, which parameter rows and which
+// experts. Pure arithmetic, no communicator: the distributed step, the tests and the planner share it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trident::parallel {
+
+// The two meshes over one world. Dense rank = (d * fsdp + f) * cp + c; expert rank = ef * ep + p.
+struct MeshShape {
+  int64_t d_rep = 1, fsdp = 1, cp = 1;  // dense mesh (cp innermost)
+  int64_t e_fsdp = 1, ep = 1;           // expert mesh (ep innermost)
+  int64_t world() const { return d_rep * fsdp * cp; }
+  std::string str() const;              // "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)"
+};
+
+// Parses "d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64" (missing keys default to 1; unknown keys rejected).
+MeshShape parse_mesh(const std::string& spec);
+
+struct DenseCoord { int64_t d, f, c; };
+struct ExpertCoord { int64_t ef, p; };
+DenseCoord dense_coord(const MeshShape& m, int64_t rank);
+ExpertCoord expert_coord(const MeshShape& m, int64_t rank);
+
+// ---- Data: whole sequences per data-parallel group, zig-zag chunks within a sequence -----------------------
+// Group g = d * fsdp + f holds sequences [g * B/G, (g+1) * B/G), G = d_rep * fsdp. Each sequence of length S
+// is cut into 2*cp chunks of S/(2 cp) tokens; cp rank c holds chunks c and 2cp-1-c (balances causal work).
+struct TokenRange {
+  int64_t seq;    // global sequence index
+  int64_t begin;  // first global position
+  int64_t end;    // one past the last
+};
+// The local token rows of a rank, in local order: for each of its sequences (ascending), chunk c then chunk
+// 2cp-1-c. Concatenating the ranges gives the rank's rows.
+std::vector<TokenRange> local_tokens(const MeshShape& m, int64_t rank, int64_t sequences, int64_t seq_len);
+
+// ---- Parameter shards: per-parameter dim-0 shards with padding --------------------------------------------
+// A parameter of dim-0 size `rows` (and `row_elems` elements per row) over n shards: rows_per_shard =
+// ceil(rows / n); shard i holds rows [i*rps, min((i+1)*rps, rows)), padded with zeros to rps rows.
+struct ShardSpec {
+  int64_t rows = 0, row_elems = 1, n = 1;
+  int64_t rows_per_shard() const { return (rows + n - 1) / n; }
+  int64_t shard_elems() const { return rows_per_shard() * row_elems; }            // padded
+  int64_t begin_row(int64_t i) const;                                              // clamped to rows
+  int64_t end_row(int64_t i) const;                                                // clamped to rows
+  int64_t valid_elems(int64_t i) const { return (end_row(i) - begin_row(i)) * row_elems; }
+};
+
+// ---- Experts -------------------------------------------------------------------------------------------------
+// Expert e lives on ep rank e / (E / ep).
+inline int64_t expert_owner(int64_t e, int64_t experts, int64_t ep) { return e / (experts / ep); }
+
+// ---- Validation -----------------------------------------------------------------------------------------------
+// Everything the step needs of a mesh for a model and batch; throws trident::Error naming the rule and numbers:
+// products equal the world; experts % ep == 0; sequences % (d_rep*fsdp) == 0; seq_len % (2 cp) == 0;
+// (seq_len / (2 cp)) % tile == 0 (a reduction tile never straddles ranks); EP chunks tile-aligned.
+void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int64_t seq_len, int64_t tile,
+                     int64_t ep_chunks);
+
+}  // namespace trident::parallel
