@@ -1,11 +1,237 @@
-// Implementation detail of reference/exact_acc.h (to be written with the numerics core).
-// Required interface of ExactAcc<T> for T in {float, double}:
-//   static constexpr size_t kBytes;        // == sizeof(ExactAcc<T>)
-//   ExactAcc();                            // exact zero
-//   void add(T x);                         // exact
-//   void merge(const ExactAcc& other);     // exact, associative, commutative
-//   T round() const;                       // correctly rounded, RNE
-//   bool is_zero() const;
-// ExactAcc<double> additionally: void add(float x) (exact widening).
+// Implementation detail of reference/exact_acc.h: the fixed-point superaccumulator.
+//
+// Representation (docs/numerics.md, "Exact accumulator"). A value v is the integer
+//     sum_i limb[i] * 2^(32 i)      in units of the smallest subnormal of T (2^-149 float, 2^-1074 double),
+// with int64 limbs that nominally hold 32-bit digits and 31 bits of carry headroom, and the top limb signed.
+// add(x) splits x = +-M * 2^p (M the integer significand, p >= 0 its position in those units) into 32-bit
+// digit pieces and adds them to 2 (float) or 3 (double) limbs: one shift and a few integer adds, no carry
+// chain. A counter normalises (propagates carries, leaving limbs 0..n-2 in [0, 2^32)) before any limb could
+// overflow; normalisation never changes the value. round() normalises a copy, takes the magnitude and rounds
+// it once, correctly (RNE), to T.
+//
+// Required interface (both T): kBytes, ExactAcc(), add(T), merge(const ExactAcc&), round(), is_zero();
+// ExactAcc<double> additionally add(float) (exact widening).
+// Wire format: the object's bytes (little-endian x86-64): limb[kLimbs] (int64), count (uint32), flags (uint32).
 #pragma once
-#error "reference/exact_acc_impl.h is not written yet"
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace trident {
+namespace detail {
+
+template <class T>
+struct ExactAccTraits;
+template <>
+struct ExactAccTraits<float> {
+  using Bits = uint32_t;
+  static constexpr int kMant = 24;        // significand bits incl. the implicit one
+  static constexpr int kExpBits = 8;
+  // Positions 0..253 (+ 55-bit shifted significand) -> limbs 0..8 receive adds; limb 9 holds carries only,
+  // so the sum of up to ~2^70 maximal terms stays representable.
+  static constexpr int kLimbs = 10;
+  static constexpr uint32_t kNormEvery = 1u << 30;  // each add moves a limb by < 2^32; 2^30 * 2^32 < 2^63
+};
+template <>
+struct ExactAccTraits<double> {
+  using Bits = uint64_t;
+  static constexpr int kMant = 53;
+  static constexpr int kExpBits = 11;
+  // Positions 0..2045 (+ 84-bit shifted significand) -> limbs 0..65 receive adds; 66..67 carries only.
+  static constexpr int kLimbs = 68;
+  static constexpr uint32_t kNormEvery = 1u << 29;  // the middle digit of an add is < 2^33
+};
+
+template <class T>
+class ExactAccCore {
+ public:
+  using Tr = ExactAccTraits<T>;
+  using Bits = typename Tr::Bits;
+  static constexpr int kLimbs = Tr::kLimbs;
+  static constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
+
+  // Exact merge: limbwise integer addition (associative, commutative).
+  void merge(const ExactAccCore& o) {
+    flags_ |= o.flags_;
+    if (count_ + uint64_t{o.count_} >= Tr::kNormEvery) [[unlikely]] {
+      ExactAccCore t = o;
+      t.normalize();
+      normalize();
+      for (int i = 0; i < kLimbs; ++i) limb_[i] += t.limb_[i];
+      count_ = 2;
+      return;
+    }
+    for (int i = 0; i < kLimbs; ++i) limb_[i] += o.limb_[i];
+    count_ += o.count_;
+  }
+
+  // Correctly rounded (RNE) value; specials per exact_acc.h.
+  T round() const {
+    if (flags_ != 0) [[unlikely]] {
+      if (round_is_nan())
+        return std::numeric_limits<T>::quiet_NaN();
+      return (flags_ & kPosInf) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
+    }
+    ExactAccCore t = *this;
+    t.normalize();
+    const bool neg = t.limb_[kLimbs - 1] < 0;
+    if (neg) {
+      for (int i = 0; i < kLimbs; ++i) t.limb_[i] = -t.limb_[i];
+      t.normalize();
+    }
+    // Magnitude: digits limb_[0..n-2] in [0, 2^32), top limb >= 0.
+    int top = kLimbs - 1;
+    while (top >= 0 && t.limb_[top] == 0) --top;
+    if (top < 0) return T(0);  // exact zero -> +0
+    constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
+    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
+    const uint64_t topd = static_cast<uint64_t>(t.limb_[top]);
+    if (top == kLimbs - 1 && topd >> 32 != 0) return neg ? -std::numeric_limits<T>::infinity()
+                                                         : std::numeric_limits<T>::infinity();
+    const int P = 32 * top + (63 - std::countl_zero(topd));  // position of the leading one
+    Bits bits;
+    if (P < Tr::kMant) {
+      // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
+      // smallest subnormal IS the bit pattern (subnormals, and biased exponent 1 with the implicit bit).
+      bits = static_cast<Bits>(t.window(0));
+    } else {
+      const int shift = P - (Tr::kMant - 1);  // >= 1
+      if (shift >= (1 << Tr::kExpBits)) return neg ? -std::numeric_limits<T>::infinity()
+                                                   : std::numeric_limits<T>::infinity();
+      uint64_t q = t.window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
+      const int hpos = shift - 1;
+      const bool half = (static_cast<uint64_t>(t.limb_[hpos >> 5]) >> (hpos & 31)) & 1;
+      bool sticky = (static_cast<uint64_t>(t.limb_[hpos >> 5]) & ((uint64_t{1} << (hpos & 31)) - 1)) != 0;
+      for (int i = 0; i < (hpos >> 5) && !sticky; ++i) sticky = t.limb_[i] != 0;
+      q += (half && (sticky || (q & 1))) ? 1 : 0;
+      // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
+      const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
+      if (b >= kInfBits) return neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+      bits = static_cast<Bits>(b);
+    }
+    if (neg) bits |= kSign;
+    return std::bit_cast<T>(bits);
+  }
+
+  // True when no special value was seen and the exact sum is zero.
+  bool is_zero() const {
+    if (flags_ != 0) return false;
+    ExactAccCore t = *this;
+    t.normalize();
+    for (int i = 0; i < kLimbs; ++i)
+      if (t.limb_[i] != 0) return false;
+    return true;
+  }
+
+  // Special-value flags seen so far (kNaN | kPosInf | kNegInf).
+  uint32_t flags() const { return flags_; }
+
+  // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^32).
+  void normalize() {
+    for (int i = 0; i < kLimbs - 1; ++i) {
+      const int64_t c = limb_[i] >> 32;  // arithmetic shift (floor)
+      limb_[i] -= c * (int64_t{1} << 32);
+      limb_[i + 1] += c;
+    }
+    count_ = 1;
+  }
+
+  // Limb access for tests and docs (value = sum limb(i) * 2^(32 i) units).
+  int64_t limb(int i) const { return limb_[i]; }
+
+ protected:
+  bool round_is_nan() const {
+    return (flags_ & kNaN) || (flags_ & (kPosInf | kNegInf)) == (kPosInf | kNegInf);
+  }
+  // Special operand (exponent all ones): record its flag.
+  void add_special(Bits u, Bits mant) {
+    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
+    flags_ |= mant ? kNaN : ((u & kSign) ? kNegInf : kPosInf);
+  }
+  void bump() {
+    if (++count_ >= Tr::kNormEvery) [[unlikely]] normalize();
+  }
+  // 64 bits of the (normalised, non-negative) magnitude starting at bit `pos`.
+  uint64_t window(int pos) const {
+    const int i = pos >> 5, s = pos & 31;
+    auto d = [&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(limb_[j]) : 0; };
+    uint64_t w = (d(i) | (d(i + 1) << 32)) >> s;
+    if (s != 0) w |= d(i + 2) << (64 - s);
+    return w;
+  }
+
+  int64_t limb_[kLimbs] = {};
+  uint32_t count_ = 0;
+  uint32_t flags_ = 0;
+};
+
+}  // namespace detail
+
+template <>
+class ExactAcc<float> : public detail::ExactAccCore<float> {
+ public:
+  static constexpr size_t kBytes = sizeof(detail::ExactAccCore<float>);
+  ExactAcc() = default;
+
+  // Exact: x = +-M * 2^p units (M < 2^24, p = biased exponent - 1, or 0 for subnormals).
+  inline void add(float x) {
+    const uint32_t u = std::bit_cast<uint32_t>(x);
+    const uint32_t e = (u >> 23) & 0xffu;
+    const uint32_t mant = u & 0x7fffffu;
+    if (e == 0xffu) [[unlikely]] {
+      add_special(u, mant);
+      return;
+    }
+    const int64_t M = static_cast<int64_t>(mant | (e != 0 ? 0x800000u : 0u));
+    const uint32_t p = e - (e != 0 ? 1u : 0u);
+    const int64_t s = -static_cast<int64_t>(u >> 31);              // 0 or -1
+    const int64_t v = ((M << (p & 31)) ^ s) - s;                    // signed, |v| < 2^55
+    const int i = static_cast<int>(p >> 5);
+    limb_[i] += v & 0xffffffffll;                                   // low digit, in [0, 2^32)
+    limb_[i + 1] += v >> 32;                                        // floor(v / 2^32), |.| <= 2^23
+    bump();
+  }
+  void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
+};
+
+template <>
+class ExactAcc<double> : public detail::ExactAccCore<double> {
+ public:
+  static constexpr size_t kBytes = sizeof(detail::ExactAccCore<double>);
+  ExactAcc() = default;
+
+  // Exact: x = +-M * 2^p units (M < 2^53, p = biased exponent - 1, or 0 for subnormals).
+  inline void add(double x) {
+    const uint64_t u = std::bit_cast<uint64_t>(x);
+    const uint64_t e = (u >> 52) & 0x7ffu;
+    const uint64_t mant = u & 0xfffffffffffffull;
+    if (e == 0x7ffu) [[unlikely]] {
+      add_special(u, mant);
+      return;
+    }
+    const uint64_t M = mant | (e != 0 ? (uint64_t{1} << 52) : 0u);
+    const uint32_t p = static_cast<uint32_t>(e - (e != 0 ? 1u : 0u));
+    const uint32_t sh = p & 31;
+    const uint64_t lo = (M & 0xffffffffu) << sh;  // < 2^63
+    const uint64_t hi = (M >> 32) << sh;          // < 2^52
+    const int64_t d0 = static_cast<int64_t>(lo & 0xffffffffu);
+    const int64_t d1 = static_cast<int64_t>((lo >> 32) + (hi & 0xffffffffu));  // < 2^33
+    const int64_t d2 = static_cast<int64_t>(hi >> 32);
+    const int64_t s = -static_cast<int64_t>(u >> 63);
+    const int i = static_cast<int>(p >> 5);
+    limb_[i] += (d0 ^ s) - s;
+    limb_[i + 1] += (d1 ^ s) - s;
+    limb_[i + 2] += (d2 ^ s) - s;
+    bump();
+  }
+  // Exact widening of a float term.
+  inline void add(float x) { add(static_cast<double>(x)); }
+  void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
+};
+
+static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 88);
+static_assert(sizeof(ExactAcc<double>) == ExactAcc<double>::kBytes && ExactAcc<double>::kBytes == 552);
+
+}  // namespace trident

@@ -1,0 +1,23 @@
+// Array helpers of reference/exact_acc.h.
+#include "reference/exact_acc.h"
+
+namespace trident {
+
+template <class T>
+void exact_merge(ExactAcc<T>* dst, const ExactAcc<T>* src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 4096)
+  for (int64_t i = 0; i < n; ++i) dst[i].merge(src[i]);
+}
+
+template <class T>
+void exact_round(const ExactAcc<T>* acc, T* out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= 4096)
+  for (int64_t i = 0; i < n; ++i) out[i] = acc[i].round();
+}
+
+template void exact_merge<float>(ExactAcc<float>*, const ExactAcc<float>*, int64_t);
+template void exact_merge<double>(ExactAcc<double>*, const ExactAcc<double>*, int64_t);
+template void exact_round<float>(const ExactAcc<float>*, float*, int64_t);
+template void exact_round<double>(const ExactAcc<double>*, double*, int64_t);
+
+}  // namespace trident
