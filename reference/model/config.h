@@ -1,0 +1,86 @@
+// The reference model's typed, validated configuration (DESIGN.md section 3; docs/model.md "Config").
+//
+// Config is the model (and its numerics: tile T, vocab chunk, policy); RunConfig is how one run uses it
+// (batch shape, steps, optimizer hyper-parameters, data). Both load from JSON; Config also from a .json or
+// .toml file. Every key is required and unknown keys are rejected: a config file says everything it means.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "reference/policy.h"
+
+namespace trident::model {
+
+enum class AttnKind { mla, gqa };
+std::string_view to_string(AttnKind k);
+
+struct Config {
+  int64_t vocab = 512;         // V
+  int64_t d_model = 64;        // d
+  int64_t layers = 3;          // L
+  int64_t dense_layers = 1;    // L0: layers 0..L0-1 use the dense SwiGLU MLP, the rest MoE
+  AttnKind attn = AttnKind::mla;
+  int64_t heads = 4;           // H
+  // GQA
+  int64_t kv_heads = 0;        // Hkv
+  int64_t head_dim = 0;        // Dh
+  // MLA
+  int64_t nope_dim = 16;       // Dn
+  int64_t rope_dim = 8;        // Dr
+  int64_t v_dim = 16;          // Dv
+  int64_t kv_lora_rank = 32;   // r
+  // MoE
+  int64_t experts = 8;         // E
+  int64_t top_k = 2;           // K
+  int64_t expert_ffn = 32;     // Fe
+  int64_t shared_ffn = 32;     // Fs (0 = no shared expert)
+  int64_t dense_ffn = 128;     // F (dense layers)
+  double routed_scale = 1.0;   // alpha
+  double bias_rate = 1e-3;     // gamma (0 disables the router bias update)
+  // numerics
+  int64_t tile = 8;            // T: reduction tile, tokens of one sequence
+  int64_t vocab_chunk = 128;   // linear-CE vocabulary chunk (part of the numerics)
+  Policy policy = Policy::fp32;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-6;
+  uint64_t seed = 1234;        // parameter init
+
+  // derived
+  bool is_moe_layer(int64_t i) const { return i >= dense_layers; }
+  int64_t q_head_dim() const { return attn == AttnKind::mla ? nope_dim + rope_dim : head_dim; }
+  int64_t rope_width() const { return attn == AttnKind::mla ? rope_dim : head_dim; }
+  // Attention core dims: the per-token KV payload width P, per-head query width Dq, core value width Dvc,
+  // number of KV groups G (MLA: 1 latent shared by all heads).
+  int64_t payload_dim() const { return attn == AttnKind::mla ? kv_lora_rank + rope_dim : 2 * kv_heads * head_dim; }
+  int64_t core_q_dim() const { return attn == AttnKind::mla ? kv_lora_rank + rope_dim : head_dim; }
+  int64_t core_v_dim() const { return attn == AttnKind::mla ? kv_lora_rank : head_dim; }
+  int64_t kv_groups() const { return attn == AttnKind::mla ? 1 : kv_heads; }
+
+  void validate() const;  // throws trident::Error naming the rule that fails
+  nlohmann::json to_json() const;
+  static Config from_json(const nlohmann::json& j);  // validates
+  static Config load(const std::string& path);       // .json or .toml, validates
+  static Config preset(std::string_view name);       // tiny, tiny-gqa, tiny-e64
+  static std::vector<std::string> preset_names();
+};
+
+// How one run uses the model (not model config). All keys required in from_json.
+struct RunConfig {
+  int64_t sequences = 4;     // B sequences per step
+  int64_t seq_len = 32;      // S tokens per sequence
+  int64_t steps = 10;
+  int64_t token_chunk = 64;  // linear-CE token chunk (results are independent of it, bitwise)
+  bool recompute = false;    // full recompute: keep each layer's input only
+  double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_grad_norm = 1.0;
+  uint64_t data_seed = 7;    // synthetic data
+  void validate() const;
+  nlohmann::json to_json() const;
+  static RunConfig from_json(const nlohmann::json& j);
+};
+
+// TOML document -> JSON (tables -> objects, arrays, int/float/bool/string kept as such).
+nlohmann::json toml_file_to_json(const std::string& path);
+
+}  // namespace trident::model

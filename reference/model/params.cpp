@@ -1,0 +1,159 @@
+#include "reference/model/params.h"
+
+#include <cmath>
+
+#include "reference/check.h"
+
+namespace trident::model {
+
+std::vector<ParamInfo> param_layout(const Config& c) {
+  std::vector<ParamInfo> out;
+  auto add = [&](std::string name, Shape shape, int64_t fan_in, bool trainable = true) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.is_matrix = shape.size() >= 2;
+    p.shape = std::move(shape);
+    p.trainable = trainable;
+    p.fan_in = fan_in;
+    out.push_back(std::move(p));
+  };
+  const int64_t d = c.d_model, H = c.heads;
+  add("embed", {c.vocab, d}, 1);
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string L = fmt::format("layers.{}.", i);
+    add(L + "attn_norm", {d}, 1);
+    if (c.attn == AttnKind::gqa) {
+      const int64_t Dh = c.head_dim, Hkv = c.kv_heads;
+      add(L + "attn.wq", {d, H * Dh}, d);
+      add(L + "attn.wk", {d, Hkv * Dh}, d);
+      add(L + "attn.wv", {d, Hkv * Dh}, d);
+      add(L + "attn.wo", {H * Dh, d}, H * Dh);
+    } else {
+      const int64_t Dn = c.nope_dim, Dr = c.rope_dim, Dv = c.v_dim, r = c.kv_lora_rank;
+      add(L + "attn.wq", {d, H * (Dn + Dr)}, d);
+      add(L + "attn.wdkv", {d, r + Dr}, d);
+      add(L + "attn.kv_norm", {r}, 1);
+      add(L + "attn.wuk", {r, H * Dn}, r);
+      add(L + "attn.wuv", {r, H * Dv}, r);
+      add(L + "attn.wo", {H * Dv, d}, H * Dv);
+    }
+    add(L + "ffn_norm", {d}, 1);
+    if (!c.is_moe_layer(i)) {
+      add(L + "mlp.wg", {d, c.dense_ffn}, d);
+      add(L + "mlp.wu", {d, c.dense_ffn}, d);
+      add(L + "mlp.wd", {c.dense_ffn, d}, c.dense_ffn);
+    } else {
+      const int64_t E = c.experts, Fe = c.expert_ffn, Fs = c.shared_ffn;
+      add(L + "moe.router", {d, E}, d);
+      add(L + "moe.router_bias", {E}, 1, /*trainable=*/false);
+      add(L + "moe.experts.wg", {E, d, Fe}, d);
+      add(L + "moe.experts.wu", {E, d, Fe}, d);
+      add(L + "moe.experts.wd", {E, Fe, d}, Fe);
+      if (Fs > 0) {
+        add(L + "moe.shared.wg", {d, Fs}, d);
+        add(L + "moe.shared.wu", {d, Fs}, d);
+        add(L + "moe.shared.wd", {Fs, d}, Fs);
+      }
+    }
+  }
+  add("final_norm", {d}, 1);
+  add("lm_head", {d, c.vocab}, d);
+  return out;
+}
+
+static inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t index) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ index);
+}
+
+double uniform_pm1(uint64_t seed, uint64_t stream, uint64_t index) {
+  const double u = static_cast<double>(hash3(seed, stream, index) >> 11) * 0x1.0p-53;  // [0, 1)
+  return 2.0 * u - 1.0;
+}
+
+template <class T>
+ParamSet<T> ParamSet<T>::zeros(const Config& cfg) {
+  ParamSet s;
+  s.info = param_layout(cfg);
+  for (size_t i = 0; i < s.info.size(); ++i) {
+    s.t.emplace_back(s.info[i].shape, T(0));
+    s.index[s.info[i].name] = i;
+  }
+  return s;
+}
+
+static bool ends_with(const std::string& s, std::string_view suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+template <class T>
+ParamSet<T> ParamSet<T>::init(const Config& cfg, uint64_t seed) {
+  ParamSet s = zeros(cfg);
+  for (size_t p = 0; p < s.size(); ++p) {
+    const ParamInfo& in = s.info[p];
+    Tensor<T>& w = s.t[p];
+    if (ends_with(in.name, "norm")) {  // attn_norm, ffn_norm, kv_norm, final_norm
+      for (auto& x : w.data) x = T(1);
+    } else if (ends_with(in.name, "router_bias")) {
+      for (auto& x : w.data) x = T(0);
+    } else {
+      const double a = in.name == "embed" ? 1.0 : 1.0 / std::sqrt(static_cast<double>(in.fan_in));
+      for (int64_t k = 0; k < w.size(); ++k) w[k] = static_cast<T>(a * uniform_pm1(seed, p, static_cast<uint64_t>(k)));
+    }
+  }
+  return s;
+}
+
+template <class T>
+size_t ParamSet<T>::find(const std::string& name) const {
+  auto it = index.find(name);
+  if (it == index.end()) fail(fmt::format("no parameter named '{}'", name));
+  return it->second;
+}
+
+template <class T>
+int64_t ParamSet<T>::numel() const {
+  int64_t n = 0;
+  for (const auto& x : t) n += x.size();
+  return n;
+}
+
+template <class T>
+GradAcc<T> GradAcc<T>::zeros(const std::vector<ParamInfo>& info) {
+  GradAcc g;
+  g.acc.resize(info.size());
+  for (size_t p = 0; p < info.size(); ++p)
+    if (info[p].trainable) g.acc[p].assign(static_cast<size_t>(numel(info[p].shape)), ExactAcc<T>());
+  return g;
+}
+
+template <class T>
+void GradAcc<T>::clear() {
+  for (auto& a : acc) std::fill(a.begin(), a.end(), ExactAcc<T>());
+}
+
+template <class T>
+void GradAcc<T>::finalize(ParamSet<T>& grads) const {
+  TD_CHECK_EQ(grads.size(), acc.size(), "GradAcc::finalize: layout mismatch");
+  for (size_t p = 0; p < acc.size(); ++p) {
+    if (acc[p].empty()) {
+      std::fill(grads.t[p].data.begin(), grads.t[p].data.end(), T(0));
+      continue;
+    }
+    TD_CHECK_EQ(static_cast<int64_t>(acc[p].size()), grads.t[p].size(), "GradAcc::finalize: size of {}", grads.info[p].name);
+    exact_round(acc[p].data(), grads.t[p].ptr(), grads.t[p].size());
+  }
+}
+
+template struct ParamSet<float>;
+template struct ParamSet<double>;
+template struct GradAcc<float>;
+template struct GradAcc<double>;
+
+}  // namespace trident::model
