@@ -1,0 +1,289 @@
+// Config parsing: one validation path for JSON and TOML (TOML is converted to the same JSON shape first).
+#include "planner/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml.hpp>
+
+#include "planner/plan.h"
+#include "reference/check.h"
+
+namespace trident::planner {
+namespace {
+
+using nlohmann::json;
+
+std::string type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a bool";
+  if (v.is_string()) return fmt::format("a string (\"{}\")", v.get<std::string>());
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "a table/object";
+  return "a number";
+}
+
+// Reads one section, remembering which keys were consumed so the rest can be reported as unknown.
+class Section {
+ public:
+  Section(const json& root, const std::string& name, const std::string& source, bool required)
+      : name_(name), source_(source) {
+    auto it = root.find(name);
+    if (it == root.end()) {
+      if (required) fail("missing section '{}' (required)", name);
+      present_ = false;
+      return;
+    }
+    if (!it->is_object()) fail("'{}' must be a table/object, got {}", name, type_name(*it));
+    obj_ = &*it;
+  }
+  bool present() const { return present_; }
+
+  template <class... A>
+  [[noreturn]] void fail(fmt::format_string<A...> f, A&&... a) const {
+    throw Error(fmt::format("{}: {}", source_, fmt::format(f, std::forward<A>(a)...)));
+  }
+  template <class... A>
+  [[noreturn]] void fail_key(const std::string& key, fmt::format_string<A...> f, A&&... a) const {
+    throw Error(fmt::format("{}: {}.{}: {}", source_, name_, key, fmt::format(f, std::forward<A>(a)...)));
+  }
+
+  const json* get(const std::string& key, bool required) {
+    used_.insert(key);
+    if (!obj_) return nullptr;
+    auto it = obj_->find(key);
+    if (it == obj_->end()) {
+      if (required) fail_key(key, "missing (required)");
+      return nullptr;
+    }
+    return &*it;
+  }
+
+  // Real number; `positive`: > 0, else >= 0.
+  void number(const std::string& key, double& out, bool required, bool positive) {
+    const json* v = get(key, required);
+    if (!v) return;
+    if (!v->is_number()) fail_key(key, "expected a number, got {}", type_name(*v));
+    double x = v->get<double>();
+    if (!std::isfinite(x)) fail_key(key, "expected a finite number, got {}", x);
+    if (positive && !(x > 0)) fail_key(key, "must be > 0, got {}", x);
+    if (!positive && x < 0) fail_key(key, "must be >= 0, got {}", x);
+    out = x;
+  }
+  void fraction(const std::string& key, double& out, bool required, bool allow_zero) {
+    const json* v = get(key, required);
+    if (!v) return;
+    if (!v->is_number()) fail_key(key, "expected a number in [0,1], got {}", type_name(*v));
+    double x = v->get<double>();
+    if (!(x >= 0 && x <= 1)) fail_key(key, "must be a fraction in [0,1], got {}", x);
+    if (!allow_zero && x == 0) fail_key(key, "must be in (0,1], got 0");
+    out = x;
+  }
+  void integer(const std::string& key, int64_t& out, bool required, bool positive) {
+    const json* v = get(key, required);
+    if (!v) return;
+    if (!v->is_number()) fail_key(key, "expected an integer, got {}", type_name(*v));
+    double x = v->get<double>();
+    if (v->is_number_float() && (!std::isfinite(x) || std::floor(x) != x || std::fabs(x) > 9.0e15))
+      fail_key(key, "expected an integer, got {}", x);
+    int64_t i = v->is_number_float() ? static_cast<int64_t>(x)
+                : v->is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX))
+                                          : v->get<int64_t>();
+    if (positive && i <= 0) fail_key(key, "must be a positive integer, got {}", i);
+    if (!positive && i < 0) fail_key(key, "must be >= 0, got {}", i);
+    out = i;
+  }
+  void string(const std::string& key, std::string& out) {
+    const json* v = get(key, false);
+    if (!v) return;
+    if (!v->is_string()) fail_key(key, "expected a string, got {}", type_name(*v));
+    out = v->get<std::string>();
+  }
+  void no_unknown_keys() const {
+    if (!obj_) return;
+    for (auto it = obj_->begin(); it != obj_->end(); ++it) {
+      if (used_.count(it.key())) continue;
+      std::string allowed;
+      for (const auto& k : used_) allowed += (allowed.empty() ? "" : ", ") + k;
+      fail_key(it.key(), "unknown key (allowed in '{}': {})", name_, allowed);
+    }
+  }
+
+ private:
+  std::string name_, source_;
+  const json* obj_ = nullptr;
+  bool present_ = true;
+  std::set<std::string> used_;
+};
+
+json toml_to_json(const toml::value& v) {
+  switch (v.type()) {
+    case toml::value_t::boolean: return v.as_boolean();
+    case toml::value_t::integer: return static_cast<int64_t>(v.as_integer());
+    case toml::value_t::floating: return static_cast<double>(v.as_floating());
+    case toml::value_t::string: return static_cast<std::string>(v.as_string());
+    case toml::value_t::array: {
+      json a = json::array();
+      for (const auto& e : v.as_array()) a.push_back(toml_to_json(e));
+      return a;
+    }
+    case toml::value_t::table: {
+      json o = json::object();
+      for (const auto& [k, e] : v.as_table()) o[k] = toml_to_json(e);
+      return o;
+    }
+    default:  // dates and times have no meaning here; keep them as text so the error names the key
+      return fmt::format("<toml date/time>");
+  }
+}
+
+}  // namespace
+
+nlohmann::json toml_text_to_json(const std::string& text, const std::string& source) {
+  std::istringstream is(text);
+  toml::value v;
+  try {
+    v = toml::parse(is, source);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: TOML syntax error: {}", source, e.what()));
+  }
+  return toml_to_json(v);
+}
+
+PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(fmt::format("{}: the config must be an object/table at the top level", source));
+  static const std::set<std::string> sections = {"model", "cluster", "workload", "recipe", "mesh"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!sections.count(it.key()))
+      throw Error(fmt::format("{}: {}: unknown key (allowed at the top level: model, cluster, workload, recipe, mesh)",
+                              source, it.key()));
+  PlanInput in;
+
+  Section m(j, "model", source, true);
+  auto& mo = in.model;
+  m.number("params", mo.params, true, true);
+  m.integer("layers", mo.layers, true, true);
+  m.integer("hidden", mo.hidden, true, true);
+  m.integer("experts", mo.experts, true, true);
+  m.integer("top_k", mo.top_k, true, true);
+  m.fraction("dense_fraction", mo.dense_fraction, true, true);
+  m.integer("sparse_index_layers", mo.sparse_index_layers, false, false);
+  m.integer("sparse_topk", mo.sparse_topk, false, false);
+  m.number("kv_latent_bytes_per_token", mo.kv_latent_bytes_per_token, false, false);
+  m.integer("vocab", mo.vocab, false, false);
+  m.number("static_bytes_per_param", mo.static_bytes_per_param, false, true);
+  m.no_unknown_keys();
+  if (mo.top_k > mo.experts) m.fail_key("top_k", "must be <= experts ({}), got {}", mo.experts, mo.top_k);
+  if (mo.sparse_index_layers > mo.layers)
+    m.fail_key("sparse_index_layers", "must be <= layers ({}), got {}", mo.layers, mo.sparse_index_layers);
+
+  Section c(j, "cluster", source, true);
+  auto& cl = in.cluster;
+  c.string("name", cl.name);
+  c.number("gpu_memory_gb", cl.gpu_memory_gb, true, true);
+  c.integer("nvl", cl.nvl, true, true);
+  c.number("rdma_GBps", cl.rdma_GBps, true, true);
+  c.number("nvlink_GBps", cl.nvlink_GBps, false, true);
+  c.number("peak_tflops", cl.peak_tflops, true, true);
+  c.fraction("mfu", cl.mfu, false, false);
+  c.integer("world", cl.world, false, true);
+  c.no_unknown_keys();
+
+  Section w(j, "workload", source, true);
+  auto& wl = in.workload;
+  w.integer("context", wl.context, true, true);
+  w.integer("sequences_per_cp_group", wl.sequences_per_cp_group, false, true);
+  w.number("recompute_bwd_mb_per_token", wl.recompute_bwd_mb_per_token, false, false);
+  w.number("attn_to_linear", wl.attn_to_linear, false, false);
+  w.no_unknown_keys();
+
+  Section r(j, "recipe", source, false);
+  r.integer("ep", in.recipe.ep, false, true);
+  r.integer("local_seq_min", in.recipe.local_seq_min, false, true);
+  r.integer("local_seq_max", in.recipe.local_seq_max, false, true);
+  r.no_unknown_keys();
+  if (in.recipe.local_seq_min > in.recipe.local_seq_max)
+    r.fail_key("local_seq_min", "must be <= recipe.local_seq_max ({}), got {}", in.recipe.local_seq_max,
+               in.recipe.local_seq_min);
+  if (in.recipe.ep && in.model.experts % in.recipe.ep != 0)
+    r.fail_key("ep", "experts % ep == 0 fails (experts = {}, ep = {})", in.model.experts, in.recipe.ep);
+
+  Section s(j, "mesh", source, false);
+  if (s.present()) {
+    Mesh mesh;
+    s.integer("d_rep", mesh.d_rep, true, true);
+    s.integer("fsdp", mesh.fsdp, true, true);
+    s.integer("cp", mesh.cp, true, true);
+    s.integer("e_fsdp", mesh.e_fsdp, true, true);
+    s.integer("ep", mesh.ep, true, true);
+    s.no_unknown_keys();
+    // Structural rules are errors; NVLink placement rules that the planner can cost (dense FSDP or CP
+    // across domains) are reported in the output instead (plan.h: MeshCheck).
+    MeshCheck chk = check_mesh(in, mesh);
+    if (chk.hard())
+      throw Error(fmt::format("{}: mesh.{}: {}", source, chk.first_hard_key(), chk.describe(in, mesh, true)));
+    in.mesh = mesh;
+    if (in.cluster.world && in.cluster.world != mesh.world())
+      c.fail_key("world", "d_rep*fsdp*cp == e_fsdp*ep == world fails (mesh world = {}, cluster.world = {})",
+                 mesh.world(), in.cluster.world);
+  }
+  return in;
+}
+
+PlanInput load_config(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{}: cannot open the config file", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  const bool is_toml = path.size() >= 5 && path.compare(path.size() - 5, 5, ".toml") == 0;
+  nlohmann::json j;
+  if (is_toml) {
+    j = toml_text_to_json(text, path);
+  } else {
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(fmt::format("{}: JSON syntax error: {}", path, e.what()));
+    }
+  }
+  return parse_config(j, path);
+}
+
+nlohmann::json echo_config(const PlanInput& in) {
+  nlohmann::json j;
+  const auto& m = in.model;
+  j["model"] = {{"params", m.params},
+                {"layers", m.layers},
+                {"hidden", m.hidden},
+                {"experts", m.experts},
+                {"top_k", m.top_k},
+                {"dense_fraction", m.dense_fraction},
+                {"sparse_index_layers", m.sparse_index_layers},
+                {"sparse_topk", m.sparse_topk},
+                {"kv_latent_bytes_per_token", m.kv_latent_bytes_per_token},
+                {"vocab", m.vocab},
+                {"static_bytes_per_param", m.static_bytes_per_param}};
+  const auto& c = in.cluster;
+  j["cluster"] = {{"name", c.name},           {"gpu_memory_gb", c.gpu_memory_gb}, {"nvl", c.nvl},
+                  {"rdma_GBps", c.rdma_GBps}, {"nvlink_GBps", c.nvlink_GBps},     {"peak_tflops", c.peak_tflops},
+                  {"mfu", c.mfu},             {"world", c.world}};
+  const auto& w = in.workload;
+  j["workload"] = {{"context", w.context},
+                   {"sequences_per_cp_group", w.sequences_per_cp_group},
+                   {"recompute_bwd_mb_per_token", w.recompute_bwd_mb_per_token},
+                   {"attn_to_linear", w.attn_to_linear}};
+  j["recipe"] = {{"ep", in.recipe.ep},
+                 {"local_seq_min", in.recipe.local_seq_min},
+                 {"local_seq_max", in.recipe.local_seq_max}};
+  if (in.mesh)
+    j["mesh"] = {{"d_rep", in.mesh->d_rep},
+                 {"fsdp", in.mesh->fsdp},
+                 {"cp", in.mesh->cp},
+                 {"e_fsdp", in.mesh->e_fsdp},
+                 {"ep", in.mesh->ep}};
+  return j;
+}
+
+}  // namespace trident::planner

@@ -1,0 +1,85 @@
+// `trident plan` entry: evaluate the config's mesh (or the search's best), print the breakdown, the recipe,
+// the ranked search and the linear-CE note; optionally write the SVG chart.
+#include "planner/run.h"
+
+#include <charconv>
+#include <fstream>
+
+#include "planner/plan.h"
+#include "planner/report.h"
+#include "reference/check.h"
+
+namespace trident::planner {
+
+void parse_world_range(const std::string& s, int64_t& lo, int64_t& hi) {
+  const auto colon = s.find(':');
+  auto parse = [&](const std::string& t, int64_t& v) {
+    auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    return ec == std::errc() && ptr == t.data() + t.size() && v > 0;
+  };
+  if (colon == std::string::npos || !parse(s.substr(0, colon), lo) || !parse(s.substr(colon + 1), hi))
+    throw Error(fmt::format("--world-range: expected A:B with positive integers A <= B, got '{}'", s));
+  if (lo > hi) throw Error(fmt::format("--world-range: A must be <= B, got {}:{}", lo, hi));
+  if (hi - lo > 100000) throw Error(fmt::format("--world-range: at most 100,000 sizes, got {}:{}", lo, hi));
+}
+
+int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
+  if (opt.top < 1) throw Error(fmt::format("--top: must be >= 1, got {}", opt.top));
+  if (opt.world < 0) throw Error(fmt::format("--world: must be > 0, got {}", opt.world));
+  const bool range = opt.world_lo > 0;
+  if (range && opt.world) throw Error("--world and --world-range are exclusive: give one");
+  if (in.mesh && opt.world && opt.world != in.mesh->world())
+    throw Error(fmt::format("--world: {} differs from the config mesh's world d_rep*fsdp*cp = {} (drop the mesh to "
+                            "search another world size)",
+                            opt.world, in.mesh->world()));
+  int64_t lo = range ? opt.world_lo : opt.world ? opt.world : in.mesh ? in.mesh->world() : in.cluster.world;
+  int64_t hi = range ? opt.world_hi : lo;
+  const bool do_search = opt.search || !in.mesh;
+  if (do_search && lo <= 0)
+    throw Error("the config has no mesh and no world size: give --world N, --world-range A:B or cluster.world");
+
+  SearchResult sr;
+  if (do_search) sr = search(in, lo, hi);
+  Mesh shown;
+  if (in.mesh) {
+    shown = *in.mesh;
+  } else if (!sr.ranked.empty()) {
+    shown = sr.ranked[0].mesh;
+  } else {
+    std::string why;
+    for (int i = 0; i < kNumRules; ++i)
+      if (sr.rejected[i]) why += fmt::format("{}{}: {}", why.empty() ? "" : ", ", rule_text(MeshRule(1u << i)), sr.rejected[i]);
+    throw Error(fmt::format("no valid mesh for world {}{}: every one of the {} meshes breaks a rule ({})", lo,
+                            hi != lo ? fmt::format("..{}", hi) : "", sr.considered, why));
+  }
+  const MeshCheck chk = check_mesh(in, shown);
+  const Plan p = evaluate(in, shown, chk);
+  const Recommendation rec = recommend(in, shown.world());
+
+  if (!opt.svg_path.empty()) {
+    std::ofstream f(opt.svg_path);
+    if (!f) throw Error(fmt::format("--svg: cannot write '{}'", opt.svg_path));
+    f << render_svg(in, shown, p);
+  }
+
+  if (opt.json) {
+    nlohmann::json j = plan_json(in, shown, chk, p);
+    j["inputs"] = echo_config(in);
+    j["mesh_source"] = in.mesh ? "config" : "search";
+    j["recipe"] = recipe_json(rec);
+    j["search"] = do_search ? search_json(in, sr, opt.top) : nlohmann::json(nullptr);
+    out << j.dump(2) << "\n";
+    return 0;
+  }
+  out << "inputs (defaults filled in):\n" << echo_config(in).dump() << "\n\n";
+  if (!in.mesh) out << "no mesh in the config: showing the search's best mesh\n";
+  out << render_text(in, shown, chk, p);
+  out << render_recipe_text(rec, shown.world());
+  if (do_search) out << render_search_text(in, sr, opt.top);
+  if (!opt.svg_path.empty()) out << "\nmemory chart written to " << opt.svg_path << "\n";
+  return 0;
+}
+
+int run_plan(const RunOptions& opt, std::ostream& out) { return run_plan(load_config(opt.config_path), opt, out); }
+
+}  // namespace trident::planner
