@@ -1,0 +1,110 @@
+#include "emulator/reduce.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "reference/bf16.h"
+#include "reference/check.h"
+#include "reference/exact_acc.h"
+
+namespace trident::emu {
+namespace {
+
+template <class T>
+T nan_max(T a, T b) {  // floating: NaN propagates; integers: plain max
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return b > a ? b : a;
+}
+template <class T>
+T nan_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return b < a ? b : a;
+}
+template <class T>
+T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));  // integer sums wrap
+  } else {
+    return a + b;
+  }
+}
+
+// Acc: accumulation type (float for bf16), Load/Store convert from/to the element type.
+template <class Elem, class Acc, class Load, class Store>
+void reduce_typed(ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, Load load, Store store) {
+  constexpr size_t B = 1024;  // block: sources are read block by block, the result written after (in place safe)
+  Acc acc[B];
+  for (size_t b0 = 0; b0 < count; b0 += B) {
+    const size_t len = count - b0 < B ? count - b0 : B;
+    const Elem* s0 = static_cast<const Elem*>(srcs[0]) + b0;
+    for (size_t i = 0; i < len; ++i) acc[i] = load(s0[i]);
+    for (int j = 1; j < n; ++j) {  // rank order: deterministic
+      const Elem* s = static_cast<const Elem*>(srcs[j]) + b0;
+      switch (op) {
+        case ReduceOp::sum:
+          for (size_t i = 0; i < len; ++i) acc[i] = wrap_add<Acc>(acc[i], load(s[i]));
+          break;
+        case ReduceOp::max:
+          for (size_t i = 0; i < len; ++i) acc[i] = nan_max<Acc>(acc[i], load(s[i]));
+          break;
+        case ReduceOp::min:
+          for (size_t i = 0; i < len; ++i) acc[i] = nan_min<Acc>(acc[i], load(s[i]));
+          break;
+        case ReduceOp::exact_sum: fail("reduce_into: exact_sum on a non-exact dtype");
+      }
+    }
+    Elem* d = static_cast<Elem*>(dst) + b0;
+    for (size_t i = 0; i < len; ++i) d[i] = store(acc[i]);
+  }
+}
+
+template <class T>
+void reduce_plain(ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  reduce_typed<T, T>(op, dst, srcs, n, count, [](T x) { return x; }, [](T x) { return x; });
+}
+
+template <class T>
+void reduce_exact(void* dst, const void* const* srcs, int n, size_t count) {
+  using A = ExactAcc<T>;
+  constexpr size_t B = 8;
+  A acc[B];
+  for (size_t b0 = 0; b0 < count; b0 += B) {
+    const size_t len = count - b0 < B ? count - b0 : B;
+    std::memcpy(static_cast<void*>(acc), static_cast<const A*>(srcs[0]) + b0, len * sizeof(A));
+    for (int j = 1; j < n; ++j) exact_merge(acc, static_cast<const A*>(srcs[j]) + b0, static_cast<int64_t>(len));
+    std::memcpy(static_cast<void*>(static_cast<A*>(dst) + b0), acc, len * sizeof(A));
+  }
+}
+
+}  // namespace
+
+void reduce_into(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  if (count == 0) return;
+  if (n == 1) {
+    if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * dtype_size(t));
+    return;
+  }
+  check_reduce_op(t, op, std::source_location::current());
+  switch (t) {
+    case DataType::f64: return reduce_plain<double>(op, dst, srcs, n, count);
+    case DataType::f32: return reduce_plain<float>(op, dst, srcs, n, count);
+    case DataType::i32: return reduce_plain<int32_t>(op, dst, srcs, n, count);
+    case DataType::i64: return reduce_plain<int64_t>(op, dst, srcs, n, count);
+    case DataType::u8: return reduce_plain<uint8_t>(op, dst, srcs, n, count);
+    case DataType::bf16:  // fp32 accumulation in rank order, one rounding at the end
+      return reduce_typed<bf16, float>(op, dst, srcs, n, count, [](bf16 x) { return to_float(x); },
+                                       [](float x) { return to_bf16(x); });
+    case DataType::exact_f32: return reduce_exact<float>(dst, srcs, n, count);
+    case DataType::exact_f64: return reduce_exact<double>(dst, srcs, n, count);
+  }
+}
+
+}  // namespace trident::emu

@@ -1,0 +1,905 @@
+// The emulator's world: rank threads, communicator groups, rendezvous, fault detection (docs/emulator.md).
+//
+// Concurrency design
+//  * One world mutex guards every rendezvous state (arrivals, posted send/recv, blocked flags). Detection of
+//    mismatches and deadlocks needs one consistent view, and arrivals are short.
+//  * A rank that must wait marks itself blocked (under the mutex) and sleeps on its own futex word
+//    (std::atomic::wait); whoever completes its rendezvous, or fails it, clears the flag and wakes it.
+//    Because "blocked" is only cleared by the waker, "all live ranks blocked" means no rendezvous can ever
+//    complete: that is the deadlock test, run whenever a rank blocks or finishes.
+//  * Data moves outside the mutex: after a collective's arrival, each rank copies/reduces its own part
+//    straight from the other ranks' buffers, then all meet at a lock-free completion barrier (so no buffer is
+//    reused while another rank still reads it). Send/recv: the rank that completes a match copies.
+//  * A watchdog thread fails blocked ranks when nothing progressed for SpawnOptions::watchdog.
+#include "emulator/world.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "emulator/reduce.h"
+
+namespace trident::emu {
+
+namespace {
+
+std::string where(const char* file, unsigned line) { return fmt::format("{}:{}", file, line); }
+
+// One rank's call as seen by the rendezvous (what is compared and what a report prints).
+struct CallDesc {
+  CollOp op = CollOp::all_gather;
+  uint64_t count = 0;
+  DataType dtype = DataType::f32;
+  ReduceOp redop = ReduceOp::sum;
+  int root = -1;  // broadcast/reduce root; send/recv peer
+  uint64_t seq = 0;
+  const char* file = "";
+  unsigned line = 0;
+};
+
+bool has_redop(CollOp op) {
+  return op == CollOp::reduce_scatter || op == CollOp::all_reduce || op == CollOp::reduce;
+}
+
+std::string describe(const CallDesc& c) {
+  std::string args;
+  switch (c.op) {
+    case CollOp::split: args = ""; break;
+    case CollOp::send: args = fmt::format("count={}, {}, to {}", c.count, to_string(c.dtype), c.root); break;
+    case CollOp::recv: args = fmt::format("count={}, {}, from {}", c.count, to_string(c.dtype), c.root); break;
+    default:
+      args = fmt::format("count={}, {}", c.count, to_string(c.dtype));
+      if (has_redop(c.op)) args += fmt::format(", {}", to_string(c.redop));
+      if (c.root >= 0) args += fmt::format(", root={}", c.root);
+  }
+  return fmt::format("{}({}) #{} at {}", to_string(c.op), args, c.seq, where(c.file, c.line));
+}
+
+std::string describe_members(const std::vector<int>& m) {
+  if (m.empty()) return "{}";
+  bool contiguous = true;
+  for (size_t i = 1; i < m.size(); ++i) contiguous &= m[i] == m[i - 1] + 1;
+  if (contiguous && m.size() > 2) return fmt::format("world ranks {}..{}", m.front(), m.back());
+  if (m.size() <= 16) return fmt::format("world ranks {}", fmt::join(m, ","));
+  return fmt::format("world ranks {},{},{},...,{} ({} ranks)", m[0], m[1], m[2], m.back(), m.size());
+}
+
+}  // namespace
+
+struct P2POp;
+struct Group;
+
+struct RankState {
+  int rank = 0;
+  bool live = true;
+  // --- guarded by World::mu
+  bool blocked = false;
+  bool released = false;                 // collective arrival completed
+  std::optional<std::string> error;      // set by whoever fails this rank's pending call
+  Group* waiting_group = nullptr;        // the group of the pending call (for aborts and reports)
+  std::string pending;                   // description of the pending call (reports)
+  std::string last_call = "none";        // last communicator call started (watchdog report)
+  int p2p_outstanding = 0;               // unfinished ops of the current send/recv group
+  bool draining = false;                 // failing: waiting for other ranks' copies on its ops
+  std::vector<P2POp*> p2p_ops;           // the current send/recv group's ops (reports)
+  // --- futex word: bumped (release) by the waker
+  std::atomic<uint32_t> wake{0};
+  // --- owned by the rank thread
+  RankTrace trace;
+  CommStats retired;                     // counters of destroyed communicators
+  std::set<const Communicator*> live_comms;
+  std::mutex stats_mu;                   // guards retired/live_comms against RankContext::stats from the owner
+};
+
+struct P2POp {
+  bool is_send = false;
+  int owner = 0;  // world rank
+  int crank = 0;  // owner's communicator rank
+  int peer = 0;   // communicator rank
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  CallDesc desc;
+  bool matched = false;
+  bool done = false;
+};
+
+struct Slot {
+  CallDesc call;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int color = -1, key = 0;                  // split
+  std::string split_name;
+  std::shared_ptr<Group> split_group;       // split result
+  int split_rank = -1;
+};
+
+struct Group {
+  int64_t id = 0;
+  std::string name;
+  std::vector<int> members;  // world rank of each communicator rank
+  // --- guarded by World::mu
+  int arrived = 0;
+  std::vector<Slot> slots;
+  bool aborted = false;
+  std::string abort_reason;
+  std::map<std::pair<int, int>, std::pair<std::deque<P2POp*>, std::deque<P2POp*>>> p2p;  // (src,dst): sends, recvs
+  // --- lock-free completion barrier
+  std::atomic<int> bar_count{0};
+  std::atomic<uint32_t> bar_gen{0};
+
+  int size() const { return static_cast<int>(members.size()); }
+  std::string label() const { return fmt::format("communicator '{}' (id {}, {})", name, id, describe_members(members)); }
+};
+
+struct World {
+  explicit World(int n, const SpawnOptions& o) : opts(o) {
+    ranks.reserve(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      ranks.push_back(std::make_unique<RankState>());
+      ranks.back()->rank = r;
+    }
+    live = n;
+  }
+  SpawnOptions opts;
+  std::mutex mu;
+  std::vector<std::unique_ptr<RankState>> ranks;
+  std::vector<std::weak_ptr<Group>> groups;  // every communicator group created (abort on rank failure)
+  int64_t next_group_id = 0;
+  int live = 0;
+  int blocked = 0;
+  uint64_t progress = 0;
+  // failures, in order
+  struct Failure {
+    int rank;
+    std::string msg;
+  };
+  std::vector<Failure> failures;
+  // watchdog
+  std::condition_variable watchdog_cv;
+  bool finished = false;
+  std::shared_ptr<Group> world_group;
+
+  int size() const { return static_cast<int>(ranks.size()); }
+
+  std::shared_ptr<Group> make_group(std::string name, std::vector<int> members) {  // under mu (or before threads)
+    auto g = std::make_shared<Group>();
+    g->id = next_group_id++;
+    g->name = std::move(name);
+    g->members = std::move(members);
+    g->slots.resize(g->members.size());
+    groups.push_back(g);
+    return g;
+  }
+
+  // --- all under mu
+  void wake(RankState& r) {
+    if (r.blocked) {
+      r.blocked = false;
+      --blocked;
+    }
+    r.wake.fetch_add(1, std::memory_order_release);
+    r.wake.notify_one();
+  }
+  void fail_rank(RankState& r, const std::string& msg) {
+    if (!r.error) r.error = msg;
+    wake(r);
+  }
+
+  // Sleeps until done() (returns) or an error is set for this rank (throws it). Precondition: lk holds mu.
+  template <class Pred>
+  void block_until(RankState& me, std::unique_lock<std::mutex>& lk, Pred done) {
+    while (!done()) {
+      if (me.error) {
+        std::string msg = std::move(*me.error);
+        me.error.reset();
+        me.waiting_group = nullptr;
+        throw Error(msg);
+      }
+      me.blocked = true;
+      ++blocked;
+      check_deadlock();
+      if (!me.blocked) continue;  // the deadlock check failed us (error set) or we were woken
+      const uint32_t t = me.wake.load(std::memory_order_acquire);
+      lk.unlock();
+      me.wake.wait(t, std::memory_order_acquire);
+      lk.lock();
+    }
+    me.waiting_group = nullptr;
+  }
+
+  // All live ranks blocked: no rendezvous can complete. Fail every blocked rank with one report.
+  void check_deadlock() {
+    if (live == 0 || blocked < live) return;
+    std::string report = fmt::format(
+        "deadlock: all {} live rank(s) are blocked in communicator calls that cannot complete "
+        "({} rank(s) finished or failed). Pending calls:",
+        live, size() - live);
+    for (auto& r : ranks)
+      if (r->blocked) report += fmt::format("\n  rank {}: {}", r->rank, r->pending);
+    for (auto& r : ranks)
+      if (!r->live) report += fmt::format("\n  rank {}: finished (last call: {})", r->rank, r->last_call);
+    for (auto& r : ranks)
+      if (r->blocked) fail_rank(*r, report);
+  }
+
+  // A rank's exception reached spawn: abort every communicator it belongs to.
+  void on_rank_failed(int rank, const std::string& msg) {
+    std::lock_guard lk(mu);
+    failures.push_back({rank, msg});
+    for (auto& wg : groups) {
+      auto g = wg.lock();
+      if (!g || g->aborted) continue;
+      if (std::find(g->members.begin(), g->members.end(), rank) == g->members.end()) continue;
+      g->aborted = true;
+      g->abort_reason = fmt::format("{} aborted: rank {} failed: {}", g->label(), rank, msg);
+      for (int m : g->members) {
+        auto& r = *ranks[static_cast<size_t>(m)];
+        if (r.waiting_group == g.get() && r.blocked) fail_rank(r, g->abort_reason);
+      }
+    }
+    ++progress;
+  }
+
+  void on_rank_finished(RankState& r) {
+    std::lock_guard lk(mu);
+    r.live = false;
+    --live;
+    ++progress;
+    check_deadlock();
+    if (live == 0) {
+      finished = true;
+      watchdog_cv.notify_all();
+    }
+  }
+
+  void watchdog_loop() {
+    std::unique_lock lk(mu);
+    uint64_t seen = progress;
+    auto since = std::chrono::steady_clock::now();
+    while (!finished) {
+      watchdog_cv.wait_for(lk, std::min<std::chrono::milliseconds>(opts.watchdog / 4 + std::chrono::milliseconds(1),
+                                                                   std::chrono::milliseconds(250)));
+      if (finished) break;
+      auto now = std::chrono::steady_clock::now();
+      if (progress != seen || blocked == 0) {
+        seen = progress;
+        since = now;
+        continue;
+      }
+      if (now - since < opts.watchdog) continue;
+      std::string report = fmt::format(
+          "watchdog: no progress for {} ms while {} rank(s) are blocked (a rank may be stuck in compute). States:",
+          opts.watchdog.count(), blocked);
+      for (auto& r : ranks) {
+        if (r->blocked)
+          report += fmt::format("\n  rank {}: blocked in {}", r->rank, r->pending);
+        else if (r->live)
+          report += fmt::format("\n  rank {}: running, not in a communicator call (last call: {})", r->rank,
+                                r->last_call);
+      }
+      for (auto& r : ranks)
+        if (r->blocked) fail_rank(*r, report);
+      ++progress;
+      seen = progress;
+      since = now;
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Device: streams, events, trace.
+
+class EmuDevice final : public Device {
+ public:
+  EmuDevice(RankState& r, bool record) : r_(r), record_(record) {
+    r_.trace.push_back({"compute", {}});
+    r_.trace.push_back({"comm", {}});
+  }
+  Stream compute_stream() override { return Stream{0}; }
+  Stream comm_stream() override { return Stream{1}; }
+  Stream create_stream(std::string name) override {
+    r_.trace.push_back({std::move(name), {}});
+    return Stream{static_cast<int>(r_.trace.size()) - 1};
+  }
+  Event create_event() override {
+    events_.push_back({});
+    return Event{static_cast<int>(events_.size()) - 1};
+  }
+  void record(Event e, Stream s, std::source_location loc) override {
+    check_stream(s, loc);
+    check_event(e, loc);
+    auto& ev = events_[static_cast<size_t>(e.id)];
+    ev.stream = s.id;
+    ev.index = static_cast<int64_t>(r_.trace[static_cast<size_t>(s.id)].entries.size());
+    TraceEntry t;
+    t.kind = TraceEntry::Kind::record;
+    t.name = "record";
+    t.event = e.id;
+    t.event_stream = s.id;
+    t.event_index = ev.index;
+    t.file = loc.file_name();
+    t.line = loc.line();
+    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));  // always kept: wait() refers to it
+  }
+  void wait(Stream s, Event e, std::source_location loc) override {
+    check_stream(s, loc);
+    check_event(e, loc);
+    auto& ev = events_[static_cast<size_t>(e.id)];
+    TD_CHECK(ev.stream >= 0, "rank {}: wait on event {} that was never recorded (at {}:{})", r_.rank, e.id,
+             loc.file_name(), loc.line());
+    TraceEntry t;
+    t.kind = TraceEntry::Kind::wait;
+    t.name = "wait";
+    t.event = e.id;
+    t.event_stream = ev.stream;
+    t.event_index = ev.index;
+    t.file = loc.file_name();
+    t.line = loc.line();
+    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+  }
+  void launch(Stream s, std::string_view name, int64_t bytes, double flops, const std::function<void()>& fn,
+              std::source_location loc) override {
+    check_stream(s, loc);
+    fn();  // eager: everything issued before on any stream has completed
+    if (!record_) return;
+    TraceEntry t;
+    t.kind = TraceEntry::Kind::compute;
+    t.name = std::string(name);
+    t.bytes = bytes;
+    t.flops = flops;
+    t.file = loc.file_name();
+    t.line = loc.line();
+    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+  }
+  void synchronize(Stream s, std::source_location loc) override { check_stream(s, loc); }
+
+  void check_stream(Stream s, std::source_location loc) const {
+    TD_CHECK(s.id >= 0 && static_cast<size_t>(s.id) < r_.trace.size(), "rank {}: unknown stream {} at {}:{}",
+             r_.rank, s.id, loc.file_name(), loc.line());
+  }
+  void check_event(Event e, std::source_location loc) const {
+    TD_CHECK(e.id >= 0 && static_cast<size_t>(e.id) < events_.size(),
+             "rank {}: unknown event {} (create it with create_event) at {}:{}", r_.rank, e.id, loc.file_name(),
+             loc.line());
+  }
+  void trace_comm(Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes) {
+    if (!record_) return;
+    TraceEntry t;
+    t.kind = kind;
+    t.name = std::string(to_string(c.op));
+    t.comm = g.name;
+    t.comm_id = g.id;
+    t.seq = c.seq;
+    t.op = c.op;
+    t.dtype = c.dtype;
+    t.redop = c.redop;
+    t.count = c.count;
+    t.peer = c.root;
+    t.bytes = bytes;
+    t.file = c.file;
+    t.line = c.line;
+    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+  }
+
+ private:
+  struct Ev {
+    int stream = -1;
+    int64_t index = -1;
+  };
+  RankState& r_;
+  bool record_;
+  std::vector<Ev> events_;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Communicator.
+
+namespace {
+
+// Lock-free barrier over a group's ranks (no deadlock possible: every rank reaching it is already past the
+// rendezvous and only copies data before arriving).
+void group_barrier(Group& g) {
+  const int n = g.size();
+  if (n == 1) return;
+  const uint32_t gen = g.bar_gen.load(std::memory_order_acquire);
+  if (g.bar_count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+    g.bar_count.store(0, std::memory_order_relaxed);
+    g.bar_gen.fetch_add(1, std::memory_order_acq_rel);
+    g.bar_gen.notify_all();
+  } else {
+    uint32_t cur;
+    while ((cur = g.bar_gen.load(std::memory_order_acquire)) == gen) g.bar_gen.wait(gen, std::memory_order_acquire);
+  }
+}
+
+// Segment k of [0, count) split into n near-equal parts.
+size_t seg_lo(size_t count, int n, int k) { return count / static_cast<size_t>(n) * static_cast<size_t>(k) +
+                                                std::min(static_cast<size_t>(k), count % static_cast<size_t>(n)); }
+
+}  // namespace
+
+class EmuComm final : public Communicator {
+ public:
+  EmuComm(World& w, RankState& me, EmuDevice& dev, std::shared_ptr<Group> g, int crank)
+      : Communicator(g->name), w_(w), me_(me), dev_(dev), g_(std::move(g)), crank_(crank) {
+    std::lock_guard lk(me_.stats_mu);
+    me_.live_comms.insert(this);
+  }
+  ~EmuComm() override {
+    std::lock_guard lk(me_.stats_mu);
+    accumulate_stats(me_.retired, *this);
+    me_.live_comms.erase(this);
+  }
+  int rank() const override { return crank_; }
+  int size() const override { return g_->size(); }
+
+ protected:
+  void do_collective(const CollArgs& a, Stream s, loc_t loc) override {
+    dev_.check_stream(s, loc);
+    CallDesc c{a.op, a.count, a.dtype, a.redop, a.root, seq_, loc.file_name(), loc.line()};
+    arrive(c, a.send, a.recv);
+    execute(a);
+    group_barrier(*g_);  // nobody reuses a buffer another rank may still read
+    const size_t es = dtype_size(a.dtype), n = static_cast<size_t>(size());
+    const size_t bytes = (a.op == CollOp::all_gather || a.op == CollOp::reduce_scatter) ? n * a.count * es
+                                                                                         : a.count * es;
+    dev_.trace_comm(s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+  }
+
+  void do_send(const void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
+    post_p2p(true, buf, nullptr, count, t, peer, s, loc);
+  }
+  void do_recv(void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
+    post_p2p(false, nullptr, buf, count, t, peer, s, loc);
+  }
+  void do_group_start(loc_t) override { ++depth_; }
+  void do_group_end(loc_t loc) override {
+    --depth_;
+    if (depth_ == 0) run_p2p();
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override {
+    CallDesc c{CollOp::split, 0, DataType::u8, ReduceOp::sum, -1, seq_, loc.file_name(), loc.line()};
+    auto [grp, r] = arrive(c, nullptr, nullptr, color, key, std::move(name));
+    group_barrier(*g_);
+    if (!grp) return nullptr;
+    return std::make_unique<EmuComm>(w_, me_, dev_, std::move(grp), r);
+  }
+
+ private:
+  // Rendezvous of a collective (or split). Returns the split result when op == split.
+  std::pair<std::shared_ptr<Group>, int> arrive(const CallDesc& c, const void* send, void* recv, int color = -1,
+                                                int key = 0, std::string split_name = {}) {
+    std::unique_lock lk(w_.mu);
+    Group& g = *g_;
+    me_.last_call = fmt::format("{} on {}", describe(c), g.label());
+    if (g.aborted) throw Error(g.abort_reason);
+    ++seq_;
+    ++w_.progress;
+    Slot& mine = g.slots[static_cast<size_t>(crank_)];
+    mine.call = c;
+    mine.send = send;
+    mine.recv = recv;
+    mine.color = color;
+    mine.key = key;
+    mine.split_name = std::move(split_name);
+    mine.split_group.reset();
+    mine.split_rank = -1;
+    me_.released = false;
+    if (++g.arrived < g.size()) {
+      me_.waiting_group = &g;
+      me_.pending = fmt::format("{} on {}", describe(c), g.label());
+      w_.block_until(me_, lk, [&] { return me_.released; });
+    } else {
+      g.arrived = 0;
+      if (auto report = mismatch_report(g)) {  // every member fails with the same report
+        g.aborted = true;
+        g.abort_reason = *report;
+        for (int m : g.members)
+          if (m != me_.rank) w_.fail_rank(*w_.ranks[static_cast<size_t>(m)], *report);
+        throw Error(*report);
+      }
+      if (c.op == CollOp::split) do_split_groups(g);
+      for (int m : g.members) {
+        if (m == me_.rank) continue;
+        auto& r = *w_.ranks[static_cast<size_t>(m)];
+        r.released = true;
+        w_.wake(r);
+      }
+    }
+    return {mine.split_group, mine.split_rank};
+  }
+
+  std::optional<std::string> mismatch_report(const Group& g) const {
+    const CallDesc& a = g.slots[0].call;
+    bool same = true;
+    for (const Slot& s : g.slots) {
+      const CallDesc& b = s.call;
+      same &= b.op == a.op && b.seq == a.seq;
+      if (a.op != CollOp::split)
+        same &= b.count == a.count && b.dtype == a.dtype && b.root == a.root && (!has_redop(a.op) || b.redop == a.redop);
+    }
+    if (same) return std::nullopt;
+    std::string what;
+    auto differs = [&](auto get) {
+      for (const Slot& s : g.slots)
+        if (get(s.call) != get(a)) return true;
+      return false;
+    };
+    std::vector<std::string> fields;
+    if (differs([](const CallDesc& d) { return d.seq; })) fields.push_back("sequence number (call order)");
+    if (differs([](const CallDesc& d) { return d.op; })) fields.push_back("operation");
+    if (differs([](const CallDesc& d) { return d.count; })) fields.push_back("count");
+    if (differs([](const CallDesc& d) { return d.dtype; })) fields.push_back("dtype");
+    if (differs([](const CallDesc& d) { return d.root; })) fields.push_back("root");
+    if (differs([](const CallDesc& d) { return d.redop; })) fields.push_back("reduce op");
+    std::string report = fmt::format("collective mismatch on {}: ranks disagree on {}. Calls:", g.label(),
+                                     fmt::join(fields, ", "));
+    for (size_t i = 0; i < g.slots.size(); ++i)
+      report += fmt::format("\n  rank {} (world rank {}): {}", i, g.members[i], describe(g.slots[i].call));
+    return report;
+  }
+
+  // Last arriver of a split: form the new groups (members ordered by key, then parent rank).
+  void do_split_groups(Group& g) {
+    std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, parent rank)
+    for (int i = 0; i < g.size(); ++i) {
+      const Slot& s = g.slots[static_cast<size_t>(i)];
+      if (s.color >= 0) by_color[s.color].push_back({s.key, i});
+    }
+    for (auto& [color, v] : by_color) {
+      std::sort(v.begin(), v.end());
+      std::vector<int> members;
+      for (auto& kv : v) members.push_back(g.members[static_cast<size_t>(kv.second)]);
+      // All ranks of one color pass the same name in correct programs; the lowest parent rank's is used.
+      int lowest = v.front().second;
+      for (auto& kv : v) lowest = std::min(lowest, kv.second);
+      auto ng = w_.make_group(g.slots[static_cast<size_t>(lowest)].split_name, std::move(members));
+      for (size_t k = 0; k < v.size(); ++k) {
+        Slot& s = g.slots[static_cast<size_t>(v[k].second)];
+        s.split_group = ng;
+        s.split_rank = static_cast<int>(k);
+      }
+    }
+  }
+
+  void execute(const CollArgs& a) {
+    const int n = size(), r = crank_;
+    const size_t es = dtype_size(a.dtype), cnt = a.count;
+    auto slot = [&](int j) -> const Slot& { return g_->slots[static_cast<size_t>(j)]; };
+    switch (a.op) {
+      case CollOp::all_gather:
+        for (int k = 1; k <= n; ++k) {  // start after self: spreads the readers over the sources
+          const int j = (r + k) % n;
+          char* dst = static_cast<char*>(a.recv) + static_cast<size_t>(j) * cnt * es;
+          if (slot(j).send != dst && cnt) std::memcpy(dst, slot(j).send, cnt * es);
+        }
+        break;
+      case CollOp::reduce_scatter: {
+        srcs_.resize(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j)
+          srcs_[static_cast<size_t>(j)] = static_cast<const char*>(slot(j).send) + static_cast<size_t>(r) * cnt * es;
+        reduce_into(a.dtype, a.redop, a.recv, srcs_.data(), n, cnt);
+        break;
+      }
+      case CollOp::all_reduce: {
+        // Phase 1: rank r reduces segment r into its own recv. Phase 2: copy the other segments from their owners.
+        const size_t lo = seg_lo(cnt, n, r), hi = seg_lo(cnt, n, r + 1);
+        srcs_.resize(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j) srcs_[static_cast<size_t>(j)] = static_cast<const char*>(slot(j).send) + lo * es;
+        reduce_into(a.dtype, a.redop, static_cast<char*>(a.recv) + lo * es, srcs_.data(), n, hi - lo);
+        group_barrier(*g_);
+        for (int k = 1; k < n; ++k) {
+          const int j = (r + k) % n;
+          const size_t jlo = seg_lo(cnt, n, j), jhi = seg_lo(cnt, n, j + 1);
+          if (jhi > jlo)
+            std::memcpy(static_cast<char*>(a.recv) + jlo * es, static_cast<const char*>(slot(j).recv) + jlo * es,
+                        (jhi - jlo) * es);
+        }
+        break;
+      }
+      case CollOp::broadcast: {
+        const void* src = slot(a.root).send;
+        if (src != a.recv && cnt) std::memcpy(a.recv, src, cnt * es);
+        break;
+      }
+      case CollOp::reduce: {  // every rank reduces one segment of the root's result
+        const size_t lo = seg_lo(cnt, n, r), hi = seg_lo(cnt, n, r + 1);
+        srcs_.resize(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j) srcs_[static_cast<size_t>(j)] = static_cast<const char*>(slot(j).send) + lo * es;
+        reduce_into(a.dtype, a.redop, static_cast<char*>(slot(a.root).recv) + lo * es, srcs_.data(), n, hi - lo);
+        break;
+      }
+      default: fail(fmt::format("emulator: {} is not a collective", to_string(a.op)));
+    }
+  }
+
+  // ---- send/recv
+  void post_p2p(bool is_send, const void* sbuf, void* rbuf, size_t count, DataType t, int peer, Stream s,
+                loc_t loc) {
+    dev_.check_stream(s, loc);
+    auto op = std::make_unique<P2POp>();
+    op->is_send = is_send;
+    op->owner = me_.rank;
+    op->crank = crank_;
+    op->peer = peer;
+    op->sbuf = sbuf;
+    op->rbuf = rbuf;
+    uint64_t& seq = is_send ? send_seq_[peer] : recv_seq_[peer];
+    op->desc = CallDesc{is_send ? CollOp::send : CollOp::recv, count, t, ReduceOp::sum, peer, seq++, loc.file_name(),
+                        loc.line()};
+    pending_.push_back(std::move(op));
+    streams_.push_back(s);
+    if (depth_ == 0) run_p2p();
+  }
+
+  void run_p2p() {
+    if (pending_.empty()) return;
+    std::vector<std::unique_ptr<P2POp>> ops = std::move(pending_);
+    std::vector<Stream> streams = std::move(streams_);
+    pending_.clear();
+    streams_.clear();
+    std::vector<std::pair<P2POp*, P2POp*>> to_copy;  // (send, recv) pairs this rank matched: it copies them
+    std::unique_lock lk(w_.mu);
+    Group& g = *g_;
+    me_.last_call = fmt::format("group of {} send/recv on {} (first: {})", ops.size(), g.label(),
+                                describe(ops.front()->desc));
+    if (g.aborted) throw Error(g.abort_reason);
+    ++w_.progress;
+    me_.p2p_ops.clear();
+    me_.p2p_outstanding = static_cast<int>(ops.size());
+    std::optional<std::string> mismatch;
+    for (auto& up : ops) {
+      P2POp* op = up.get();
+      me_.p2p_ops.push_back(op);
+      const int src = op->is_send ? crank_ : op->peer, dst = op->is_send ? op->peer : crank_;
+      auto& [sends, recvs] = g.p2p[{src, dst}];
+      auto& other = op->is_send ? recvs : sends;
+      if (other.empty()) {
+        (op->is_send ? sends : recvs).push_back(op);
+        continue;
+      }
+      P2POp* o = other.front();
+      other.pop_front();
+      P2POp* sop = op->is_send ? op : o;
+      P2POp* rop = op->is_send ? o : op;
+      if (sop->desc.count != rop->desc.count || sop->desc.dtype != rop->desc.dtype) {
+        mismatch = fmt::format(
+            "send/recv mismatch on {}: send #{} from rank {} to rank {} and the matching recv disagree on {}. "
+            "Calls:\n  rank {} (world rank {}): {}\n  rank {} (world rank {}): {}",
+            g.label(), sop->desc.seq, src, dst,
+            sop->desc.count != rop->desc.count ? (sop->desc.dtype != rop->desc.dtype ? "count, dtype" : "count")
+                                               : "dtype",
+            src, g.members[static_cast<size_t>(src)], describe(sop->desc), dst, g.members[static_cast<size_t>(dst)],
+            describe(rop->desc));
+        if (o->owner != me_.rank) w_.fail_rank(*w_.ranks[static_cast<size_t>(o->owner)], *mismatch);
+        break;
+      }
+      sop->matched = rop->matched = true;
+      to_copy.push_back({sop, rop});
+    }
+    lk.unlock();
+    for (auto& [sop, rop] : to_copy)
+      if (sop->desc.count) std::memcpy(rop->rbuf, sop->sbuf, sop->desc.count * dtype_size(sop->desc.dtype));
+    lk.lock();
+    for (auto& [sop, rop] : to_copy) {
+      for (P2POp* o : {sop, rop}) {
+        o->done = true;
+        auto& owner = *w_.ranks[static_cast<size_t>(o->owner)];
+        if ((--owner.p2p_outstanding == 0 || owner.draining) && o->owner != me_.rank) w_.wake(owner);
+      }
+    }
+    ++w_.progress;
+    if (mismatch) {
+      retire_ops(g, ops, lk);
+      throw Error(*mismatch);
+    }
+    if (me_.p2p_outstanding > 0) {
+      me_.waiting_group = &g;
+      me_.pending = describe_p2p(g);
+      try {
+        w_.block_until(me_, lk, [&] { return me_.p2p_outstanding == 0; });
+      } catch (...) {
+        retire_ops(g, ops, lk);
+        throw;
+      }
+    }
+    me_.p2p_ops.clear();
+    lk.unlock();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const auto& d = ops[i]->desc;
+      dev_.trace_comm(streams[i], ops[i]->is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
+                      static_cast<int64_t>(d.count * dtype_size(d.dtype)));
+    }
+  }
+
+  // After a failure: wait for copies other ranks are doing on this rank's matched ops (bounded: copies never
+  // block), then take the unmatched ops out of the queues, since their memory goes away.
+  void retire_ops(Group& g, std::vector<std::unique_ptr<P2POp>>& ops, std::unique_lock<std::mutex>& lk) {
+    auto in_flight = [&] {
+      for (auto& up : ops)
+        if (up->matched && !up->done) return true;
+      return false;
+    };
+    me_.draining = true;
+    while (in_flight()) {
+      const uint32_t t = me_.wake.load(std::memory_order_acquire);
+      lk.unlock();
+      me_.wake.wait(t, std::memory_order_acquire);
+      lk.lock();
+    }
+    me_.draining = false;
+    for (auto& up : ops) {
+      if (up->matched) continue;
+      const int src = up->is_send ? crank_ : up->peer, dst = up->is_send ? up->peer : crank_;
+      auto it = g.p2p.find({src, dst});
+      if (it == g.p2p.end()) continue;
+      for (auto* q : {&it->second.first, &it->second.second}) q->erase(std::remove(q->begin(), q->end(), up.get()), q->end());
+    }
+    me_.p2p_ops.clear();
+    me_.p2p_outstanding = 0;
+    me_.waiting_group = nullptr;
+  }
+
+  std::string describe_p2p(const Group& g) const {
+    std::vector<std::string> parts;
+    int shown = 0, pending = 0;
+    for (const P2POp* o : me_.p2p_ops) {
+      if (o->done) continue;
+      ++pending;
+      if (shown++ < 4) parts.push_back(describe(o->desc));
+    }
+    std::string s = fmt::format("{} unmatched in a group of {} send/recv on {}: {}", pending, me_.p2p_ops.size(),
+                                g.label(), fmt::join(parts, "; "));
+    if (pending > 4) s += fmt::format("; ... ({} more)", pending - 4);
+    return s;
+  }
+
+  World& w_;
+  RankState& me_;
+  EmuDevice& dev_;
+  std::shared_ptr<Group> g_;
+  int crank_;
+  uint64_t seq_ = 0;
+  int depth_ = 0;
+  std::vector<const void*> srcs_;
+  std::vector<std::unique_ptr<P2POp>> pending_;
+  std::vector<Stream> streams_;
+  std::map<int, uint64_t> send_seq_, recv_seq_;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// RankContext, spawn.
+
+RankContext::RankContext(World& w, RankState& r) : w_(w), r_(r) {
+  auto dev = std::make_unique<EmuDevice>(r, w.opts.record_trace);
+  auto* d = dev.get();
+  dev_ = std::move(dev);
+  world_ = std::make_unique<EmuComm>(w, r, *d, w.world_group, r.rank);
+}
+RankContext::~RankContext() = default;
+int RankContext::rank() const { return r_.rank; }
+int RankContext::world_size() const { return w_.size(); }
+Communicator& RankContext::world() { return *world_; }
+Device& RankContext::device() { return *dev_; }
+
+CommStats RankContext::stats() const {
+  std::lock_guard lk(r_.stats_mu);
+  CommStats s = r_.retired;
+  for (const Communicator* c : r_.live_comms) accumulate_stats(s, *c);
+  return s;
+}
+const RankTrace& RankContext::trace() const { return r_.trace; }
+
+CommStats SpawnResult::total() const {
+  CommStats t;
+  for (const auto& r : ranks)
+    for (const auto& [name, table] : r.stats) {
+      auto& dst = t[name];
+      for (size_t i = 0; i < table.size(); ++i) {
+        dst[i].calls += table[i].calls;
+        dst[i].bytes += table[i].bytes;
+      }
+    }
+  return t;
+}
+
+RankError::RankError(int r, std::string orig, int nfailed)
+    : Error(fmt::format("rank {}: {}{}", r, orig,
+                        nfailed > 1 ? fmt::format(" [{} ranks failed in total]", nfailed) : std::string())),
+      rank(r),
+      original(std::move(orig)),
+      failed_ranks(nfailed) {}
+
+namespace {
+
+struct ThreadArg {
+  World* w;
+  RankState* r;
+  const std::function<void(RankContext&)>* fn;
+};
+
+void* rank_main(void* p) {
+  auto* a = static_cast<ThreadArg*>(p);
+  World& w = *a->w;
+  RankState& r = *a->r;
+  try {
+    RankContext ctx(w, r);
+    (*a->fn)(ctx);
+  } catch (const std::exception& e) {
+    w.on_rank_failed(r.rank, e.what());
+  } catch (...) {
+    w.on_rank_failed(r.rank, "unknown exception (not derived from std::exception)");
+  }
+  w.on_rank_finished(r);
+  return nullptr;
+}
+
+}  // namespace
+
+SpawnResult spawn(int world_size, const std::function<void(RankContext&)>& fn, const SpawnOptions& opts) {
+  TD_CHECK(world_size >= 1, "spawn: world_size must be >= 1 (got {})", world_size);
+  TD_CHECK(opts.watchdog.count() > 0, "spawn: watchdog must be positive (got {} ms)", opts.watchdog.count());
+  World w(world_size, opts);
+  {
+    std::vector<int> all(static_cast<size_t>(world_size));
+    for (int i = 0; i < world_size; ++i) all[static_cast<size_t>(i)] = i;
+    w.world_group = w.make_group("world", std::move(all));
+  }
+  std::vector<ThreadArg> args(static_cast<size_t>(world_size));
+  std::vector<pthread_t> threads;
+  threads.reserve(static_cast<size_t>(world_size));
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
+  pthread_attr_setstacksize(&attr, stack);
+  std::thread watchdog([&w] { w.watchdog_loop(); });
+  std::string start_error;
+  for (int i = 0; i < world_size; ++i) {
+    args[static_cast<size_t>(i)] = {&w, w.ranks[static_cast<size_t>(i)].get(), &fn};
+    pthread_t t;
+    const int rc = pthread_create(&t, &attr, rank_main, &args[static_cast<size_t>(i)]);
+    if (rc != 0) {
+      // Ranks that cannot start count as failed right away; the started ones get aborted, not hung.
+      start_error = fmt::format("spawn: could not start rank thread {} of {} (pthread_create error {})", i,
+                                world_size, rc);
+      for (int k = i; k < world_size; ++k) {
+        w.on_rank_failed(k, start_error);
+        w.on_rank_finished(*w.ranks[static_cast<size_t>(k)]);
+      }
+      break;
+    }
+    threads.push_back(t);
+  }
+  pthread_attr_destroy(&attr);
+  for (pthread_t t : threads) pthread_join(t, nullptr);
+  {
+    std::lock_guard lk(w.mu);
+    w.finished = true;
+    w.watchdog_cv.notify_all();
+  }
+  watchdog.join();
+  if (!w.failures.empty()) {
+    const auto& f = w.failures.front();
+    throw RankError(f.rank, f.msg, static_cast<int>(w.failures.size()));
+  }
+  SpawnResult res;
+  res.ranks.resize(static_cast<size_t>(world_size));
+  for (int i = 0; i < world_size; ++i) {
+    auto& r = *w.ranks[static_cast<size_t>(i)];
+    res.ranks[static_cast<size_t>(i)].stats = r.retired;
+    res.ranks[static_cast<size_t>(i)].trace = std::move(r.trace);
+  }
+  return res;
+}
+
+}  // namespace trident::emu

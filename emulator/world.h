@@ -1,0 +1,80 @@
+// The emulator: a world of fake ranks (one thread each) in this process, with a Communicator and a Device per
+// rank. Collectives and send/recv execute eagerly on the calling rank's thread and copy directly between the
+// ranks' buffers; every call is checked against the other ranks' calls, and blocked states are watched so
+// that a mismatch or a deadlock fails every involved rank with one report instead of hanging (docs/emulator.md).
+//
+//   trident::emu::spawn(8, [&](trident::emu::RankContext& ctx) {
+//     auto& world = ctx.world();
+//     world.all_reduce(x.data(), x.data(), x.size(), trident::DataType::f32, trident::ReduceOp::sum);
+//   });
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/trace.h"
+#include "reference/check.h"
+
+namespace trident::emu {
+
+struct SpawnOptions {
+  size_t stack_bytes = 256 * 1024;  // per rank thread (raise it for deep recursion or sanitizers)
+  // A rank blocked in a communicator call while nothing anywhere made progress for this long fails, with a
+  // report of every rank's state (covers a rank stuck in compute, which deadlock detection cannot see).
+  std::chrono::milliseconds watchdog{60'000};
+  bool record_trace = true;  // record per-stream traces (RankContext::trace)
+};
+
+struct World;
+struct RankState;
+class EmuDevice;
+
+// What a rank's function gets.
+class RankContext {
+ public:
+  int rank() const;
+  int world_size() const;
+  Communicator& world();  // all ranks, name "world"
+  Device& device();       // streams and events of this rank
+  Stream compute_stream() { return device().compute_stream(); }
+  Stream comm_stream() { return device().comm_stream(); }
+  // This rank's counters of every communicator it has used (live and destroyed), by communicator name.
+  CommStats stats() const;
+  const RankTrace& trace() const;
+
+  RankContext(World& w, RankState& r);
+  ~RankContext();
+
+ private:
+  World& w_;
+  RankState& r_;
+  std::unique_ptr<Device> dev_;  // declared before world_: destroyed after it
+  std::unique_ptr<Communicator> world_;
+};
+
+struct RankResult {
+  CommStats stats;
+  RankTrace trace;
+};
+struct SpawnResult {
+  std::vector<RankResult> ranks;  // by world rank
+  CommStats total() const;        // summed over ranks
+};
+
+// Thrown by spawn() when a rank failed: the first failure (in time), with the rank and its original message.
+struct RankError : Error {
+  RankError(int rank, std::string original, int failed_ranks);
+  int rank;
+  std::string original;  // the rank's exception message, unchanged
+  int failed_ranks;      // how many ranks failed in total (the others usually as a consequence)
+};
+
+// Runs fn on world_size rank threads and joins them. Rethrows the first failure as RankError. Every call
+// creates a fresh world; nothing is left behind after a failure.
+SpawnResult spawn(int world_size, const std::function<void(RankContext&)>& fn, const SpawnOptions& opts = {});
+
+}  // namespace trident::emu
