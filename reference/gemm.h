@@ -20,4 +20,12 @@ template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
           T* C, int64_t ldc);
 
+// Serial building block of gemm (no OpenMP; for callers that already run inside a parallel region, e.g.
+// tile_reduce). Same per-element order; A is addressed as A[m * a_rs + k * a_ks] (so X^T is a_rs = 1,
+// a_ks = ldx). accumulate = false: every C[m, n] starts from +0; accumulate = true: the running sums continue
+// from the values in C (s = C[m, n]; for k: s += round(a*b)), which equals one longer in-order sum.
+template <class T>
+void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_ks, const T* B,
+                 int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate);
+
 }  // namespace trident

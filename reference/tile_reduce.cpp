@@ -1,0 +1,125 @@
+// Tile reductions (reference/tile_reduce.h, docs/numerics.md "Tile reductions").
+//
+// Work split: OpenMP over blocks of output elements only; each block walks all tiles in order, so no
+// reduction is ever split between threads (the exact sum would not care, but the in-tile sums would).
+// Per (block, tile): the in-tile partials P (kb x mb) come from the in-order gemm kernel (gemm_serial with
+// X^T addressed in place: s = +0; for rows r of the tile: s += round(X[r,k] * dY[r,m])); then each partial
+// is added exactly into its accumulator.
+#include "reference/tile_reduce.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "reference/check.h"
+#include "reference/gemm.h"
+
+namespace trident {
+namespace {
+
+void check_segs(std::span<const int64_t> segs) {
+  TD_CHECK(!segs.empty(), "tile reduction: segs must hold n_tiles + 1 offsets (got an empty span)");
+  for (size_t i = 1; i < segs.size(); ++i)
+    TD_CHECK(segs[i - 1] <= segs[i], "tile reduction: segment offsets must be non-decreasing (segs[{}] = {} > "
+                                     "segs[{}] = {})", i - 1, segs[i - 1], i, segs[i]);
+}
+
+// Output blocks: kKB rows of K x kMB columns of M (the accumulators of one block stay in cache).
+constexpr int64_t kKB = 24;
+constexpr int64_t kMB = 64;
+constexpr int64_t kJB = 256;
+constexpr int64_t kTB = 16;  // tiles whose partials are buffered before the exact adds
+
+}  // namespace
+
+template <class T>
+void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  check_segs(segs);
+  if (J <= 0) return;
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t n_blocks = (J + kJB - 1) / kJB;
+#pragma omp parallel for schedule(static) if (n_blocks > 1 && (segs.back() - segs.front()) * J >= 65536)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
+    T part[kJB];
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      if (segs[t] == segs[t + 1]) continue;
+      for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
+      for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
+        const T* row = x + r * J + j0;
+        for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
+      }
+      for (int64_t j = 0; j < jb; ++j) acc[j0 + j].add(part[j]);
+    }
+  }
+}
+
+template <class T>
+void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  check_segs(segs);
+  if (K <= 0 || M <= 0) return;
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
+  const int64_t n_blocks = bk * bm;
+  const bool par = n_blocks > 1 && (segs.back() - segs.front()) * K * M >= 262144;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
+    const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
+    // Partials of up to kTB tiles are computed first, then added row by row of the block, so the mb
+    // accumulators of one row stay in L1 while all kTB partials go in.
+    static thread_local std::vector<T> pbuf;
+    pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
+    T* P = pbuf.data();
+    for (int64_t t0 = 0; t0 < n_tiles; t0 += kTB) {
+      int64_t n_live = 0;
+      for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
+        const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
+        if (len == 0) continue;  // an empty tile contributes nothing
+        // P[i, j] = in-order sum over the tile's rows of round(X[r, k0+i] * dY[r, m0+j]), from +0.
+        gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false,
+                       P + n_live * kb * mb, mb, false);
+        ++n_live;
+      }
+      for (int64_t i = 0; i < kb; ++i) {
+        ExactAcc<T>* a = acc + (k0 + i) * M + m0;
+        for (int64_t u = 0; u < n_live; ++u) {
+          const T* p = P + (u * kb + i) * mb;
+          for (int64_t j = 0; j < mb; ++j) a[j].add(p[j]);
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                std::span<const int64_t> segs, T* dW) {
+  if (K <= 0 || M <= 0) return;
+  std::vector<ExactAcc<T>> acc(static_cast<size_t>(K * M));
+  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc.data());
+  exact_round<T>(acc.data(), dW, K * M);
+}
+
+std::vector<int64_t> uniform_segments(int64_t n, int64_t tile) {
+  TD_CHECK_GT(tile, 0, "uniform_segments: the tile size must be positive");
+  TD_CHECK_GE(n, 0, "uniform_segments: the row count must be non-negative");
+  std::vector<int64_t> segs;
+  segs.reserve(static_cast<size_t>(n / tile + 2));
+  for (int64_t r = 0; r < n; r += tile) segs.push_back(r);
+  segs.push_back(n);
+  return segs;
+}
+
+template void tile_sum_acc<float>(const float*, int64_t, std::span<const int64_t>, ExactAcc<float>*);
+template void tile_sum_acc<double>(const double*, int64_t, std::span<const int64_t>, ExactAcc<double>*);
+template void tile_wgrad_acc<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                    std::span<const int64_t>, ExactAcc<float>*);
+template void tile_wgrad_acc<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
+                                     std::span<const int64_t>, ExactAcc<double>*);
+template void tile_wgrad<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                std::span<const int64_t>, float*);
+template void tile_wgrad<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
+                                 std::span<const int64_t>, double*);
+
+}  // namespace trident

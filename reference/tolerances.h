@@ -1,0 +1,65 @@
+// The one table of tolerances (STYLE.md habit 4). Tests hold no literal tolerances: they look up an entry
+// by (primitive, dtype, direction) and get an error bound computed alongside the reference:
+//
+//     bound = (k_const + k_per_term * n_terms) * u(dtype) * sum_abs
+//
+// where sum_abs is the sum of |terms| of the reduction (e.g. sum_k |a_mk * b_kn| for a GEMM element),
+// n_terms the length of the longest in-order (rounded) chain, and u the unit roundoff of `dtype`
+// (fp64 2^-53, fp32 2^-24, bf16 2^-8). Every entry states why its factors are what they are.
+//
+// To add an entry: append one line to kTolerances (keys are plain strings; keep them lower-case:
+// primitive = the reference function name, dtype = fp64|fp32|bf16, direction = fwd|bwd|vs_fp64|gpu|...).
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+#include "reference/check.h"
+
+namespace trident {
+
+struct Tolerance {
+  std::string_view primitive;
+  std::string_view dtype;
+  std::string_view direction;
+  double k_const;
+  double k_per_term;
+  std::string_view reason;
+};
+
+inline constexpr Tolerance kTolerances[] = {
+    // primitive, dtype, direction, k_const, k_per_term, reason
+    {"gemm", "fp32", "vs_fp64", 2.0, 1.0,
+     "in-order sum of K rounded fp32 products: |err| <= gamma_K * sum|a*b| (Higham 3.1), gamma_K ~ K*u; "
+     "+2u covers 1/(1-Ku) and the fp64 oracle's own rounding"},
+    {"gemm", "fp64", "vs_fp64", 0.0, 0.0,
+     "the fp64 gemm is compared bitwise against the documented-order loop; never with a tolerance"},
+    {"tile_wgrad", "fp32", "vs_fp64", 3.0, 1.0,
+     "each tile partial is an in-order fp32 sum of T rounded products (gamma_T), tile partials are added "
+     "exactly and rounded once (+u); n_terms = tile length; +2u slack for the fp64 oracle"},
+    {"tile_sum", "fp32", "vs_fp64", 3.0, 1.0,
+     "in-order fp32 sum inside a tile (gamma_T, n_terms = tile length), exact merge, one final rounding (+u)"},
+    {"exact_acc", "fp32", "vs_exact", 1.0, 0.0,
+     "one correct rounding of the exact sum: |err| <= u * |sum| <= u * sum|terms| (tests use bitwise MPFR)"},
+};
+
+inline double unit_roundoff(std::string_view dtype) {
+  if (dtype == "fp64") return 0x1p-53;
+  if (dtype == "fp32") return 0x1p-24;
+  if (dtype == "bf16") return 0x1p-8;
+  fail(fmt::format("unit_roundoff: unknown dtype '{}' (expected fp64, fp32 or bf16)", dtype));
+}
+
+inline const Tolerance& tolerance(std::string_view primitive, std::string_view dtype, std::string_view direction) {
+  for (const Tolerance& t : kTolerances)
+    if (t.primitive == primitive && t.dtype == dtype && t.direction == direction) return t;
+  fail(fmt::format("no tolerance entry for ({}, {}, {}) in reference/tolerances.h", primitive, dtype, direction));
+}
+
+// Error bound k * u * sum|terms| for one output element.
+inline double tolerance_bound(std::string_view primitive, std::string_view dtype, std::string_view direction,
+                              int64_t n_terms, double sum_abs) {
+  const Tolerance& t = tolerance(primitive, dtype, direction);
+  return (t.k_const + t.k_per_term * static_cast<double>(n_terms)) * unit_roundoff(dtype) * sum_abs;
+}
+
+}  // namespace trident

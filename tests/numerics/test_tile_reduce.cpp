@@ -1,0 +1,246 @@
+// Tile reductions: the documented definition (in-order fp partials per tile, exact sum, one rounding) checked
+// against an independent oracle (naive partials + MPFR exact sum); any partition of the tiles over 1..64 parts,
+// each accumulated separately and merged exactly (also through the wire format), gives the single-part bits;
+// thread invariance; error bound vs fp64.
+#include <gtest/gtest.h>
+#include <mpfr.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "reference/check.h"
+#include "reference/tile_reduce.h"
+#include "reference/tolerances.h"
+
+namespace trident {
+namespace {
+
+template <class T>
+std::vector<T> random_matrix(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_int_distribution<int> ex(-8, 8);
+  std::vector<T> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<T>(std::ldexp(nd(rng), ex(rng)));
+  return v;
+}
+
+// Random segments over n rows: tile sizes in [0, max_tile] (empty tiles included).
+std::vector<int64_t> random_segments(int64_t n, int64_t max_tile, std::mt19937_64& rng) {
+  std::vector<int64_t> segs = {0};
+  while (segs.back() < n) segs.push_back(std::min<int64_t>(n, segs.back() + static_cast<int64_t>(rng() % (max_tile + 1))));
+  return segs;
+}
+
+// Oracle: naive in-tile partials (documented order), MPFR exact sum of the partials, one RNE rounding.
+template <class T>
+std::vector<T> oracle_wgrad(const std::vector<T>& X, const std::vector<T>& dY, int64_t K, int64_t M,
+                            const std::vector<int64_t>& segs) {
+  std::vector<T> out(K * M);
+  mpfr_t acc, r;
+  mpfr_init2(acc, 2400);
+  mpfr_init2(r, std::numeric_limits<T>::digits);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t m = 0; m < M; ++m) {
+      mpfr_set_zero(acc, 1);
+      for (size_t t = 0; t + 1 < segs.size(); ++t) {
+        T s = T(0);
+        for (int64_t row = segs[t]; row < segs[t + 1]; ++row) {
+          const T prod = X[row * K + k] * dY[row * M + m];
+          s = s + prod;
+        }
+        mpfr_add_d(acc, acc, static_cast<double>(s), MPFR_RNDN);
+      }
+      mpfr_set(r, acc, MPFR_RNDN);  // normal range only in these tests (values ~ 2^-16 .. 2^16)
+      T v = static_cast<T>(mpfr_get_d(r, MPFR_RNDN));
+      out[k * M + m] = v == 0 ? T(0) : v;
+    }
+  mpfr_clear(acc);
+  mpfr_clear(r);
+  return out;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+class TileTest : public ::testing::Test {};
+using Types = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(TileTest, Types);
+
+TYPED_TEST(TileTest, WgradMatchesOracle) {
+  using T = TypeParam;
+  const uint64_t seed = 101;
+  std::mt19937_64 rng(seed);
+  struct Case { int64_t N, K, M, max_tile; };
+  const Case cases[] = {{1, 1, 1, 1}, {37, 5, 3, 4}, {300, 13, 37, 16}, {500, 50, 70, 64}, {700, 25, 65, 300}};
+  for (const Case& c : cases) {
+    auto X = random_matrix<T>(c.N * c.K, rng);
+    auto dY = random_matrix<T>(c.N * c.M, rng);
+    auto segs = random_segments(c.N, c.max_tile, rng);
+    std::vector<T> dW(c.K * c.M);
+    tile_wgrad<T>(X.data(), c.K, dY.data(), c.M, c.K, c.M, segs, dW.data());
+    auto want = oracle_wgrad(X, dY, c.K, c.M, segs);
+    ASSERT_TRUE(same_bits(dW, want)) << "repro: seed=" << seed << " N=" << c.N << " K=" << c.K << " M=" << c.M
+                                     << " max_tile=" << c.max_tile;
+    double norm = 0;
+    for (T v : dW) norm += double(v) * double(v);
+    EXPECT_GT(norm, 0.0);
+  }
+}
+
+// Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
+TYPED_TEST(TileTest, PartitionInvariance) {
+  using T = TypeParam;
+  const uint64_t seed = 202;
+  std::mt19937_64 rng(seed);
+  const int64_t N = 640, K = 30, M = 70;
+  auto X = random_matrix<T>(N * K, rng);
+  auto dY = random_matrix<T>(N * M, rng);
+  auto segs = uniform_segments(N, 8);  // 80 tiles
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  std::vector<T> ref(K * M);
+  tile_wgrad<T>(X.data(), K, dY.data(), M, K, M, segs, ref.data());
+  std::vector<T> ref_sum(M);
+  {
+    std::vector<ExactAcc<T>> a(M);
+    tile_sum_acc<T>(dY.data(), M, segs, a.data());
+    exact_round<T>(a.data(), ref_sum.data(), M);
+  }
+  for (int parts = 1; parts <= 64; ++parts) {
+    const bool scattered = parts % 2 == 0;  // even: tiles dealt to random parts; odd: contiguous ranges
+    std::vector<int> owner(n_tiles);
+    if (scattered) {
+      for (auto& o : owner) o = static_cast<int>(rng() % parts);
+    } else {
+      std::vector<int64_t> cuts(parts - 1);
+      for (auto& c : cuts) c = static_cast<int64_t>(rng() % (n_tiles + 1));
+      std::sort(cuts.begin(), cuts.end());
+      for (int64_t t = 0; t < n_tiles; ++t)
+        owner[t] = static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), t) - cuts.begin());
+    }
+    // Each part gathers its tiles' rows (as a rank would hold them) and accumulates them.
+    std::vector<std::vector<ExactAcc<T>>> acc(parts, std::vector<ExactAcc<T>>(K * M));
+    std::vector<std::vector<ExactAcc<T>>> sacc(parts, std::vector<ExactAcc<T>>(M));
+    for (int p = 0; p < parts; ++p) {
+      std::vector<T> Xp, dYp;
+      std::vector<int64_t> sp = {0};
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        if (owner[t] != p) continue;
+        Xp.insert(Xp.end(), X.begin() + segs[t] * K, X.begin() + segs[t + 1] * K);
+        dYp.insert(dYp.end(), dY.begin() + segs[t] * M, dY.begin() + segs[t + 1] * M);
+        sp.push_back(sp.back() + segs[t + 1] - segs[t]);
+      }
+      tile_wgrad_acc<T>(Xp.data(), K, dYp.data(), M, K, M, sp, acc[p].data());
+      tile_sum_acc<T>(dYp.data(), M, sp, sacc[p].data());
+    }
+    // Merge: odd parts through the wire format, in a shuffled order.
+    std::vector<int> order(parts);
+    for (int p = 0; p < parts; ++p) order[p] = p;
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<ExactAcc<T>> total(K * M), stotal(M);
+    for (int p : order) {
+      if (p % 2) {
+        std::vector<std::byte> wire(K * M * ExactAcc<T>::kBytes);
+        exact_serialize(acc[p].data(), K * M, wire.data());
+        std::vector<ExactAcc<T>> back(K * M);
+        exact_deserialize(wire.data(), K * M, back.data());
+        exact_merge(total.data(), back.data(), K * M);
+      } else {
+        exact_merge(total.data(), acc[p].data(), K * M);
+      }
+      exact_merge(stotal.data(), sacc[p].data(), M);
+    }
+    std::vector<T> got(K * M), sgot(M);
+    exact_round<T>(total.data(), got.data(), K * M);
+    exact_round<T>(stotal.data(), sgot.data(), M);
+    ASSERT_TRUE(same_bits(got, ref)) << "repro: seed=" << seed << " parts=" << parts << " scattered=" << scattered;
+    ASSERT_TRUE(same_bits(sgot, ref_sum)) << "tile_sum parts=" << parts;
+  }
+}
+
+// The tiles matter: a different tiling of the same rows gives (generally) different bits, so the partition
+// test above cannot pass vacuously.
+TEST(TileReduce, TilingIsPartOfTheDefinition) {
+  std::mt19937_64 rng(303);
+  const int64_t N = 512, K = 16, M = 16;
+  auto X = random_matrix<float>(N * K, rng);
+  auto dY = random_matrix<float>(N * M, rng);
+  std::vector<float> a(K * M), b(K * M);
+  tile_wgrad<float>(X.data(), K, dY.data(), M, K, M, uniform_segments(N, 16), a.data());
+  tile_wgrad<float>(X.data(), K, dY.data(), M, K, M, uniform_segments(N, 64), b.data());
+  EXPECT_FALSE(same_bits(a, b));
+}
+
+TYPED_TEST(TileTest, ThreadInvariance) {
+  using T = TypeParam;
+  std::mt19937_64 rng(404);
+  const int64_t N = 1024, K = 100, M = 130;
+  auto X = random_matrix<T>(N * K, rng);
+  auto dY = random_matrix<T>(N * M, rng);
+  auto segs = uniform_segments(N, 32);
+  const int saved = omp_get_max_threads();
+  std::vector<T> ref, sref;
+  for (int th : {1, 2, 4}) {
+    omp_set_num_threads(th);
+    std::vector<T> dW(K * M), s(M);
+    tile_wgrad<T>(X.data(), K, dY.data(), M, K, M, segs, dW.data());
+    std::vector<ExactAcc<T>> a(M);
+    tile_sum_acc<T>(dY.data(), M, segs, a.data());
+    exact_round<T>(a.data(), s.data(), M);
+    if (ref.empty()) ref = dW, sref = s;
+    ASSERT_TRUE(same_bits(dW, ref)) << "threads=" << th;
+    ASSERT_TRUE(same_bits(s, sref)) << "threads=" << th;
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(TileReduce, WithinErrorBoundOfFp64) {
+  std::mt19937_64 rng(505);
+  const int64_t N = 1000, K = 20, M = 30, tile = 128;
+  auto X = random_matrix<float>(N * K, rng);
+  auto dY = random_matrix<float>(N * M, rng);
+  std::vector<float> dW(K * M);
+  tile_wgrad<float>(X.data(), K, dY.data(), M, K, M, uniform_segments(N, tile), dW.data());
+  double norm = 0;
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t m = 0; m < M; ++m) {
+      double exact = 0, sum_abs = 0;
+      for (int64_t r = 0; r < N; ++r) {
+        const double p = double(X[r * K + k]) * double(dY[r * M + m]);
+        exact += p;
+        sum_abs += std::fabs(p);
+      }
+      ASSERT_LE(std::fabs(dW[k * M + m] - exact), tolerance_bound("tile_wgrad", "fp32", "vs_fp64", tile, sum_abs))
+          << "k=" << k << " m=" << m;
+      norm += exact * exact;
+    }
+  EXPECT_GT(norm, 1.0);
+}
+
+TEST(TileReduce, EdgeCases) {
+  // Segments not starting at 0, empty tiles, negative zeros -> +0, bad segments rejected.
+  std::vector<float> x = {-0.0f, -0.0f, 1.0f, 2.0f, -0.0f, -0.0f};  // (3, 2)
+  std::vector<int64_t> segs = {2, 2, 3};                            // only row 2 (an empty tile first)
+  std::vector<ExactAcc<float>> a(2);
+  tile_sum_acc<float>(x.data(), 2, segs, a.data());
+  EXPECT_EQ(std::bit_cast<uint32_t>(a[0].round()), 0u);  // -0 + ... from +0 is +0
+  std::vector<int64_t> all = {0, 1, 3};
+  std::vector<ExactAcc<float>> b(2);
+  tile_sum_acc<float>(x.data(), 2, all, b.data());
+  EXPECT_EQ(b[0].round(), 1.0f);
+  EXPECT_EQ(b[1].round(), 2.0f);
+  std::vector<int64_t> bad = {0, 2, 1};
+  EXPECT_THROW(tile_sum_acc<float>(x.data(), 2, bad, b.data()), Error);
+  EXPECT_THROW(uniform_segments(10, 0), Error);
+  EXPECT_EQ(uniform_segments(10, 4), (std::vector<int64_t>{0, 4, 8, 10}));
+  EXPECT_EQ(uniform_segments(0, 4), (std::vector<int64_t>{0}));
+}
+
+}  // namespace
+}  // namespace trident
