@@ -1,0 +1,136 @@
+// AdamW, exact gradient norm, clip coefficient, router bias update (reference/model/adamw.h).
+#include "reference/model/adamw.h"
+
+#include <cmath>  // std::sqrt (correctly rounded), std::isnan, std::isfinite
+#include <limits>
+#include <type_traits>
+
+#include "reference/check.h"
+
+namespace trident::model {
+
+nlohmann::json AdamWHyper::to_json() const {
+  return {{"name", "adamw"},   {"lr", lr},
+          {"beta1", beta1},    {"beta2", beta2},
+          {"eps", eps},        {"weight_decay", weight_decay},
+          {"max_grad_norm", max_grad_norm}};
+}
+
+AdamWHyper AdamWHyper::from_json(const nlohmann::json& j) {
+  TD_CHECK(j.is_object(), "AdamW hyper-parameters must be a JSON object");
+  AdamWHyper h;
+  for (const auto& [k, val] : j.items()) {
+    if (k == "name") {
+      TD_CHECK(val == "adamw", "optimizer name must be 'adamw', got {}", val.dump());
+      continue;
+    }
+    double* dst = k == "lr" ? &h.lr
+                  : k == "beta1" ? &h.beta1
+                  : k == "beta2" ? &h.beta2
+                  : k == "eps" ? &h.eps
+                  : k == "weight_decay" ? &h.weight_decay
+                  : k == "max_grad_norm" ? &h.max_grad_norm
+                                         : nullptr;
+    if (!dst) fail(fmt::format("unknown AdamW hyper-parameter '{}'", k));
+    if (!val.is_number()) fail(fmt::format("AdamW hyper-parameter '{}' must be a number, got {}", k, val.dump()));
+    *dst = val.get<double>();
+  }
+  return h;
+}
+
+template <class T>
+void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      const double x = g[i];
+      acc.add(x * x);  // 24 x 24 significand bits fit in 53: exact (and >= 2^-298: no underflow)
+    } else {
+      const double a = g[i];
+      const double p = a * a;
+      if (!std::isfinite(p)) {  // |a| >= 2^512 (or Inf/NaN): the square is +Inf or NaN anyway
+        acc.add(p);
+        continue;
+      }
+      // Veltkamp split a = hi + lo (26 + 26 significant bits), then Dekker's two-square: a*a - p exactly,
+      // without FMA (every product below is exact, and so is each sum, barring underflow).
+      const double c = 134217729.0 * a;  // 2^27 + 1
+      const double hi = c - (c - a);
+      const double lo = a - hi;
+      const double err = ((hi * hi - p) + 2.0 * hi * lo) + lo * lo;
+      acc.add(p);
+      acc.add(err);
+    }
+  }
+}
+template void grad_sq_acc<float>(const float*, int64_t, ExactAcc<double>&);
+template void grad_sq_acc<double>(const double*, int64_t, ExactAcc<double>&);
+
+double clip_coef(const ExactAcc<double>& sq, double max_grad_norm) {
+  if (!(max_grad_norm > 0)) return 1.0;
+  const double s = sq.round();
+  const double norm = std::sqrt(s);
+  if (std::isnan(norm)) return std::numeric_limits<double>::quiet_NaN();
+  const double c = max_grad_norm / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+template <class T>
+void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const AdamWHyper& h, int64_t step, double clip,
+                bool decay) {
+  TD_CHECK_GE(step, int64_t(1), "adamw_step: step is 1-based");
+  double p1 = 1.0, p2 = 1.0;
+  for (int64_t s = 0; s < step; ++s) {  // beta^step by repeated multiplication (no libm pow)
+    p1 = p1 * h.beta1;
+    p2 = p2 * h.beta2;
+  }
+  const double bc1 = 1.0 - p1, bc2 = 1.0 - p2;
+  const T c = static_cast<T>(clip);
+  const T dec = static_cast<T>(1.0 - h.lr * h.weight_decay);
+  const T b1 = static_cast<T>(h.beta1), ob1 = static_cast<T>(1.0 - h.beta1);
+  const T b2 = static_cast<T>(h.beta2), ob2 = static_cast<T>(1.0 - h.beta2);
+  const T ss = static_cast<T>(h.lr / bc1);
+  const T bc2s = static_cast<T>(std::sqrt(bc2));
+  const T e = static_cast<T>(h.eps);
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gc = g[i] * c;
+    T wi = w[i];
+    if (decay) wi = wi * dec;
+    const T mi = b1 * m[i] + ob1 * gc;
+    const T vi = b2 * v[i] + (ob2 * gc) * gc;
+    const T den = std::sqrt(vi) / bc2s + e;
+    wi = wi - (ss * mi) / den;
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+namespace {
+template <class T>
+void bias_update(T* b, const int64_t* load, int64_t E, double gamma) {
+  TD_CHECK_GT(E, int64_t(0), "router_bias_update: E");
+  if (gamma == 0) return;
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    TD_CHECK_GE(load[e], int64_t(0), "router_bias_update: load of expert {}", e);
+    total += load[e];
+  }
+  const T step = static_cast<T>(gamma);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t scaled = load[e] * E;  // compare load_e with total/E exactly
+    if (scaled < total) b[e] = b[e] + step;
+    else if (scaled > total) b[e] = b[e] - step;
+  }
+}
+}  // namespace
+
+void router_bias_update(float* b, const int64_t* load, int64_t E, double gamma) { bias_update(b, load, E, gamma); }
+void router_bias_update(double* b, const int64_t* load, int64_t E, double gamma) { bias_update(b, load, E, gamma); }
+
+template void adamw_step<float>(float*, const float*, float*, float*, int64_t, const AdamWHyper&, int64_t, double,
+                                bool);
+template void adamw_step<double>(double*, const double*, double*, double*, int64_t, const AdamWHyper&, int64_t,
+                                 double, bool);
+
+}  // namespace trident::model

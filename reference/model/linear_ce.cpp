@@ -1,0 +1,349 @@
+// Linear cross-entropy (reference/model/linear_ce.h; every rounding point: docs/optimizer_and_loss.md).
+//
+// Loop structure (none of it changes a bit; see the header for the per-element definitions):
+//   forward : vocab chunks outer (ascending: the LSE merge order), token chunks inner; per-row running
+//             (M, S, target logit) arrays of N values.
+//   backward: vocab chunks outer, token chunks (whole reduction tiles) inner; dhidden continues its one
+//             in-order sum across the vocab chunks (gemm_serial accumulate); dW tile sums go straight into
+//             the strided (d, V) accumulators.
+//   fused   : token chunks (whole tiles) outer; the chunk's logits are kept for all V columns.
+// OpenMP: over rows for the per-row math, over output blocks for GEMMs and tile sums. Nothing is split
+// along a reduction, so results do not depend on the thread count.
+#include "reference/model/linear_ce.h"
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "reference/bf16.h"
+#include "reference/check.h"
+#include "reference/dmath.h"
+#include "reference/gemm.h"
+#include "reference/tile_reduce.h"
+
+namespace trident::model {
+namespace {
+
+template <class T>
+void check_common(const char* fn, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, Policy policy,
+                  int64_t token_chunk) {
+  TD_CHECK_GE(N, 0, "{}: N", fn);
+  TD_CHECK_GT(d, 0, "{}: d", fn);
+  TD_CHECK_GT(V, 0, "{}: V", fn);
+  TD_CHECK_GT(vocab_chunk, 0, "{}: vocab_chunk", fn);
+  TD_CHECK_GT(token_chunk, 0, "{}: token_chunk", fn);
+  if constexpr (std::is_same_v<T, double>)
+    TD_CHECK(policy == Policy::fp64, "{}: double data needs the fp64 policy, got {}", fn, to_string(policy));
+  else
+    TD_CHECK(policy != Policy::fp64, "{}: float data needs the fp32 or bf16 policy, got fp64", fn);
+}
+
+void check_targets(const char* fn, const int32_t* targets, int64_t N, int64_t V) {
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t t = targets[i];
+    if (t != kIgnoreIndex && (t < 0 || t >= V))
+      fail(fmt::format("{}: target {} at row {} is out of range [0, {}) (and not the ignore index {})", fn, t, i, V,
+                       kIgnoreIndex));
+  }
+}
+
+void check_segs(const char* fn, std::span<const int64_t> segs, int64_t N) {
+  TD_CHECK(!segs.empty(), "{}: segs must hold n_tiles + 1 offsets", fn);
+  TD_CHECK_EQ(segs.front(), static_cast<int64_t>(0), "{}: segs must start at row 0", fn);
+  TD_CHECK_EQ(segs.back(), N, "{}: segs must end at row N", fn);
+  for (size_t i = 1; i < segs.size(); ++i)
+    TD_CHECK_LE(segs[i - 1], segs[i], "{}: segment offsets must be non-decreasing (at {})", fn, i);
+}
+
+// Token chunks for the backward: consecutive whole tiles, at least `token_chunk` rows unless the rows run
+// out. Returns indices into segs: chunk q covers tiles [cuts[q], cuts[q+1]).
+std::vector<size_t> tile_chunks(std::span<const int64_t> segs, int64_t token_chunk) {
+  std::vector<size_t> cuts{0};
+  const size_t n_tiles = segs.size() - 1;
+  size_t t = 0;
+  while (t < n_tiles) {
+    const int64_t start = segs[t];
+    while (t < n_tiles && segs[t] - start < token_chunk) ++t;
+    cuts.push_back(t);
+  }
+  return cuts;
+}
+
+// dst (rows, cols) contiguous = round_bf16(src (rows, cols) row stride lds).
+void round_rows(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 65536)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = round_bf16(src[r * lds + c]);
+}
+
+// GEMM operands for one vocab chunk [j0, j0 + w): B = W columns (d, w) with row stride ldb.
+template <class T>
+struct WChunk {
+  const T* B;
+  int64_t ldb;
+};
+template <class T>
+WChunk<T> w_chunk(const T* W, int64_t d, int64_t V, int64_t j0, int64_t w, bool bf16, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) {
+      round_rows(W + j0, V, d, w, buf.data());  // the chunk of W rounded once per use
+      return {buf.data(), w};
+    }
+  }
+  return {W + j0, V};
+}
+
+// Row operands for rows [r0, r0 + rows): hidden (rows, d) row stride d.
+template <class T>
+const T* h_rows(const T* hidden, int64_t d, int64_t r0, int64_t rows, bool bf16, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) {
+      round_rows(hidden + r0 * d, d, rows, d, buf.data());
+      return buf.data();
+    }
+  }
+  return hidden + r0 * d;
+}
+
+// Online LSE: merge the chunk [j0, j0 + w) of each row's logits L (rows, w) row stride ldl into (M, S); record
+// the target logit when the target falls in the chunk.
+template <class T>
+void lse_update(const T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, T* M, T* S,
+                T* tl, bool first) {
+#pragma omp parallel for schedule(static) if (rows * w >= 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* l = L + r * ldl;
+    T m = l[0];
+    for (int64_t j = 1; j < w; ++j) m = l[j] > m ? l[j] : m;
+    T s = T(0);
+    for (int64_t j = 0; j < w; ++j) s = s + dm::exp(l[j] - m);  // vocabulary order
+    if (first) {
+      M[r] = m;
+      S[r] = s;
+    } else if (m > M[r]) {
+      S[r] = S[r] * dm::exp(M[r] - m) + s;
+      M[r] = m;
+    } else {
+      S[r] = S[r] + s * dm::exp(m - M[r]);
+    }
+    const int64_t t = targets[r];
+    if (t >= j0 && t < j0 + w) tl[r] = l[t - j0];
+  }
+}
+
+// Final per-row values: lse = M + log(S); loss = lse - target logit (0 when ignored).
+template <class T>
+void lse_finish(int64_t rows, const int32_t* targets, const T* M, const T* S, const T* tl, T* lse, T* loss) {
+  for (int64_t r = 0; r < rows; ++r) {
+    lse[r] = M[r] + dm::log(S[r]);
+    loss[r] = targets[r] == kIgnoreIndex ? T(0) : lse[r] - tl[r];
+  }
+}
+
+// In place: L (rows, w) row stride ldl, logits of columns [j0, j0 + w) -> dlogit (bf16: rounded to bf16).
+template <class T>
+void to_dlogit(T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, const T* lse,
+               T grad_scale, bool bf16) {
+#pragma omp parallel for schedule(static) if (rows * w >= 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* l = L + r * ldl;
+    const int64_t t = targets[r];
+    if (t == kIgnoreIndex) {
+      for (int64_t j = 0; j < w; ++j) l[j] = T(0);
+      continue;
+    }
+    const T z = lse[r];
+    for (int64_t j = 0; j < w; ++j) {
+      const T p = dm::exp(l[j] - z);
+      l[j] = (j0 + j == t ? p - T(1) : p) * grad_scale;
+    }
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16)
+        for (int64_t j = 0; j < w; ++j) l[j] = round_bf16(l[j]);
+  }
+}
+
+// dh (rows, d) row stride d (+)= dlogit (rows, w) ldl @ B^T, B = (d, w) row stride ldb (i.e. W columns):
+// dh[i, k] continues its in-order sum over the chunk's columns (gemm_serial accumulate; first: from +0).
+template <class T>
+void dhidden_acc(const T* DL, int64_t ldl, int64_t rows, int64_t w, const WChunk<T>& B, int64_t d, T* dh,
+                 bool first) {
+  constexpr int64_t kRB = 96, kCB = 128;
+  const int64_t nrb = (rows + kRB - 1) / kRB, ncb = (d + kCB - 1) / kCB;
+#pragma omp parallel for schedule(static) if (nrb * ncb > 1 && rows * w * d >= 262144)
+  for (int64_t b = 0; b < nrb * ncb; ++b) {
+    const int64_t r0 = (b / ncb) * kRB, c0 = (b % ncb) * kCB;
+    const int64_t mr = std::min(kRB, rows - r0), nc = std::min(kCB, d - c0);
+    gemm_serial<T>(mr, nc, w, DL + r0 * ldl, ldl, 1, B.B + c0 * B.ldb, B.ldb, /*trans_b=*/true, dh + r0 * d + c0, d,
+                   /*accumulate=*/!first);
+  }
+}
+
+// acc (K, M) row stride ld_acc += tile sums of X^T dY: tile_wgrad_acc's definition (in-tile in-order sum from
+// +0 of round(X[r,k] * dY[r,m]), exact add of each tile partial) for an accumulator block of a wider matrix.
+template <class T>
+void wgrad_acc_strided(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                       std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
+  if (ld_acc == M) {
+    tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc);
+    return;
+  }
+  constexpr int64_t kKB = 24, kMB = 64;
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
+#pragma omp parallel for schedule(static) if (bk * bm > 1 && (segs.back() - segs.front()) * K * M >= 262144)
+  for (int64_t b = 0; b < bk * bm; ++b) {
+    const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
+    const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
+    T P[kKB * kMB];
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
+      if (len == 0) continue;
+      gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false, P, mb, false);
+      for (int64_t i = 0; i < kb; ++i) {
+        ExactAcc<T>* a = acc + (k0 + i) * ld_acc + m0;
+        for (int64_t j = 0; j < mb; ++j) a[j].add(P[i * mb + j]);
+      }
+    }
+  }
+}
+
+// Segments of tiles [t0, t1) rebased to row segs[t0].
+std::vector<int64_t> rebased(std::span<const int64_t> segs, size_t t0, size_t t1) {
+  std::vector<int64_t> s(segs.begin() + static_cast<ptrdiff_t>(t0), segs.begin() + static_cast<ptrdiff_t>(t1) + 1);
+  const int64_t base = s.front();
+  for (int64_t& x : s) x -= base;
+  return s;
+}
+
+void zero_ignored_rows(const int32_t* targets, int64_t N, int64_t d, float* dh) {
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] == kIgnoreIndex) std::fill(dh + i * d, dh + (i + 1) * d, 0.0f);
+}
+void zero_ignored_rows(const int32_t* targets, int64_t N, int64_t d, double* dh) {
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] == kIgnoreIndex) std::fill(dh + i * d, dh + (i + 1) * d, 0.0);
+}
+
+}  // namespace
+
+int64_t count_valid_targets(const int32_t* targets, int64_t N) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < N; ++i) n += targets[i] != kIgnoreIndex ? 1 : 0;
+  return n;
+}
+
+template <class T>
+void linear_ce_forward(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V,
+                       int64_t vocab_chunk, Policy policy, int64_t token_chunk, T* token_loss, T* lse) {
+  check_common<T>("linear_ce_forward", N, d, V, vocab_chunk, policy, token_chunk);
+  check_targets("linear_ce_forward", targets, N, V);
+  if (N == 0) return;
+  const bool bf16 = policy == Policy::bf16;
+  const int64_t vc = std::min(vocab_chunk, V), tc = std::min(token_chunk, N);
+  std::vector<T> Mrun(static_cast<size_t>(N)), Srun(static_cast<size_t>(N)), tl(static_cast<size_t>(N), T(0));
+  std::vector<T> logits(static_cast<size_t>(tc * vc));
+  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0), hbuf(bf16 ? static_cast<size_t>(tc * d) : 0);
+  for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending vocab chunks: the LSE merge order
+    const int64_t w = std::min(vc, V - j0);
+    const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+    for (int64_t r0 = 0; r0 < N; r0 += tc) {
+      const int64_t rows = std::min(tc, N - r0);
+      const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
+      gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, logits.data(), w);
+      lse_update<T>(logits.data(), w, rows, j0, w, targets + r0, Mrun.data() + r0, Srun.data() + r0, tl.data() + r0,
+                    j0 == 0);
+    }
+  }
+  lse_finish<T>(N, targets, Mrun.data(), Srun.data(), tl.data(), lse, token_loss);
+}
+
+template <class T>
+void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
+                        int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                        std::span<const int64_t> segs, T* dhidden, ExactAcc<T>* dW_acc) {
+  check_common<T>("linear_ce_backward", N, d, V, vocab_chunk, policy, token_chunk);
+  check_targets("linear_ce_backward", targets, N, V);
+  check_segs("linear_ce_backward", segs, N);
+  if (N == 0) return;
+  const bool bf16 = policy == Policy::bf16;
+  const int64_t vc = std::min(vocab_chunk, V);
+  const std::vector<size_t> cuts = tile_chunks(segs, token_chunk);
+  int64_t max_rows = 0;
+  for (size_t q = 0; q + 1 < cuts.size(); ++q) max_rows = std::max(max_rows, segs[cuts[q + 1]] - segs[cuts[q]]);
+  std::vector<T> dl(static_cast<size_t>(max_rows * vc));
+  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0), hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0);
+  for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending: dhidden's in-order sum continues chunk by chunk
+    const int64_t w = std::min(vc, V - j0);
+    const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+    for (size_t q = 0; q + 1 < cuts.size(); ++q) {
+      const int64_t r0 = segs[cuts[q]], rows = segs[cuts[q + 1]] - r0;
+      if (rows == 0) continue;
+      const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
+      gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, dl.data(), w);  // recomputed logits
+      to_dlogit<T>(dl.data(), w, rows, j0, w, targets + r0, lse + r0, grad_scale, bf16);
+      dhidden_acc<T>(dl.data(), w, rows, w, B, d, dhidden + r0 * d, j0 == 0);
+      const std::vector<int64_t> s = rebased(segs, cuts[q], cuts[q + 1]);
+      wgrad_acc_strided<T>(A, d, dl.data(), w, d, w, s, dW_acc + j0, V);
+    }
+  }
+  zero_ignored_rows(targets, N, d, dhidden);
+}
+
+template <class T>
+void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V,
+                     int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                     std::span<const int64_t> segs, T* token_loss, T* lse, T* dhidden, ExactAcc<T>* dW_acc) {
+  check_common<T>("linear_ce_fused", N, d, V, vocab_chunk, policy, token_chunk);
+  check_targets("linear_ce_fused", targets, N, V);
+  check_segs("linear_ce_fused", segs, N);
+  if (N == 0) return;
+  const bool bf16 = policy == Policy::bf16;
+  const int64_t vc = std::min(vocab_chunk, V);
+  const std::vector<size_t> cuts = tile_chunks(segs, token_chunk);
+  int64_t max_rows = 0;
+  for (size_t q = 0; q + 1 < cuts.size(); ++q) max_rows = std::max(max_rows, segs[cuts[q + 1]] - segs[cuts[q]]);
+  std::vector<T> L(static_cast<size_t>(max_rows * V));
+  std::vector<T> Mrun(static_cast<size_t>(max_rows)), Srun(static_cast<size_t>(max_rows)),
+      tl(static_cast<size_t>(max_rows));
+  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0), hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0);
+  for (size_t q = 0; q + 1 < cuts.size(); ++q) {
+    const int64_t r0 = segs[cuts[q]], rows = segs[cuts[q + 1]] - r0;
+    if (rows == 0) continue;
+    const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
+    std::fill(tl.begin(), tl.end(), T(0));
+    for (int64_t j0 = 0; j0 < V; j0 += vc) {
+      const int64_t w = std::min(vc, V - j0);
+      const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+      gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, L.data() + j0, V);
+      lse_update<T>(L.data() + j0, V, rows, j0, w, targets + r0, Mrun.data(), Srun.data(), tl.data(), j0 == 0);
+    }
+    lse_finish<T>(rows, targets + r0, Mrun.data(), Srun.data(), tl.data(), lse + r0, token_loss + r0);
+    to_dlogit<T>(L.data(), V, rows, 0, V, targets + r0, lse + r0, grad_scale, bf16);
+    if (bf16) {
+      for (int64_t j0 = 0; j0 < V; j0 += vc) {  // rounded W chunks again, ascending: one in-order sum
+        const int64_t w = std::min(vc, V - j0);
+        const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+        dhidden_acc<T>(L.data() + j0, V, rows, w, B, d, dhidden + r0 * d, j0 == 0);
+      }
+    } else {
+      dhidden_acc<T>(L.data(), V, rows, V, WChunk<T>{W, V}, d, dhidden + r0 * d, true);
+    }
+    const std::vector<int64_t> s = rebased(segs, cuts[q], cuts[q + 1]);
+    tile_wgrad_acc<T>(A, d, L.data(), V, d, V, s, dW_acc);
+  }
+  zero_ignored_rows(targets, N, d, dhidden);
+}
+
+#define TD_LINEAR_CE(T)                                                                                            \
+  template void linear_ce_forward<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,       \
+                                     Policy, int64_t, T*, T*);                                                     \
+  template void linear_ce_backward<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t,     \
+                                      int64_t, Policy, int64_t, T, std::span<const int64_t>, T*, ExactAcc<T>*);    \
+  template void linear_ce_fused<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, Policy, \
+                                   int64_t, T, std::span<const int64_t>, T*, T*, T*, ExactAcc<T>*);
+TD_LINEAR_CE(float)
+TD_LINEAR_CE(double)
+#undef TD_LINEAR_CE
+
+}  // namespace trident::model
