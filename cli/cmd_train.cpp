@@ -1,0 +1,150 @@
+// `trident train`: the single-rank reference model on a synthetic next-token task (docs/model.md "CLI").
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "cli/command.h"
+#include "golden/state_dump.h"
+#include "reference/check.h"
+#include "reference/model/train.h"
+
+namespace {
+
+using namespace trident;
+using namespace trident::model;
+
+struct Opts {
+  std::string preset = "tiny";
+  std::string config;
+  std::string policy;
+  int64_t steps = 20;
+  bool recompute = false;
+  int64_t seqs = 4;
+  int64_t seq_len = 32;
+  double lr = 3e-3;
+  int64_t seed = -1;
+  int64_t data_seed = 7;
+  int64_t token_chunk = 64;
+  std::string dump;
+  bool quiet = false;
+};
+
+template <class T>
+golden::NamedTensor tensor(const std::string& name, const Tensor<T>& t) {
+  return golden::make_tensor(name, t.shape, std::span<const T>(t.data.data(), t.data.size()));
+}
+
+std::string repro_line(const Opts& o, const Config& c) {
+  std::string s = "trident train";
+  if (!o.config.empty()) s += " --config " + o.config;
+  else s += " --preset " + o.preset;
+  s += fmt::format(" --steps {} --policy {} --seqs {} --seq-len {} --lr {} --seed {} --data-seed {} --token-chunk {}",
+                   o.steps, to_string(c.policy), o.seqs, o.seq_len, o.lr, c.seed, o.data_seed, o.token_chunk);
+  if (o.recompute) s += " --recompute";
+  if (!o.dump.empty()) s += " --dump " + o.dump;
+  return s;
+}
+
+template <class T>
+int run(const Opts& o, const Config& cfg) {
+  RunConfig rc;
+  rc.sequences = o.seqs;
+  rc.seq_len = o.seq_len;
+  rc.steps = o.steps;
+  rc.token_chunk = o.token_chunk;
+  rc.recompute = o.recompute;
+  rc.lr = o.lr;
+  rc.data_seed = static_cast<uint64_t>(o.data_seed);
+  rc.validate();
+  if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
+  Trainer<T> tr(cfg, rc);
+  std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
+              std::string(to_string(cfg.attn)).c_str(), static_cast<long long>(cfg.layers),
+              static_cast<long long>(cfg.dense_layers), static_cast<long long>(cfg.experts),
+              static_cast<long long>(cfg.top_k), static_cast<long long>(tr.params.numel()),
+              std::string(to_string(cfg.policy)).c_str(), o.recompute ? ", full recompute" : "");
+  std::printf("batch: %lld sequences x %lld tokens, tile %lld, lr %g\n", static_cast<long long>(o.seqs),
+              static_cast<long long>(o.seq_len), static_cast<long long>(cfg.tile), o.lr);
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < o.steps; ++s) {
+    const Batch batch = synthetic_batch(cfg, rc, s);
+    const bool last = s + 1 == o.steps;
+    ParamSet<T> before;
+    if (last && !o.dump.empty()) before = tr.params;
+    const StepStats st = tr.step(batch);
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int width = 30;
+    const int fill = static_cast<int>(width * (s + 1) / o.steps);
+    std::printf("step %5lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
+                static_cast<long long>(s + 1), static_cast<long long>(o.steps), st.loss, st.grad_norm, st.clip, fill,
+                "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
+    std::fflush(stdout);
+    if (last && !o.dump.empty()) {
+      golden::StateDump d;
+      d.config = cfg.to_json();
+      d.seed = cfg.seed;
+      d.repro = repro_line(o, cfg);
+      d.tokens = golden::make_tensor("tokens", {batch.B, batch.S}, std::span<const int32_t>(batch.tokens));
+      d.targets = golden::make_tensor("targets", {batch.B, batch.S}, std::span<const int32_t>(batch.targets));
+      d.loss = st.loss;
+      for (size_t p = 0; p < tr.params.size(); ++p) {
+        const std::string& n = tr.params.info[p].name;
+        d.weights.push_back(tensor(n, before.t[p]));
+        d.grads.push_back(tensor(n, tr.grads.t[p]));
+        d.weights_after.push_back(tensor(n, tr.params.t[p]));
+      }
+      d.optimizer = adamw_hyper(rc).to_json();
+      d.optimizer["step"] = tr.step_count;
+      d.optimizer["clip_coef"] = st.clip;
+      d.optimizer["grad_norm"] = st.grad_norm;
+      d.optimizer["decay"] = "matrices only (rank >= 2); router_bias is a buffer updated by bias_rate";
+      d.optimizer["run"] = rc.to_json();
+      golden::write_state(o.dump, d);
+      std::printf("wrote %s (step %lld: weights, grads, weights_after of %zu tensors)\n", o.dump.c_str(),
+                  static_cast<long long>(tr.step_count), tr.params.size());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic next-token task",
+                 [](CLI::App& sub) -> trident::cli::Action {
+                   auto o = std::make_shared<Opts>();
+                   sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                       ->capture_default_str();
+                   sub.add_option("--config", o->config,
+                                  "model config file (.json or .toml; every key required); replaces --preset")
+                       ->check(CLI::ExistingFile);
+                   sub.add_option("--steps", o->steps, "number of optimizer steps")->capture_default_str();
+                   sub.add_option("--policy", o->policy,
+                                  "precision policy fp64|fp32|bf16 (default: the config's policy, fp32 for presets)")
+                       ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+                   sub.add_flag("--recompute", o->recompute,
+                                "full recompute: keep only each layer's input, re-run the layer in backward "
+                                "(bitwise identical gradients)");
+                   sub.add_option("--seqs", o->seqs, "sequences per step")->capture_default_str();
+                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
+                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
+                   sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)");
+                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
+                   sub.add_option("--token-chunk", o->token_chunk,
+                                  "linear-CE token chunk (memory only: results are bitwise independent of it)")
+                       ->capture_default_str();
+                   sub.add_option("--dump", o->dump,
+                                  "write the golden HDF5 state of the last step (inputs, weights before, loss, "
+                                  "grads, weights after, config, optimizer, repro) to this file");
+                   return [o]() -> int {
+                     Config cfg = o->config.empty() ? Config::preset(o->preset) : Config::load(o->config);
+                     if (!o->policy.empty()) cfg.policy = parse_policy(o->policy);
+                     if (o->seed >= 0) cfg.seed = static_cast<uint64_t>(o->seed);
+                     if (o->data_seed < 0) fail("--data-seed must be >= 0");
+                     cfg.validate();
+                     if (cfg.policy == Policy::fp64) return run<double>(*o, cfg);
+                     return run<float>(*o, cfg);
+                   };
+                 }});

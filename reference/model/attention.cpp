@@ -1,0 +1,361 @@
+#include "reference/model/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "reference/bf16.h"
+#include "reference/check.h"
+#include "reference/dmath.h"
+
+namespace trident::model {
+
+CoreDims CoreDims::from(const Config& c) {
+  CoreDims d;
+  d.H = c.heads;
+  d.G = c.kv_groups();
+  d.Dq = c.core_q_dim();
+  d.Dv = c.core_v_dim();
+  d.P = c.payload_dim();
+  d.val_base = c.attn == AttnKind::mla ? 0 : c.kv_heads * c.head_dim;
+  d.scale = 1.0 / std::sqrt(static_cast<double>(c.attn == AttnKind::mla ? c.nope_dim + c.rope_dim : c.head_dim));
+  return d;
+}
+
+namespace {
+
+// Operand copy: bf16-rounded under the bf16 policy, else the pointer itself.
+template <class T>
+const T* operand(Policy pol, const T* x, int64_t n, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pol == Policy::bf16) {
+      buf.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = round_bf16(x[i]);
+      return buf.data();
+    }
+  }
+  return x;
+}
+template <class T>
+inline T op1(Policy pol, T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pol == Policy::bf16) return round_bf16(x);
+  }
+  return x;
+}
+
+template <class T>
+inline T dot(const T* a, const T* b, int64_t n) {  // ascending, each product rounded, from +0
+  T s = T(0);
+  for (int64_t i = 0; i < n; ++i) s = s + a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+template <class T>
+void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                       int64_t S, T* o, T* stats) {
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
+  const T sc = static_cast<T>(cd.scale);
+  for (int64_t r = 0; r < Nq; ++r)
+    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+  std::vector<T> qb, kb;
+  const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
+  const T* kr = operand(pol, kv, S * P, kb);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t r = 0; r < Nq; ++r) {
+    const int64_t np = qpos[r] + 1;
+    std::vector<T> s(static_cast<size_t>(np));
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / hpg;
+      const T* qh = qr + (r * H + h) * Dq;
+      T m = T(0);
+      for (int64_t j = 0; j < np; ++j) {
+        s[j] = dot(qh, kr + j * P + g * Dq, Dq) * sc;
+        if (j == 0 || s[j] > m) m = s[j];
+      }
+      T l = T(0);
+      for (int64_t j = 0; j < np; ++j) {
+        s[j] = dm::exp(s[j] - m);
+        l = l + s[j];
+      }
+      T* oh = o + (r * H + h) * Dv;
+      for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
+      for (int64_t j = 0; j < np; ++j) {
+        const T p = op1(pol, s[j] / l);
+        const T* v = kr + j * P + cd.val_base + g * Dv;
+        for (int64_t c = 0; c < Dv; ++c) oh[c] = oh[c] + p * v[c];
+      }
+      stats[(r * H + h) * 2 + 0] = m;
+      stats[(r * H + h) * 2 + 1] = l;
+    }
+  }
+}
+
+template <class T>
+void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                        int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
+                        ExactAcc<T>* dkv) {
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
+  const T sc = static_cast<T>(cd.scale);
+  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
+           "attn_core_backward: query segments must cover rows [0, {})", Nq);
+  for (int64_t r = 0; r < Nq; ++r)
+    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+  std::vector<T> qb, kb, db;
+  const T* qr = operand(pol, q, Nq * H * Dq, qb);
+  const T* kr = operand(pol, kv, S * P, kb);
+  const T* dOr = operand(pol, dO, Nq * H * Dv, db);
+  std::vector<T> pbuf, dsbuf;
+  for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
+    const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
+    if (nr == 0) continue;
+    int64_t nk = 0;  // keys touched by this tile: 0..max position
+    for (int64_t r = r0; r < r1; ++r) nk = std::max(nk, qpos[r] + 1);
+    pbuf.assign(static_cast<size_t>(nr * H * nk), T(0));   // (nr, H, nk) p_j (bf16: rounded)
+    dsbuf.assign(static_cast<size_t>(nr * H * nk), T(0));  // (nr, H, nk) dsc_j (bf16: rounded)
+    // Per (row, head): probabilities, dsc, and dq (per-query reduction over keys, ascending).
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t np = qpos[r] + 1;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / hpg;
+        const T* qh = qr + (r * H + h) * Dq;
+        const T* doh = dO + (r * H + h) * Dv;
+        const T* dohr = dOr + (r * H + h) * Dv;
+        const T m = stats[(r * H + h) * 2 + 0], l = stats[(r * H + h) * 2 + 1];
+        const T D = dot(doh, o + (r * H + h) * Dv, Dv);
+        T* pp = pbuf.data() + ((r - r0) * H + h) * nk;
+        T* dd = dsbuf.data() + ((r - r0) * H + h) * nk;
+        for (int64_t j = 0; j < np; ++j) {
+          const T s = dot(qh, kr + j * P + g * Dq, Dq) * sc;
+          const T p = dm::exp(s - m) / l;
+          const T dp = dot(dohr, kr + j * P + cd.val_base + g * Dv, Dv);
+          pp[j] = op1(pol, p);
+          dd[j] = op1(pol, (p * (dp - D)) * sc);
+        }
+        T* dqh = dq + (r * H + h) * Dq;
+        for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
+        for (int64_t j = 0; j < np; ++j) {
+          const T* k = kr + j * P + g * Dq;
+          for (int64_t c = 0; c < Dq; ++c) dqh[c] = dqh[c] + dd[j] * k[c];
+        }
+      }
+    }
+    // Key side: per key, in-tile partial over (row, head) in order, then one exact add per element.
+    ReductionSection timer;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < nk; ++j) {
+      std::vector<T> part(static_cast<size_t>(P), T(0));
+      for (int64_t r = r0; r < r1; ++r) {
+        if (j > qpos[r]) continue;  // masked: no term
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t g = h / hpg;
+          const T ds = dsbuf[((r - r0) * H + h) * nk + j];
+          const T p = pbuf[((r - r0) * H + h) * nk + j];
+          const T* qh = qr + (r * H + h) * Dq;
+          const T* doh = dOr + (r * H + h) * Dv;
+          T* kp = part.data() + g * Dq;
+          for (int64_t c = 0; c < Dq; ++c) kp[c] = kp[c] + ds * qh[c];
+          T* vp = part.data() + cd.val_base + g * Dv;
+          for (int64_t c = 0; c < Dv; ++c) vp[c] = vp[c] + p * doh[c];
+        }
+      }
+      ExactAcc<T>* a = dkv + j * P;
+      for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
+    }
+  }
+}
+
+// ---- (a) projections ----------------------------------------------------------------------------------------
+template <class T>
+void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
+                      const RopeTable<T>& rope, AttnActs<T>& A) {
+  const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
+  A.payload.assign(static_cast<size_t>(N * P), T(0));
+  if (cfg.attn == AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads;
+    A.qc.assign(static_cast<size_t>(N * H * Dh), T(0));
+    mm<T>(pol, N, H * Dh, d, a, d, W.wq, H * Dh, false, A.qc.data(), H * Dh);
+    rope_forward<T>(A.qc.data(), H * Dh, H, Dh, pos, N, rope);
+    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wk, Hkv * Dh, false, A.payload.data(), P);
+    rope_forward<T>(A.payload.data(), P, Hkv, Dh, pos, N, rope);
+    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wv, Hkv * Dh, false, A.payload.data() + Hkv * Dh, P);
+    return;
+  }
+  const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
+  A.q.assign(static_cast<size_t>(N * Qw), T(0));
+  mm<T>(pol, N, Qw, d, a, d, W.wq, Qw, false, A.q.data(), Qw);
+  A.qc.assign(static_cast<size_t>(N * H * Dq), T(0));
+  for (int64_t h = 0; h < H; ++h) {
+    // absorbed query: q_nope_h (N, Dn) @ W_uk_h^T (Dn, r), W_uk_h = columns h*Dn.. of W_uk (r, H*Dn)
+    mm<T>(pol, N, r, Dn, A.q.data() + h * (Dn + Dr), Qw, W.wuk + h * Dn, H * Dn, true, A.qc.data() + h * Dq, H * Dq);
+    for (int64_t t = 0; t < N; ++t)
+      std::copy_n(A.q.data() + t * Qw + h * (Dn + Dr) + Dn, Dr, A.qc.data() + (t * H + h) * Dq + r);
+  }
+  rope_forward<T>(A.qc.data() + r, H * Dq, H, Dq, pos, N, rope);
+  A.c.assign(static_cast<size_t>(N * Dq), T(0));
+  mm<T>(pol, N, r + Dr, d, a, d, W.wdkv, r + Dr, false, A.c.data(), r + Dr);
+  A.kv_rinv.assign(static_cast<size_t>(N), T(0));
+  rmsnorm_forward<T>(A.c.data(), r + Dr, W.kv_norm, N, r, cfg.norm_eps, A.payload.data(), P, A.kv_rinv.data());
+  for (int64_t t = 0; t < N; ++t) std::copy_n(A.c.data() + t * (r + Dr) + r, Dr, A.payload.data() + t * P + r);
+  rope_forward<T>(A.payload.data() + r, P, 1, 0, pos, N, rope);
+}
+
+template <class T>
+void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, AttnActs<T>& A, T* y) {
+  const int64_t d = cfg.d_model, H = cfg.heads;
+  if (cfg.attn == AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim;
+    mm<T>(pol, N, d, H * Dh, A.o.data(), H * Dh, W.wo, d, false, y, d);
+    return;
+  }
+  const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
+  A.ocat.assign(static_cast<size_t>(N * H * Dv), T(0));
+  for (int64_t h = 0; h < H; ++h)  // o_h = o_lat_h (N, r) @ W_uv_h (r, Dv)
+    mm<T>(pol, N, Dv, r, A.o.data() + h * r, H * r, W.wuv + h * Dv, H * Dv, false, A.ocat.data() + h * Dv, H * Dv);
+  mm<T>(pol, N, d, H * Dv, A.ocat.data(), H * Dv, W.wo, d, false, y, d);
+}
+
+template <class T>
+void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
+                       const AttnActs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+  const int64_t d = cfg.d_model, H = cfg.heads;
+  if (cfg.attn == AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim;
+    wgrad_acc<T>(pol, A.o.data(), H * Dh, dy, d, H * Dh, d, segs, G.wo);
+    mm<T>(pol, N, H * Dh, d, dy, d, W.wo, d, true, dO, H * Dh);
+    return;
+  }
+  const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
+  wgrad_acc<T>(pol, A.ocat.data(), H * Dv, dy, d, H * Dv, d, segs, G.wo);
+  std::vector<T> docat(static_cast<size_t>(N * H * Dv));
+  mm<T>(pol, N, H * Dv, d, dy, d, W.wo, d, true, docat.data(), H * Dv);
+  for (int64_t h = 0; h < H; ++h) {
+    wgrad_acc_block<T>(pol, A.o.data() + h * r, H * r, docat.data() + h * Dv, H * Dv, r, Dv, segs, G.wuv + h * Dv,
+                       H * Dv);
+    mm<T>(pol, N, r, Dv, docat.data() + h * Dv, H * Dv, W.wuv + h * Dv, H * Dv, true, dO + h * r, H * r);
+  }
+}
+
+template <class T>
+void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnActs<T>& A, const T* dqc,
+                       const T* dpayload, std::span<const int64_t> segs, T* da) {
+  const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
+  std::vector<T> tmp(static_cast<size_t>(N * d));
+  if (cfg.attn == AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads, Kw = Hkv * Dh;
+    std::vector<T> dq(dqc, dqc + N * H * Dh), dk(static_cast<size_t>(N * Kw));
+    rope_backward<T>(dq.data(), H * Dh, H, Dh, pos, N, rope);
+    for (int64_t t = 0; t < N; ++t) std::copy_n(dpayload + t * P, Kw, dk.data() + t * Kw);
+    rope_backward<T>(dk.data(), Kw, Hkv, Dh, pos, N, rope);
+    const T* dv = dpayload + Kw;  // (N, Kw) stride P
+    wgrad_acc<T>(pol, a, d, dq.data(), H * Dh, d, H * Dh, segs, G.wq);
+    wgrad_acc<T>(pol, a, d, dk.data(), Kw, d, Kw, segs, G.wk);
+    wgrad_acc<T>(pol, a, d, dv, P, d, Kw, segs, G.wv);
+    mm<T>(pol, N, d, H * Dh, dq.data(), H * Dh, W.wq, H * Dh, true, da, d);
+    mm<T>(pol, N, d, Kw, dk.data(), Kw, W.wk, Kw, true, tmp.data(), d);
+    for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+    mm<T>(pol, N, d, Kw, dv, P, W.wv, Kw, true, tmp.data(), d);
+    for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+    return;
+  }
+  const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
+  std::vector<T> dq(static_cast<size_t>(N * Qw)), dc(static_cast<size_t>(N * Dq));
+  for (int64_t h = 0; h < H; ++h) {
+    // dq_nope_h = dqc_h[:, :r] (N, r) @ W_uk_h (r, Dn); dW_uk_h[c, i] += sum_t dqc_h[t, c] q_nope_h[t, i]
+    mm<T>(pol, N, Dn, r, dqc + h * Dq, H * Dq, W.wuk + h * Dn, H * Dn, false, dq.data() + h * (Dn + Dr), Qw);
+    wgrad_acc_block<T>(pol, dqc + h * Dq, H * Dq, A.q.data() + h * (Dn + Dr), Qw, r, Dn, segs, G.wuk + h * Dn,
+                       H * Dn);
+    for (int64_t t = 0; t < N; ++t)
+      std::copy_n(dqc + (t * H + h) * Dq + r, Dr, dq.data() + t * Qw + h * (Dn + Dr) + Dn);
+  }
+  rope_backward<T>(dq.data() + Dn, Qw, H, Dn + Dr, pos, N, rope);
+  rmsnorm_backward<T>(dpayload, P, A.c.data(), Dq, A.kv_rinv.data(), W.kv_norm, N, r, segs, dc.data(), Dq, G.kv_norm);
+  for (int64_t t = 0; t < N; ++t) std::copy_n(dpayload + t * P + r, Dr, dc.data() + t * Dq + r);
+  rope_backward<T>(dc.data() + r, Dq, 1, 0, pos, N, rope);
+  wgrad_acc<T>(pol, a, d, dq.data(), Qw, d, Qw, segs, G.wq);
+  wgrad_acc<T>(pol, a, d, dc.data(), Dq, d, Dq, segs, G.wdkv);
+  mm<T>(pol, N, d, Qw, dq.data(), Qw, W.wq, Qw, true, da, d);
+  mm<T>(pol, N, d, Dq, dc.data(), Dq, W.wdkv, Dq, true, tmp.data(), d);
+  for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+}
+
+// ---- single-rank composition ---------------------------------------------------------------------------------
+namespace {
+void check_run(const TokenRows& rows, const TokenRows::Run& run) {
+  for (int64_t i = run.begin; i < run.end; ++i)
+    TD_CHECK_EQ(rows.pos[static_cast<size_t>(i)], i - run.begin,
+                "single-rank attention: the rows of sequence {} must be its positions 0..S-1 in order", run.seq);
+}
+}  // namespace
+
+template <class T>
+void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const TokenRows& rows,
+                       const RopeTable<T>& rope, AttnActs<T>& A, T* y) {
+  const int64_t N = rows.n;
+  const CoreDims cd = CoreDims::from(cfg);
+  attn_qkv_forward<T>(pol, cfg, W, a, rows.pos.data(), N, rope, A);
+  A.o.assign(static_cast<size_t>(N * cd.H * cd.Dv), T(0));
+  A.stats.assign(static_cast<size_t>(N * cd.H * 2), T(0));
+  for (const auto& run : rows.sequence_runs()) {
+    check_run(rows, run);
+    const int64_t S = run.end - run.begin;
+    attn_core_forward<T>(pol, cd, A.qc.data() + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
+                         A.payload.data() + run.begin * cd.P, S, A.o.data() + run.begin * cd.H * cd.Dv,
+                         A.stats.data() + run.begin * cd.H * 2);
+  }
+  attn_out_forward<T>(pol, cfg, W, N, A, y);
+}
+
+template <class T>
+void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                        const TokenRows& rows, const RopeTable<T>& rope, const AttnActs<T>& A, const T* dy, T* da) {
+  const int64_t N = rows.n;
+  const CoreDims cd = CoreDims::from(cfg);
+  std::vector<T> dO(static_cast<size_t>(N * cd.H * cd.Dv)), dqc(static_cast<size_t>(N * cd.H * cd.Dq)),
+      dpay(static_cast<size_t>(N * cd.P));
+  attn_out_backward<T>(pol, cfg, W, G, N, A, dy, rows.segs, dO.data());
+  std::vector<ExactAcc<T>> acc;
+  for (const auto& run : rows.sequence_runs()) {
+    check_run(rows, run);
+    const int64_t S = run.end - run.begin;
+    const std::vector<int64_t> qsegs = rows.segs_in(run.begin, run.end);
+    acc.assign(static_cast<size_t>(S * cd.P), ExactAcc<T>());
+    attn_core_backward<T>(pol, cd, A.qc.data() + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
+                          A.payload.data() + run.begin * cd.P, S, A.o.data() + run.begin * cd.H * cd.Dv,
+                          A.stats.data() + run.begin * cd.H * 2, dO.data() + run.begin * cd.H * cd.Dv, qsegs,
+                          dqc.data() + run.begin * cd.H * cd.Dq, acc.data());
+    {
+      ReductionSection timer;
+      exact_round<T>(acc.data(), dpay.data() + run.begin * cd.P, S * cd.P);  // the single rounding of the key side
+    }
+  }
+  attn_qkv_backward<T>(pol, cfg, W, G, a, rows.pos.data(), N, rope, A, dqc.data(), dpay.data(), rows.segs, da);
+}
+
+#define TD_ATTN(T)                                                                                                 \
+  template void attn_core_forward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*, int64_t, \
+                                     T*, T*);                                                                      \
+  template void attn_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,        \
+                                      int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,         \
+                                      ExactAcc<T>*);                                                               \
+  template void attn_qkv_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const int64_t*, int64_t,     \
+                                    const RopeTable<T>&, AttnActs<T>&);                                            \
+  template void attn_out_forward<T>(Policy, const Config&, const AttnW<T>&, int64_t, AttnActs<T>&, T*);            \
+  template void attn_out_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, int64_t,             \
+                                     const AttnActs<T>&, const T*, std::span<const int64_t>, T*);                  \
+  template void attn_qkv_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, const T*,            \
+                                     const int64_t*, int64_t, const RopeTable<T>&, const AttnActs<T>&, const T*,   \
+                                     const T*, std::span<const int64_t>, T*);                                      \
+  template void attention_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const TokenRows&,           \
+                                     const RopeTable<T>&, AttnActs<T>&, T*);                                       \
+  template void attention_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, const T*,           \
+                                      const TokenRows&, const RopeTable<T>&, const AttnActs<T>&, const T*, T*);
+TD_ATTN(float)
+TD_ATTN(double)
+#undef TD_ATTN
+
+}  // namespace trident::model

@@ -1,0 +1,104 @@
+// Attention of the reference model in three pieces (docs/model.md "Attention"), so the context-parallel step
+// can put its all-gather and reduce-scatter between them:
+//   (a) attn_qkv_forward: per token, the queries for the core and the KV payload
+//       MLA: core query per head [q_nope_h W_uk_h^T (r), rope(q_rope_h) (Dr)]; payload [rmsnorm(c_kv) (r), rope(k_rope) (Dr)]
+//       GQA: core query = rope(q) per head (Dh); payload [rope(k) (Hkv*Dh), v (Hkv*Dh)]
+//   (b) attn_core_forward/backward: local queries (global positions) against the full payload of their sequence
+//       (rows = positions 0..S-1 ascending), causal by global position. Backward returns dq per token and the
+//       KEY-SIDE payload gradient as ExactAcc<T> (S, P), unrounded (sum over (query, head) rows, tiles = query
+//       tiles, in-tile order token-major / head-minor).
+//   (c) attn_qkv_backward: the payload gradient, ROUNDED, back through rope / kv_norm / W_dkv (or Wk, Wv), per token.
+//   Output projection: attn_out_forward/backward (MLA: per-head W_uv then W_o; GQA: W_o).
+// The single-rank reference rounds the payload gradient right after (b); the CP step reduce-scatters first.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "reference/exact_acc.h"
+#include "reference/model/config.h"
+#include "reference/model/ops.h"
+
+namespace trident::model {
+
+// Shapes of the core. Head h reads KV group g = h / (H/G): key at payload[g*Dq .. +Dq), value at
+// payload[val_base + g*Dv .. +Dv). MLA: G = 1, Dq = r+Dr, Dv = r, val_base = 0 (the value is the latent part
+// of the key). GQA: G = Hkv, Dq = Dv = Dh, val_base = Hkv*Dh. scale = 1/sqrt(Dn+Dr) (MLA) or 1/sqrt(Dh) (GQA),
+// computed in double and rounded to T.
+struct CoreDims {
+  int64_t H = 0, G = 1, Dq = 0, Dv = 0, P = 0, val_base = 0;
+  double scale = 1.0;
+  static CoreDims from(const Config& cfg);
+};
+
+// Forward. q: (Nq, H, Dq); qpos: (Nq) global positions (< S); kv: (S, P), row j = position j.
+// Per (row, head), keys j = 0..qpos ascending: s_j = (q . k_j) * scale (dot ascending c);
+// m = max_j s_j; e_j = exp(s_j - m); l = sum_j e_j (ascending); p_j = e_j / l; o[c] = sum_j p_j * v_j[c].
+// stats (Nq, H, 2) = (m, l). bf16: q, k, v and p rounded to bf16 as dot/GEMM operands.
+template <class T>
+void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                       int64_t S, T* o /*(Nq,H,Dv)*/, T* stats /*(Nq,H,2)*/);
+
+// Backward. dO: (Nq, H, Dv). qsegs: tile segments of the Nq query rows. dq (Nq, H, Dq) written;
+// dkv (S, P) accumulated (exact). Per (row, head): p_j recomputed bit-identically from stats;
+// dp_j = dO . v_j; D = dO . o (ascending c, unrounded operands); dsc_j = (p_j * (dp_j - D)) * scale;
+// dq[c] = sum_j dsc_j * k_j[c] (ascending j). Key side, per query tile and key j: a partial in T over the
+// tile's rows in order (token major, head minor), each row adding dsc_j * q[c] to the key slots and then
+// p_j * dO[c] to the value slots; masked pairs add nothing; the partial is added exactly into dkv[j].
+template <class T>
+void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                        int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
+                        ExactAcc<T>* dkv);
+
+template <class T>
+struct AttnW {  // pointers into (gathered) weights; unused ones null
+  const T *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;             // GQA (wq, wo also MLA)
+  const T *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;    // MLA
+};
+template <class T>
+struct AttnG {  // gradient accumulators, same layout as the weights
+  ExactAcc<T> *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+  ExactAcc<T> *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;
+};
+
+template <class T>
+struct AttnActs {
+  std::vector<T> q;        // MLA: (N, H*(Dn+Dr)) raw projection a Wq (q_nope needed for the W_uk gradient)
+  std::vector<T> qc;       // (N, H, Dq) core query
+  std::vector<T> c;        // MLA: (N, r+Dr) raw a W_dkv
+  std::vector<T> kv_rinv;  // MLA: (N) rinv of the kv_norm
+  std::vector<T> payload;  // (N, P) per-token KV payload
+  std::vector<T> o;        // (N, H, Dv_core) core output
+  std::vector<T> stats;    // (N, H, 2)
+  std::vector<T> ocat;     // MLA: (N, H*Dv) per-head o_h W_uv_h; GQA: unused (o is the W_o input)
+};
+
+// (a) a: (N, d) normed layer input; pos (N). Fills acts.q/qc/c/kv_rinv/payload.
+template <class T>
+void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
+                      const RopeTable<T>& rope, AttnActs<T>& acts);
+// Output projection: acts.o -> y (N, d) (fills acts.ocat for MLA).
+template <class T>
+void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, AttnActs<T>& acts, T* y);
+// dy (N, d) -> dO (N, H, Dv_core); accumulates wo (and wuv) gradients over segs.
+template <class T>
+void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
+                       const AttnActs<T>& acts, const T* dy, std::span<const int64_t> segs, T* dO);
+// (c) dqc (N, H, Dq) and the rounded payload gradient dpayload (N, P) of the same rows -> da (N, d) written;
+// accumulates wq, wk, wv / wdkv, kv_norm, wuk gradients. da = (dq Wq^T) + (dkv-side dgrad), in that order.
+template <class T>
+void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnActs<T>& acts,
+                       const T* dqc, const T* dpayload, std::span<const int64_t> segs, T* da);
+
+// Single-rank composition: (a), core per sequence (each sequence's rows must be positions 0..S-1 in order),
+// output projection. Backward rounds each sequence's payload gradient right after the core.
+template <class T>
+void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const TokenRows& rows,
+                       const RopeTable<T>& rope, AttnActs<T>& acts, T* y);
+template <class T>
+void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                        const TokenRows& rows, const RopeTable<T>& rope, const AttnActs<T>& acts, const T* dy,
+                        T* da);
+
+}  // namespace trident::model

@@ -1,0 +1,254 @@
+#include "reference/model/model.h"
+
+#include <type_traits>
+
+#include "reference/check.h"
+#include "reference/model/linear_ce.h"
+
+namespace trident::model {
+
+namespace {
+std::string lname(int64_t i, const char* suffix) { return fmt::format("layers.{}.{}", i, suffix); }
+}  // namespace
+
+template <class T>
+LayerW<T> layer_weights(const Config& cfg, const ParamSet<T>& p, int64_t i) {
+  LayerW<T> w;
+  auto P = [&](const char* s) { return p[lname(i, s)].ptr(); };
+  w.moe = cfg.is_moe_layer(i);
+  w.attn_norm = P("attn_norm");
+  w.ffn_norm = P("ffn_norm");
+  w.attn.wq = P("attn.wq");
+  w.attn.wo = P("attn.wo");
+  if (cfg.attn == AttnKind::gqa) {
+    w.attn.wk = P("attn.wk");
+    w.attn.wv = P("attn.wv");
+  } else {
+    w.attn.wdkv = P("attn.wdkv");
+    w.attn.kv_norm = P("attn.kv_norm");
+    w.attn.wuk = P("attn.wuk");
+    w.attn.wuv = P("attn.wuv");
+  }
+  if (!w.moe) {
+    w.mlp_wg = P("mlp.wg");
+    w.mlp_wu = P("mlp.wu");
+    w.mlp_wd = P("mlp.wd");
+  } else {
+    w.moe_w.router = P("moe.router");
+    w.moe_w.bias = P("moe.router_bias");
+    w.moe_w.wg = P("moe.experts.wg");
+    w.moe_w.wu = P("moe.experts.wu");
+    w.moe_w.wd = P("moe.experts.wd");
+    if (cfg.shared_ffn > 0) {
+      w.moe_w.swg = P("moe.shared.wg");
+      w.moe_w.swu = P("moe.shared.wu");
+      w.moe_w.swd = P("moe.shared.wd");
+    }
+  }
+  return w;
+}
+
+template <class T>
+LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, int64_t i) {
+  LayerG<T> w;
+  auto P = [&](const char* s) { return g.ptr(p.find(lname(i, s))); };
+  w.attn_norm = P("attn_norm");
+  w.ffn_norm = P("ffn_norm");
+  w.attn.wq = P("attn.wq");
+  w.attn.wo = P("attn.wo");
+  if (cfg.attn == AttnKind::gqa) {
+    w.attn.wk = P("attn.wk");
+    w.attn.wv = P("attn.wv");
+  } else {
+    w.attn.wdkv = P("attn.wdkv");
+    w.attn.kv_norm = P("attn.kv_norm");
+    w.attn.wuk = P("attn.wuk");
+    w.attn.wuv = P("attn.wuv");
+  }
+  if (!cfg.is_moe_layer(i)) {
+    w.mlp_wg = P("mlp.wg");
+    w.mlp_wu = P("mlp.wu");
+    w.mlp_wd = P("mlp.wd");
+  } else {
+    w.moe_g.router = P("moe.router");
+    w.moe_g.wg = P("moe.experts.wg");
+    w.moe_g.wu = P("moe.experts.wu");
+    w.moe_g.wd = P("moe.experts.wd");
+    if (cfg.shared_ffn > 0) {
+      w.moe_g.swg = P("moe.shared.wg");
+      w.moe_g.swu = P("moe.shared.wu");
+      w.moe_g.swd = P("moe.shared.wd");
+    }
+  }
+  return w;
+}
+
+template <class T>
+void layer_forward(Policy pol, const Config& cfg, const LayerW<T>& W, const T* x, const TokenRows& rows,
+                   const RopeTable<T>& rope, LayerActs<T>& A, T* out) {
+  const int64_t N = rows.n, d = cfg.d_model;
+  A.a1.assign(static_cast<size_t>(N * d), T(0));
+  A.rinv1.assign(static_cast<size_t>(N), T(0));
+  rmsnorm_forward<T>(x, d, W.attn_norm, N, d, cfg.norm_eps, A.a1.data(), d, A.rinv1.data());
+  std::vector<T> y(static_cast<size_t>(N * d));
+  attention_forward<T>(pol, cfg, W.attn, A.a1.data(), rows, rope, A.attn, y.data());
+  A.h.assign(static_cast<size_t>(N * d), T(0));
+  for (int64_t i = 0; i < N * d; ++i) A.h[i] = x[i] + y[i];
+  A.a2.assign(static_cast<size_t>(N * d), T(0));
+  A.rinv2.assign(static_cast<size_t>(N), T(0));
+  rmsnorm_forward<T>(A.h.data(), d, W.ffn_norm, N, d, cfg.norm_eps, A.a2.data(), d, A.rinv2.data());
+  if (!W.moe) {
+    const int64_t F = cfg.dense_ffn;
+    A.ug.assign(static_cast<size_t>(N * F), T(0));
+    A.uu.assign(static_cast<size_t>(N * F), T(0));
+    A.hh.assign(static_cast<size_t>(N * F), T(0));
+    swiglu_forward<T>(pol, A.a2.data(), W.mlp_wg, W.mlp_wu, W.mlp_wd, N, d, F, A.ug.data(), A.uu.data(), A.hh.data(),
+                      y.data());
+  } else {
+    moe_forward<T>(pol, cfg, W.moe_w, A.a2.data(), N, rows.segs, A.moe, y.data());
+  }
+  for (int64_t i = 0; i < N * d; ++i) out[i] = A.h[i] + y[i];
+}
+
+template <class T>
+void layer_backward(Policy pol, const Config& cfg, const LayerW<T>& W, const LayerG<T>& G, const T* x,
+                    const TokenRows& rows, const RopeTable<T>& rope, const LayerActs<T>& A, const T* dout, T* dx) {
+  const int64_t N = rows.n, d = cfg.d_model;
+  std::vector<T> da(static_cast<size_t>(N * d)), dn(static_cast<size_t>(N * d)), dh(static_cast<size_t>(N * d));
+  if (!W.moe) {
+    const int64_t F = cfg.dense_ffn;
+    std::vector<T> dug(static_cast<size_t>(N * F)), duu(static_cast<size_t>(N * F));
+    swiglu_backward_dgrad<T>(pol, dout, W.mlp_wg, W.mlp_wu, W.mlp_wd, A.ug.data(), A.uu.data(), N, d, F, dug.data(),
+                             duu.data(), da.data());
+    swiglu_backward_wgrad<T>(pol, A.a2.data(), A.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs, G.mlp_wg,
+                             G.mlp_wu, G.mlp_wd);
+  } else {
+    moe_backward<T>(pol, cfg, W.moe_w, G.moe_g, A.a2.data(), N, rows.segs, A.moe, dout, da.data());
+  }
+  rmsnorm_backward<T>(da.data(), d, A.h.data(), d, A.rinv2.data(), W.ffn_norm, N, d, rows.segs, dn.data(), d,
+                      G.ffn_norm);
+  for (int64_t i = 0; i < N * d; ++i) dh[i] = dout[i] + dn[i];
+  attention_backward<T>(pol, cfg, W.attn, G.attn, A.a1.data(), rows, rope, A.attn, dh.data(), da.data());
+  rmsnorm_backward<T>(da.data(), d, x, d, A.rinv1.data(), W.attn_norm, N, d, rows.segs, dn.data(), d, G.attn_norm);
+  for (int64_t i = 0; i < N * d; ++i) dx[i] = dh[i] + dn[i];
+}
+
+void validate_batch(const Config& cfg, const Batch& b) {
+  if (b.B <= 0 || b.S <= 0) fail(fmt::format("batch: sequences and seq_len must be > 0 (got {} x {})", b.B, b.S));
+  const size_t n = static_cast<size_t>(b.B * b.S);
+  if (b.tokens.size() != n || b.targets.size() != n)
+    fail(fmt::format("batch: tokens/targets must hold {} x {} = {} values (got {} and {})", b.B, b.S, n,
+                     b.tokens.size(), b.targets.size()));
+  for (size_t i = 0; i < n; ++i) {
+    if (b.tokens[i] < 0 || b.tokens[i] >= cfg.vocab)
+      fail(fmt::format("batch: token id {} at (sequence {}, position {}) is out of range [0, {})", b.tokens[i],
+                       static_cast<int64_t>(i) / b.S, static_cast<int64_t>(i) % b.S, cfg.vocab));
+    if (b.targets[i] != kIgnoreIndex && (b.targets[i] < 0 || b.targets[i] >= cfg.vocab))
+      fail(fmt::format("batch: target {} at (sequence {}, position {}) is out of range [0, {}) and not -100",
+                       b.targets[i], static_cast<int64_t>(i) / b.S, static_cast<int64_t>(i) % b.S, cfg.vocab));
+  }
+}
+
+namespace {
+
+template <class T>
+void check_policy(const Config& cfg) {
+  const bool dbl = std::is_same_v<T, double>;
+  if (dbl != (cfg.policy == Policy::fp64))
+    fail(fmt::format("model: policy {} needs {} parameters", to_string(cfg.policy),
+                     cfg.policy == Policy::fp64 ? "double" : "float"));
+}
+
+// The shared driver. grads == nullptr: forward only.
+template <class T>
+ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& batch, const StepOptions& opt,
+                     GradAcc<T>* grads) {
+  check_policy<T>(cfg);
+  validate_batch(cfg, batch);
+  const Policy pol = cfg.policy;
+  const TokenRows rows = TokenRows::contiguous(batch.B, batch.S, cfg.tile);
+  const int64_t N = rows.n, d = cfg.d_model, L = cfg.layers, V = cfg.vocab;
+  const RopeTable<T> rope = rope_table<T>(batch.S, cfg.rope_width(), cfg.rope_theta);
+  const bool store = grads != nullptr && !opt.recompute;
+
+  std::vector<std::vector<T>> xs(static_cast<size_t>(L + 1), std::vector<T>(static_cast<size_t>(N * d)));
+  std::vector<LayerActs<T>> acts(static_cast<size_t>(store ? L : 1));
+  std::vector<LayerW<T>> W;
+  for (int64_t i = 0; i < L; ++i) W.push_back(layer_weights<T>(cfg, params, i));
+
+  ForwardResult<T> res;
+  res.load.resize(static_cast<size_t>(L));
+  embedding_forward<T>(xs[0].data(), batch.tokens.data(), params["embed"].ptr(), N, d, V);
+  for (int64_t i = 0; i < L; ++i) {
+    LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
+    layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data());
+    if (W[i].moe) res.load[i] = A.moe.load;
+  }
+  std::vector<T> hidden(static_cast<size_t>(N * d)), rinvf(static_cast<size_t>(N));
+  const T* gf = params["final_norm"].ptr();
+  rmsnorm_forward<T>(xs[L].data(), d, gf, N, d, cfg.norm_eps, hidden.data(), d, rinvf.data());
+  res.token_loss.assign(static_cast<size_t>(N), T(0));
+  std::vector<T> lse(static_cast<size_t>(N));
+  const T* head = params["lm_head"].ptr();
+  linear_ce_forward<T>(hidden.data(), head, batch.targets.data(), N, d, V, cfg.vocab_chunk, pol, opt.token_chunk,
+                       res.token_loss.data(), lse.data());
+  res.n_valid = count_valid_targets(batch.targets.data(), N);
+  sum_acc<T>(res.token_loss.data(), 1, rows.segs, &res.loss_sum);
+  // Loss: the exact sum of token losses rounded once, divided by the valid count. An all-ignored batch has a
+  // defined result: loss 0 and zero gradients (grad_scale 0), never 0/0.
+  res.loss = res.n_valid > 0 ? res.loss_sum.round() / static_cast<T>(res.n_valid) : T(0);
+  if (opt.keep_hidden) res.hidden = hidden;
+  if (!grads) return res;
+
+  // ---- backward ----
+  GradAcc<T>& g = *grads;
+  const T scale = res.n_valid > 0 ? T(1) / static_cast<T>(res.n_valid) : T(0);
+  std::vector<T> dhidden(static_cast<size_t>(N * d)), dx(static_cast<size_t>(N * d)), dprev(static_cast<size_t>(N * d));
+  linear_ce_backward<T>(hidden.data(), head, batch.targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
+                        opt.token_chunk, scale, rows.segs, dhidden.data(), g.ptr(params.find("lm_head")));
+  rmsnorm_backward<T>(dhidden.data(), d, xs[L].data(), d, rinvf.data(), gf, N, d, rows.segs, dx.data(), d,
+                      g.ptr(params.find("final_norm")));
+  for (int64_t i = L - 1; i >= 0; --i) {
+    LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
+    if (!store) {  // full recompute: re-run the layer forward from its saved input
+      std::vector<T> out(static_cast<size_t>(N * d));
+      layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
+    }
+    const LayerG<T> G = layer_grads<T>(cfg, params, g, i);
+    layer_backward<T>(pol, cfg, W[i], G, xs[i].data(), rows, rope, A, dx.data(), dprev.data());
+    std::swap(dx, dprev);
+  }
+  embedding_backward<T>(g.ptr(params.find("embed")), batch.tokens.data(), dx.data(), N, d, rows.segs);
+  return res;
+}
+
+}  // namespace
+
+template <class T>
+ForwardResult<T> model_forward(const Config& cfg, const ParamSet<T>& params, const Batch& batch,
+                               const StepOptions& opt) {
+  return run<T>(cfg, params, batch, opt, nullptr);
+}
+
+template <class T>
+ForwardResult<T> model_forward_backward(const Config& cfg, const ParamSet<T>& params, const Batch& batch,
+                                        const StepOptions& opt, GradAcc<T>& grads) {
+  TD_CHECK_EQ(grads.acc.size(), params.size(), "model_forward_backward: GradAcc layout does not match the params");
+  return run<T>(cfg, params, batch, opt, &grads);
+}
+
+#define TD_MODEL(T)                                                                                                \
+  template LayerW<T> layer_weights<T>(const Config&, const ParamSet<T>&, int64_t);                                 \
+  template LayerG<T> layer_grads<T>(const Config&, const ParamSet<T>&, GradAcc<T>&, int64_t);                      \
+  template void layer_forward<T>(Policy, const Config&, const LayerW<T>&, const T*, const TokenRows&,              \
+                                 const RopeTable<T>&, LayerActs<T>&, T*);                                          \
+  template void layer_backward<T>(Policy, const Config&, const LayerW<T>&, const LayerG<T>&, const T*,             \
+                                  const TokenRows&, const RopeTable<T>&, const LayerActs<T>&, const T*, T*);       \
+  template ForwardResult<T> model_forward<T>(const Config&, const ParamSet<T>&, const Batch&, const StepOptions&); \
+  template ForwardResult<T> model_forward_backward<T>(const Config&, const ParamSet<T>&, const Batch&,             \
+                                                      const StepOptions&, GradAcc<T>&);
+TD_MODEL(float)
+TD_MODEL(double)
+#undef TD_MODEL
+
+}  // namespace trident::model

@@ -1,0 +1,98 @@
+#include "reference/model/train.h"
+
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "reference/check.h"
+
+namespace trident::model {
+
+Batch synthetic_batch(const Config& cfg, const RunConfig& run, int64_t step) {
+  const int64_t V = cfg.vocab;
+  std::vector<int32_t> pi(static_cast<size_t>(V));
+  std::iota(pi.begin(), pi.end(), 0);
+  for (int64_t i = V - 1; i > 0; --i) {  // Fisher-Yates with the counter-based hash
+    const int64_t j = static_cast<int64_t>(hash3(run.data_seed, 0xfeed, static_cast<uint64_t>(i)) %
+                                           static_cast<uint64_t>(i + 1));
+    std::swap(pi[static_cast<size_t>(i)], pi[static_cast<size_t>(j)]);
+  }
+  Batch b;
+  b.B = run.sequences;
+  b.S = run.seq_len;
+  b.tokens.resize(static_cast<size_t>(b.B * b.S));
+  b.targets.resize(static_cast<size_t>(b.B * b.S));
+  for (int64_t s = 0; s < b.B; ++s) {
+    int32_t t = static_cast<int32_t>(hash3(run.data_seed, 1 + static_cast<uint64_t>(step), static_cast<uint64_t>(s)) %
+                                     static_cast<uint64_t>(V));
+    for (int64_t p = 0; p < b.S; ++p) {
+      b.tokens[static_cast<size_t>(s * b.S + p)] = t;
+      t = pi[static_cast<size_t>(t)];
+      b.targets[static_cast<size_t>(s * b.S + p)] = t;
+    }
+  }
+  return b;
+}
+
+AdamWHyper adamw_hyper(const RunConfig& r) {
+  AdamWHyper h;
+  h.lr = r.lr;
+  h.beta1 = r.beta1;
+  h.beta2 = r.beta2;
+  h.eps = r.eps;
+  h.weight_decay = r.weight_decay;
+  h.max_grad_norm = r.max_grad_norm;
+  return h;
+}
+
+template <class T>
+Trainer<T>::Trainer(const Config& c, const RunConfig& r) : cfg(c), run(r) {
+  cfg.validate();
+  run.validate();
+  if (std::is_same_v<T, double> != (cfg.policy == Policy::fp64))
+    fail(fmt::format("Trainer: policy {} needs {} parameters", to_string(cfg.policy),
+                     cfg.policy == Policy::fp64 ? "double" : "float"));
+  params = ParamSet<T>::init(cfg, cfg.seed);
+  grads = ParamSet<T>::zeros(cfg);
+  m = ParamSet<T>::zeros(cfg);
+  v = ParamSet<T>::zeros(cfg);
+  acc = GradAcc<T>::zeros(params.info);
+}
+
+template <class T>
+StepStats Trainer<T>::step(const Batch& batch) {
+  StepOptions opt;
+  opt.token_chunk = run.token_chunk;
+  opt.recompute = run.recompute;
+  acc.clear();
+  const ForwardResult<T> fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
+  acc.finalize(grads);
+  // Exact global grad norm over every trainable gradient (order-free), rounded once.
+  ExactAcc<double> sq;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (params.info[p].trainable) grad_sq_acc<T>(grads.t[p].ptr(), grads.t[p].size(), sq);
+  const AdamWHyper h = adamw_hyper(run);
+  StepStats st;
+  st.loss = static_cast<double>(fr.loss);
+  st.n_valid = fr.n_valid;
+  st.grad_norm = std::sqrt(sq.round());
+  st.clip = clip_coef(sq, h.max_grad_norm);
+  ++step_count;
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (!params.info[p].trainable) continue;
+    adamw_step<T>(params.t[p].ptr(), grads.t[p].ptr(), m.t[p].ptr(), v.t[p].ptr(), params.t[p].size(), h, step_count,
+                  st.clip, params.info[p].is_matrix);
+  }
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    if (!cfg.is_moe_layer(i)) continue;
+    const auto& load = fr.load[static_cast<size_t>(i)];
+    router_bias_update(params[fmt::format("layers.{}.moe.router_bias", i)].ptr(), load.data(), cfg.experts,
+                       cfg.bias_rate);
+  }
+  return st;
+}
+
+template struct Trainer<float>;
+template struct Trainer<double>;
+
+}  // namespace trident::model

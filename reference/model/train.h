@@ -1,0 +1,50 @@
+// Training driver of the single-rank reference: synthetic data, one optimizer step (forward, backward with
+// optional full recompute, exact global grad norm, clipping, AdamW, router bias update), and the golden
+// state dump of a step is written by `trident train --dump` (docs/model.md "Training").
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "reference/model/adamw.h"
+#include "reference/model/config.h"
+#include "reference/model/model.h"
+#include "reference/model/params.h"
+
+namespace trident::model {
+
+// Synthetic next-token task with a fixed pattern: a random permutation pi of the vocabulary (from data_seed);
+// sequence b of step s starts at a pseudo-random token and continues t_{i+1} = pi(t_i); targets are the next
+// tokens (all valid). Deterministic in (data_seed, step, b); learnable, so the loss falls.
+Batch synthetic_batch(const Config& cfg, const RunConfig& run, int64_t step);
+
+AdamWHyper adamw_hyper(const RunConfig& run);
+
+struct StepStats {
+  double loss = 0;        // the step's loss (value in T, widened)
+  int64_t n_valid = 0;
+  double grad_norm = 0;   // sqrt(round(exact sum of squares))
+  double clip = 1;        // clip coefficient applied
+};
+
+template <class T>
+struct Trainer {
+  Config cfg;
+  RunConfig run;
+  ParamSet<T> params;   // master weights (fp32 for fp32/bf16, double for fp64) + router_bias buffers
+  ParamSet<T> grads;    // rounded gradients of the last step (0 for buffers)
+  ParamSet<T> m, v;     // AdamW state
+  GradAcc<T> acc;       // exact accumulators (cleared at the start of each step)
+  int64_t step_count = 0;
+
+  Trainer(const Config& c, const RunConfig& r);   // params = ParamSet::init(c, c.seed)
+  // One full step on `batch`: grads, clip, AdamW (decay on matrices), router bias update.
+  StepStats step(const Batch& batch);
+};
+
+// The golden state dump of a step lives in cli/cmd_train.cpp (trident_golden links this library, not
+// the other way round).
+
+extern template struct Trainer<float>;
+extern template struct Trainer<double>;
+
+}  // namespace trident::model
