@@ -40,6 +40,44 @@ inline constexpr Tolerance kTolerances[] = {
      "in-order fp32 sum inside a tile (gamma_T, n_terms = tile length), exact merge, one final rounding (+u)"},
     {"exact_acc", "fp32", "vs_exact", 1.0, 0.0,
      "one correct rounding of the exact sum: |err| <= u * |sum| <= u * sum|terms| (tests use bitwise MPFR)"},
+    // Linear cross-entropy (reference/model/linear_ce.h, docs/optimizer_and_loss.md "Error bounds"); dtype = the
+    // accumulation type (the bf16 policy uses the fp32 entries: its rounded operands are the oracle's operands),
+    // except linear_ce_dlogit/bf16, which covers bf16's extra rounding of dlogit.
+    {"linear_ce_logits", "fp64", "vs_fp64", 2.0, 1.0,
+     "logit = in-order gemm sum over d rounded products: gamma_d * sum_k|h*W| (n_terms = d, sum_abs = "
+     "sum_k|h*W|); +2u for 1/(1-du) and the long-double oracle"},
+    {"linear_ce_logits", "fp32", "vs_fp64", 2.0, 1.0,
+     "logit = in-order gemm sum over d rounded products: gamma_d * sum_k|h*W| (n_terms = d, sum_abs = "
+     "sum_k|h*W|); +2u for 1/(1-du) and the long-double oracle"},
+    {"linear_ce_lse", "fp64", "vs_fp64", 4.0, 3.0,
+     "lse error beyond the largest logit error (LSE is 1-Lipschitz in max-norm; the test adds that term): per "
+     "term one exp rounding, the argument's rounding (p*|l-m| <= 1/e) and one add; chunk merges add 2 more "
+     "(n_terms = V + 2*chunks); log and the final add cost u*(1+|lse|) (sum_abs = 1 + |lse|)"},
+    {"linear_ce_lse", "fp32", "vs_fp64", 4.0, 3.0,
+     "lse error beyond the largest logit error (LSE is 1-Lipschitz in max-norm; the test adds that term): per "
+     "term one exp rounding, the argument's rounding (p*|l-m| <= 1/e) and one add; chunk merges add 2 more "
+     "(n_terms = V + 2*chunks); log and the final add cost u*(1+|lse|) (sum_abs = 1 + |lse|)"},
+    {"linear_ce_dlogit", "fp64", "vs_fp64", 3.0, 0.0,
+     "dlogit = (exp(l - lse) - onehot) * scale beyond the propagated logit/lse error: rounding of l - lse "
+     "(relative u|l-lse| in p), exp, the subtraction and the scaling; sum_abs = scale*p*(1+|l-lse|) + |dlogit|"},
+    {"linear_ce_dlogit", "fp32", "vs_fp64", 3.0, 0.0,
+     "dlogit = (exp(l - lse) - onehot) * scale beyond the propagated logit/lse error: rounding of l - lse "
+     "(relative u|l-lse| in p), exp, the subtraction and the scaling; sum_abs = scale*p*(1+|l-lse|) + |dlogit|"},
+    {"linear_ce_dlogit", "bf16", "vs_fp64", 1.01, 0.0,
+     "bf16 policy: dlogit is rounded (RNE) to bf16 as a GEMM operand (relative error <= u_bf16 = 2^-8, 8 "
+     "significant bits); the fp32 terms (3 * 2^-24) fit in the 0.01 u_bf16 slack; sum_abs as for fp32"},
+    {"linear_ce_dhidden", "fp64", "vs_fp64", 2.0, 1.0,
+     "dhidden = one in-order sum over all V of rounded dlogit*W products: gamma_V * sum_j|dlogit*W| (n_terms = "
+     "V); the test adds the propagated dlogit error sum_j |d dlogit|*|W|"},
+    {"linear_ce_dhidden", "fp32", "vs_fp64", 2.0, 1.0,
+     "dhidden = one in-order sum over all V of rounded dlogit*W products: gamma_V * sum_j|dlogit*W| (n_terms = "
+     "V); the test adds the propagated dlogit error sum_j |d dlogit|*|W|"},
+    {"linear_ce_dw", "fp64", "vs_fp64", 3.0, 1.0,
+     "dW = tile reduction: in-tile in-order sums (gamma_T, n_terms = longest tile), exact merge, one rounding "
+     "(+u); +2u slack; the test adds the propagated dlogit error sum_i |h|*|d dlogit|"},
+    {"linear_ce_dw", "fp32", "vs_fp64", 3.0, 1.0,
+     "dW = tile reduction: in-tile in-order sums (gamma_T, n_terms = longest tile), exact merge, one rounding "
+     "(+u); +2u slack; the test adds the propagated dlogit error sum_i |h|*|d dlogit|"},
 };
 
 inline double unit_roundoff(std::string_view dtype) {
