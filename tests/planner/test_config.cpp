@@ -1,0 +1,171 @@
+// Config parsing: JSON and TOML agree, optional keys default and are echoed, bad input names the key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "planner/config.h"
+#include "planner/plan.h"
+#include "reference/check.h"
+
+using namespace trident::planner;
+using nlohmann::json;
+
+namespace {
+std::string ex(const std::string& name) { return std::string(TRIDENT_PLANNER_EXAMPLES) + "/" + name; }
+json example(const std::string& name) {
+  std::ifstream f(ex(name));
+  return json::parse(f);
+}
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const trident::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(PlannerConfig, TomlEqualsJson) {
+  const std::string toml = R"(
+[model]
+params = 753e9
+layers = 78
+hidden = 6144
+experts = 256
+top_k = 8
+dense_fraction = 0.02
+sparse_index_layers = 21
+sparse_topk = 2048
+kv_latent_bytes_per_token = 1408
+[cluster]
+name = "GB200 NVL72"
+gpu_memory_gb = 200
+nvl = 72
+rdma_GBps = 45
+peak_tflops = 2500
+mfu = 0.8
+[workload]
+context = 1048576
+sequences_per_cp_group = 1
+recompute_bwd_mb_per_token = 2.5
+attn_to_linear = 2
+[mesh]
+d_rep = 4
+fsdp = 1
+cp = 64
+e_fsdp = 4
+ep = 64
+)";
+  const PlanInput a = parse_config(toml_text_to_json(toml), "inline.toml");
+  const PlanInput b = load_config(ex("nvl72_1m.json"));
+  EXPECT_EQ(echo_config(a), echo_config(b));
+  const Plan pa = evaluate(a, *a.mesh), pb = evaluate(b, *b.mesh);
+  EXPECT_EQ(pa.total, pb.total);  // same inputs, same arithmetic: bitwise
+  EXPECT_EQ(pa.min_tokens_to_hide, pb.min_tokens_to_hide);
+  EXPECT_GT(pa.total, 0.0);
+}
+
+TEST(PlannerConfig, OptionalKeysDefaultAndEcho) {
+  json j = example("nvl72_1m.json");
+  j["model"].erase("sparse_index_layers");
+  j["model"].erase("sparse_topk");
+  j["model"].erase("kv_latent_bytes_per_token");
+  j["cluster"].erase("mfu");
+  j["cluster"].erase("name");
+  j["workload"].erase("sequences_per_cp_group");
+  j["workload"].erase("recompute_bwd_mb_per_token");
+  j["workload"].erase("attn_to_linear");
+  const PlanInput in = parse_config(j, "minimal");
+  const json e = echo_config(in);
+  EXPECT_EQ(e["cluster"]["mfu"], 0.8);
+  EXPECT_EQ(e["cluster"]["nvlink_GBps"], 900.0);
+  EXPECT_EQ(e["workload"]["sequences_per_cp_group"], 1);
+  EXPECT_EQ(e["workload"]["recompute_bwd_mb_per_token"], 2.5);
+  EXPECT_EQ(e["workload"]["attn_to_linear"], 2.0);
+  EXPECT_EQ(e["model"]["sparse_index_layers"], 0);
+  EXPECT_EQ(e["model"]["static_bytes_per_param"], 18.0);
+  EXPECT_EQ(e["recipe"]["local_seq_min"], 16384);
+  EXPECT_EQ(e["recipe"]["local_seq_max"], 32768);
+  // every echoed value is a number/bool/string, never a missing key
+  for (auto& [sec, obj] : e.items())
+    for (auto& [k, v] : obj.items()) EXPECT_FALSE(v.is_null()) << sec << "." << k;
+  // without the indexer the per-token sum drops by exactly 21 x 2048 x 4 B
+  const Plan p = evaluate(in, *in.mesh);
+  EXPECT_EQ(p.indexer_bytes_per_token, 0.0);
+  EXPECT_EQ(p.dynamic_bytes_per_token, 78.0 * 6144 * 2 + 13312.0 * 64 + 2.5e6);
+}
+
+struct BadCase {
+  const char* what;
+  std::function<void(json&)> mutate;
+  const char* expect;  // substring of the error (names the key)
+};
+
+TEST(PlannerConfig, BadInputNamesTheKey) {
+  const std::vector<BadCase> cases = {
+      {"missing key", [](json& j) { j["model"].erase("layers"); }, "model.layers: missing"},
+      {"missing section", [](json& j) { j.erase("cluster"); }, "missing section 'cluster'"},
+      {"unknown key", [](json& j) { j["model"]["layerz"] = 3; }, "model.layerz: unknown key"},
+      {"unknown section", [](json& j) { j["optimizer"] = json::object(); }, "optimizer: unknown key"},
+      {"string for int", [](json& j) { j["model"]["layers"] = "78"; }, "model.layers: expected an integer, got a string"},
+      {"bool for number", [](json& j) { j["cluster"]["rdma_GBps"] = true; }, "cluster.rdma_GBps: expected a number, got a bool"},
+      {"fractional int", [](json& j) { j["model"]["layers"] = 78.5; }, "model.layers: expected an integer"},
+      {"negative size", [](json& j) { j["model"]["hidden"] = -1; }, "model.hidden: must be a positive integer"},
+      {"zero size", [](json& j) { j["workload"]["context"] = 0; }, "workload.context: must be a positive integer"},
+      {"zero memory", [](json& j) { j["cluster"]["gpu_memory_gb"] = 0; }, "cluster.gpu_memory_gb: must be > 0"},
+      {"negative recompute", [](json& j) { j["workload"]["recompute_bwd_mb_per_token"] = -1; },
+       "workload.recompute_bwd_mb_per_token: must be >= 0"},
+      {"fraction > 1", [](json& j) { j["model"]["dense_fraction"] = 1.5; }, "model.dense_fraction: must be a fraction in [0,1]"},
+      {"fraction < 0", [](json& j) { j["model"]["dense_fraction"] = -0.1; }, "model.dense_fraction: must be a fraction"},
+      {"mfu > 1", [](json& j) { j["cluster"]["mfu"] = 1.2; }, "cluster.mfu: must be a fraction in [0,1]"},
+      {"mfu 0", [](json& j) { j["cluster"]["mfu"] = 0; }, "cluster.mfu: must be in (0,1]"},
+      {"section not an object", [](json& j) { j["mesh"] = 5; }, "'mesh' must be a table/object"},
+      {"top_k > experts", [](json& j) { j["model"]["top_k"] = 300; }, "model.top_k: must be <= experts"},
+      {"mesh products", [](json& j) { j["mesh"]["e_fsdp"] = 2; }, "d_rep*fsdp*cp == e_fsdp*ep == world fails"},
+      {"experts % ep", [](json& j) { j["mesh"]["ep"] = 48; j["mesh"]["e_fsdp"] = 1; j["mesh"]["d_rep"] = 3; j["mesh"]["cp"] = 16; },
+       "experts % ep == 0 fails"},
+      {"ep > NVL", [](json& j) { j["mesh"]["ep"] = 128; j["mesh"]["e_fsdp"] = 2; }, "ep <= NVL fails"},
+      {"zig-zag", [](json& j) { j["workload"]["context"] = 1000000; j["mesh"]["cp"] = 64; }, "context % (2*cp) == 0 fails"},
+      {"mesh key missing", [](json& j) { j["mesh"].erase("ep"); }, "mesh.ep: missing"},
+      {"world mismatch", [](json& j) { j["cluster"]["world"] = 128; }, "cluster.world: d_rep*fsdp*cp == e_fsdp*ep == world fails"},
+      {"recipe range", [](json& j) { j["recipe"] = {{"local_seq_min", 65536}}; }, "recipe.local_seq_min: must be <="},
+  };
+  for (const auto& c : cases) {
+    json j = example("nvl72_1m.json");
+    c.mutate(j);
+    const std::string err = error_of([&] { parse_config(j, "bad.json"); });
+    EXPECT_NE(err.find(c.expect), std::string::npos) << c.what << ": got '" << err << "', expected '" << c.expect << "'";
+    EXPECT_EQ(err.find('\n'), std::string::npos) << c.what << ": one line expected: " << err;
+    EXPECT_EQ(err.rfind("bad.json: ", 0), 0u) << c.what << ": the file is named first: " << err;
+  }
+}
+
+TEST(PlannerConfig, BadFiles) {
+  EXPECT_NE(error_of([] { load_config("/nonexistent/x.json"); }).find("cannot open"), std::string::npos);
+  const std::string dir = TRIDENT_PLANNER_BAD;
+  EXPECT_NE(error_of([&] { load_config(dir + "/zero_context.toml"); }).find("workload.context"), std::string::npos);
+  EXPECT_NE(error_of([] { toml_text_to_json("[model\nparams = 1"); }).find("TOML syntax error"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_config(json::array(), "x"); }).find("top level"), std::string::npos);
+}
+
+TEST(PlannerConfig, MeshRulesAreIndependentOfParsing) {
+  // check_mesh names each rule; a mesh that breaks only fsdp*cp <= NVL is accepted (costed), not rejected.
+  const PlanInput in = load_config(ex("nvl8_256k_a.json"));
+  const MeshCheck c = check_mesh(in, Mesh{1, 32, 8, 32, 8});
+  EXPECT_EQ(c.failed, uint32_t(kRuleFsdpCpNvl));
+  EXPECT_NE(c.describe(in, Mesh{1, 32, 8, 32, 8}, false).find("fsdp*cp <= NVL"), std::string::npos);
+  // ep = 16 on 8-GPU nodes
+  EXPECT_TRUE(check_mesh(in, Mesh{32, 1, 8, 16, 16}).failed & kRuleEpNvl);
+  // fsdp*cp = 6 and ep = 8 cannot share 8-GPU domains: lcm(6, 8) = 24 > 8
+  PlanInput odd = in;
+  odd.workload.context = 262144 * 3;
+  EXPECT_TRUE(check_mesh(odd, Mesh{8, 1, 6, 6, 8}).failed & kRuleStraddle);
+  // NVL72 hosts 64 GPUs of a (.., 64) x (.., 64) mesh per domain (no group straddles)
+  const PlanInput n72 = load_config(ex("nvl72_1m.json"));
+  const MeshCheck c72 = check_mesh(n72, *n72.mesh);
+  EXPECT_EQ(c72.gpus_per_domain, 64);
+  EXPECT_EQ(c72.domains, 4);
+}
