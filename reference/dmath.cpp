@@ -592,6 +592,7 @@ double pow(double b, double e) {
     if (!is_integer(e)) return kNaN;
     if (odd) sign = -1.0;
     b = -b;
+    if (b == 1.0) return sign;  // (-1)^integer
   }
   const DD L = log_dd(b);
   if (fabs_(e) > 0x1p64) {  // |log b| >= ~2^-53 for b != 1: |e log b| > 2^11, certain over/underflow
