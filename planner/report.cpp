@@ -422,14 +422,25 @@ std::string render_svg(const PlanInput& in, const Mesh& m, const Plan& p) {
                      l.want, lx - 20, l.want, lx - 4, l.y);
     s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"13\">{}</text>\n", lx, l.y + 4, esc(l.text));
   }
+  // group brackets: static | dynamic (FSDP buffers + activations)
+  auto bracket = [&](double from, double to, const std::string& text) {
+    const double x = W - 150, ya = y_of(from), yb = y_of(to);
+    s += fmt::format("<polyline points=\"{},{:.1f} {},{:.1f} {},{:.1f} {},{:.1f}\" fill=\"none\" stroke=\"#333\" "
+                     "stroke-width=\"1.5\"/>",
+                     x - 6, ya - 1, x, ya - 1, x, yb + 1, x - 6, yb + 1);
+    s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n", x + 6,
+                     (ya + yb) / 2 + 4, esc(text));
+  };
+  bracket(0, p.static_total, fmt::format("static {:.1f} GB", p.static_total / 1e9));
+  bracket(p.static_total, p.total, fmt::format("dynamic {:.1f} GB", p.dynamic / 1e9));
   // capacity line
   const double yc = y_of(p.capacity);
   s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#c00000\" stroke-width=\"2.5\" "
                    "stroke-dasharray=\"8,4\"/>\n",
-                   bar_x - 20, yc, W - 20, yc);
+                   bar_x - 20, yc, W - 160, yc);
   s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"13\" fill=\"#c00000\" text-anchor=\"end\" "
                    "font-weight=\"bold\">GPU capacity {:.0f} GB</text>\n",
-                   W - 22, yc - 6, p.capacity / 1e9);
+                   W - 162, yc - 6, p.capacity / 1e9);
   s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">per GPU</text>\n",
                    bar_x + bar_w / 2, bottom + 20);
   s += "</svg>\n";
