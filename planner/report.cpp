@@ -55,7 +55,7 @@ std::string render_text(const PlanInput& in, const Mesh& m, const MeshCheck& chk
   if (chk.nvlink_ok())
     t.out += "NVLink rules hold: ep <= NVL, fsdp*cp <= NVL, no group straddles a domain\n";
   else
-    t.out += "WARNING " + chk.describe(in, m, false) + "\n";
+    t.out += "NVLink rule relaxed (costed below): " + chk.describe(in, m, false) + "\n";
 
   t.head("Per-GPU dynamic memory per token (seed 000: dynamic memory)");
   t.row("tokens per GPU", fmt::format("context x sequences_per_cp_group / cp = {} x {} / {}", wl.context,
