@@ -104,8 +104,32 @@ inline double nearest_int(double t) {
   return (t + big) - big;
 }
 
+// How a double-double result is rounded to double: to nearest (the double functions), or to odd (the float
+// functions: rounding the exact value to odd in double, then to nearest float, equals rounding it to nearest
+// float directly, because double carries more than 24 + 2 bits -- so no double-rounding error).
+enum class Rnd { kNearest, kOdd };
+
+// (h, l) normalised (h = RN(h + l)): the double next to h + l on the side of l whose last bit is 1, or h if exact.
+inline double round_odd(double h, double l) {
+  if (l == 0 || !(fabs_(h) <= std::numeric_limits<double>::max())) return h;
+  uint64_t b = bits(h);
+  if (!(b & 1)) b = ((l > 0) == (h > 0)) ? b + 1 : b - 1;  // magnitude one ulp up / down
+  return from_bits(b);
+}
+
+template <Rnd R>
+inline double finish(DD v) {
+  if constexpr (R == Rnd::kNearest) {
+    return v.h + v.l;
+  } else {
+    const DD n = fast_two_sum(v.h, v.l);
+    return round_odd(n.h, n.l);
+  }
+}
+
 // (h + l) * 2^k rounded once to double (round to nearest even), including gradual underflow and overflow.
 // (h, l) is a normalised double-double with h normal or zero.
+template <Rnd R>
 double round_scaled(double h, double l, int k) {
   if (h == 0) return h;
   const bool neg = h < 0;
@@ -124,12 +148,13 @@ double round_scaled(double h, double l, int k) {
   double r;
   if (k >= -1022) {
     if (k > 1023) return neg ? -kInf : kInf;
-    const double s = a + b;  // in [1, 2]; scaling below is exact or overflows correctly
+    const double s = finish<R>(DD{a, b});  // in [1, 2]; scaling below is exact or overflows correctly
     r = s * pow2(k);
   } else if (k < -1075) {
     r = 0.0;  // value < 2^-1075: rounds to zero
   } else {
-    // Subnormal result: granularity g = 2^-1074 corresponds to 2^(-1074-k) in a's scale.
+    // Subnormal double result (round to nearest also for Rnd::kOdd: float results are never this small).
+    // Granularity g = 2^-1074 corresponds to 2^(-1074-k) in a's scale.
     const double ginv = pow2(1074 + k);  // 1/g, 2^-1 .. 2^51
     const double q = a * ginv;           // exact, < 2^52
     const auto fi = static_cast<uint64_t>(q);
@@ -188,15 +213,19 @@ ExpRed exp_reduce(double xh, double xl) {
 
 // expm1(r) as a double-double with small relative error, |r| <= 0.35.
 DD expm1_kernel(DD r) {
-  // r + r^2/2 + r^3/6 in double-double, r^4 (1/4! + r/5! + ... + r^13/17!) in double (< 2^-10 of the sum)
+  // r + r^2/2! + ... + r^5/5! in double-double, r^6 (1/6! + r/7! + ... + r^11/17!) in double (< 2^-17 of the sum)
   const DD r2 = dd_mul(r, r);
   const DD r3 = dd_mul(r2, r);
+  const DD r4 = dd_mul(r2, r2);
+  const DD r5 = dd_mul(r4, r);
   const double rh = r.h;
   double p = kInvFact[17];
-  for (int n = 16; n >= 4; --n) p = p * rh + kInvFact[n];
-  const double tail = (r2.h * r2.h) * p;
+  for (int n = 16; n >= 6; --n) p = p * rh + kInvFact[n];
+  const double tail = (r3.h * r3.h) * p;
   DD s = dd_add(r, DD{r2.h * 0.5, r2.l * 0.5});
   s = dd_add(s, dd_div_d(r3, 6.0));
+  s = dd_add(s, dd_div_d(r4, 24.0));
+  s = dd_add(s, dd_div_d(r5, 120.0));
   return dd_add_d(s, tail);
 }
 
@@ -241,13 +270,15 @@ DD log_dd(double x) {
   const DD s2 = dd_mul(s, s);
   const DD s3 = dd_mul(s2, s);
   const DD s5 = dd_mul(s3, s2);
-  // s + s^3/3 + s^5/5 + s^7 (1/7 + s^2/9 + ... + s^18/25)
+  const DD s7 = dd_mul(s5, s2);
+  // s + s^3/3 + s^5/5 + s^7/7 in double-double, s^9 (1/9 + s^2/11 + ... + s^16/25) in double
   const double z = s2.h;
   double p = 1.0 / 25;
-  for (int d = 23; d >= 7; d -= 2) p = p * z + 1.0 / d;
-  const double tail = (s5.h * z) * p;
+  for (int d = 23; d >= 9; d -= 2) p = p * z + 1.0 / d;
+  const double tail = (s7.h * z) * p;
   DD sum = dd_add(s, dd_div_d(s3, 3.0));
   sum = dd_add(sum, dd_div_d(s5, 5.0));
+  sum = dd_add(sum, dd_div_d(s7, 7.0));
   sum = dd_add_d(sum, tail);
   const DD logm = {sum.h * 2.0, sum.l * 2.0};
   if (e == 0) return logm;
@@ -338,11 +369,13 @@ int reduce_pio2(double x, DD& r) {
 }
 
 // sin(r), |r| <= pi/4 (+ rounding), rounded to double.
-// r - r^3/3! + r^5/5! in double-double, r^7 (-1/7! + r^2/9! - ... + r^14/21!) in double (< 2^-14 of the sum).
+// r - r^3/3! + r^5/5! - r^7/7! in double-double, r^9 (1/9! - r^2/11! + ... + r^12/21!) in double (< 2^-21 of
+// the sum).
 double sin_kernel(DD r) {
   const DD r2 = dd_mul(r, r);
   const DD r3 = dd_mul(r2, r);
   const DD r5 = dd_mul(r3, r2);
+  const DD r7 = dd_mul(r5, r2);
   const double z = r2.h;
   double p = 1.0 / 51090942171709440000.0;  // 1/21!
   p = p * z - 1.0 / 121645100408832000.0;    // 1/19!
@@ -351,19 +384,21 @@ double sin_kernel(DD r) {
   p = p * z + 1.0 / 6227020800.0;            // 1/13!
   p = p * z - 1.0 / 39916800.0;              // 1/11!
   p = p * z + 1.0 / 362880.0;                // 1/9!
-  p = p * z - 1.0 / 5040.0;                  // 1/7!
-  const double tail = (r5.h * z) * p;
+  const double tail = (r7.h * z) * p;
   DD s = dd_add(r, dd_neg(dd_div_d(r3, 6.0)));
   s = dd_add(s, dd_div_d(r5, 120.0));
+  s = dd_add(s, dd_neg(dd_div_d(r7, 5040.0)));
   s = dd_add_d(s, tail);
   return s.h + s.l;
 }
 
 // cos(r), |r| <= pi/4 (+ rounding), rounded to double.
-// 1 - r^2/2! + r^4/4! in double-double, r^6 (-1/6! + r^2/8! - ... + r^16/22!) in double (< 2^-11 of the sum).
+// 1 - r^2/2! + r^4/4! - r^6/6! in double-double, r^8 (1/8! - r^2/10! + ... - r^14/22!) in double (< 2^-18 of
+// the sum).
 double cos_kernel(DD r) {
   const DD r2 = dd_mul(r, r);
   const DD r4 = dd_mul(r2, r2);
+  const DD r6 = dd_mul(r4, r2);
   const double z = r2.h;
   double p = -1.0 / 1124000727777607680000.0;  // -1/22!
   p = p * z + 1.0 / 2432902008176640000.0;      // 1/20!
@@ -373,10 +408,10 @@ double cos_kernel(DD r) {
   p = p * z + 1.0 / 479001600.0;                // 1/12!
   p = p * z - 1.0 / 3628800.0;                  // 1/10!
   p = p * z + 1.0 / 40320.0;                    // 1/8!
-  p = p * z - 1.0 / 720.0;                      // 1/6!
-  const double tail = (r4.h * z) * p;
+  const double tail = (r6.h * z) * p;
   DD s = dd_add_d(DD{-r2.h * 0.5, -r2.l * 0.5}, 1.0);
   s = dd_add(s, dd_div_d(r4, 24.0));
+  s = dd_add(s, dd_neg(dd_div_d(r6, 720.0)));
   s = dd_add_d(s, tail);
   return s.h + s.l;
 }
@@ -396,16 +431,18 @@ inline bool is_odd_integer(double y) {  // y finite
 // ============================================================================================================
 // double
 
-double exp(double x) {
+template <Rnd R>
+double exp_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x > 709.8) return kInf;
   if (x < -745.2) return 0.0;
   const ExpRed red = exp_reduce(x, 0.0);
   const DD y = exp_kernel(red.r);
-  return round_scaled(y.h, y.l, red.k);
+  return round_scaled<R>(y.h, y.l, red.k);
 }
 
-double expm1(double x) {
+template <Rnd R>
+double expm1_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return x;
   if (x > 709.8) return kInf;
@@ -413,22 +450,24 @@ double expm1(double x) {
   if (fabs_(x) < 0x1p-60) return x;
   const ExpRed red = exp_reduce(x, 0.0);
   const DD em = expm1_kernel(red.r);
-  if (red.k == 0) return em.h;
+  if (red.k == 0) return finish<R>(em);
   const DD c = two_sum(1.0, -pow2(-red.k));  // 1 - 2^-k exactly, |k| <= 1024
   const DD y = dd_add(c, em);
-  return round_scaled(y.h, y.l, red.k);
+  return round_scaled<R>(y.h, y.l, red.k);
 }
 
-double log(double x) {
+template <Rnd R>
+double log_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x < 0) return kNaN;
   if (x == 0) return -kInf;
   if (x == kInf) return x;
   const DD r = log_dd(x);
-  return r.h + r.l;
+  return finish<R>(r);
 }
 
-double log1p(double x) {
+template <Rnd R>
+double log1p_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == -1.0) return -kInf;
   if (x < -1.0) return kNaN;
@@ -436,7 +475,7 @@ double log1p(double x) {
   if (fabs_(x) < 0x1p-60) return x;
   if (x > 0x1p60) {  // log(x) + log1p(1/x), 1/x < 2^-60
     const DD r = dd_add_d(log_dd(x), 1.0 / x);
-    return r.h + r.l;
+    return finish<R>(r);
   }
   const DD uu = two_sum(1.0, x);  // 1 + x exactly
   const DD L = log_dd(uu.h);
@@ -446,20 +485,22 @@ double log1p(double x) {
   const double cl = ((uu.l - pc.h) - pc.l) / uu.h;
   const DD c = fast_two_sum(ch, cl - 0.5 * ch * ch);
   const DD r = dd_add(L, c);
-  return r.h + r.l;
+  return finish<R>(r);
 }
 
-double tanh(double x) {
+template <Rnd R>
+double tanh_impl(double x) {
   if (is_nan(x)) return x + x;
   const double a = fabs_(x);
   if (a > 22.0) return copysign_(1.0, x);  // 1 - tanh(22) < 2^-62
   if (a < 0x1p-28) return x;               // a - a^3/3 rounds to a
   const DD E = expm1_dd(2.0 * a);          // tanh a = E / (E + 2)
   const DD q = dd_div(E, dd_add_d(E, 2.0));
-  return copysign_(q.h + q.l, x);
+  return copysign_(finish<R>(q), x);
 }
 
-double sigmoid(double x) {
+template <Rnd R>
+double sigmoid_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x > 40.0) return 1.0;  // e^-40 < 2^-57
   if (fabs_(x) < 0x1p-60) return 0.5;
@@ -469,7 +510,7 @@ double sigmoid(double x) {
     const double s = pow2(red.k);  // k in [-58, 0]
     const DD den = dd_add_d(DD{y.h * s, y.l * s}, 1.0);
     const DD q = dd_div(DD{1.0, 0.0}, den);
-    return q.h + q.l;
+    return finish<R>(q);
   }
   if (x < -746.0) return 0.0;
   // x < 0: e^x / (1 + e^x) = 2^k y / (1 + 2^k y)
@@ -481,10 +522,11 @@ double sigmoid(double x) {
     den = dd_add_d(DD{y.h * s, y.l * s}, 1.0);
   }
   const DD z = dd_div(y, den);
-  return round_scaled(z.h, z.l, red.k);
+  return round_scaled<R>(z.h, z.l, red.k);
 }
 
-double silu(double x) {
+template <Rnd R>
+double silu_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return x;
   if (x == -kInf) return -0.0;
@@ -493,7 +535,7 @@ double silu(double x) {
   if (fabs_(x) < 0x1p-60) {
     // x/2 + x^2/4: the positive correction only breaks ties of x/2 (subnormal x); scale to keep it visible.
     const double h = x * 0x1p1000 * 0.5;
-    return round_scaled(h, fabs_(h) * 0x1p-70, -1000);
+    return round_scaled<R>(h, fabs_(h) * 0x1p-70, -1000);
   }
   if (x > 0) {
     const ExpRed red = exp_reduce(-x, 0.0);
@@ -501,7 +543,7 @@ double silu(double x) {
     const double s = pow2(red.k);
     const DD den = dd_add_d(DD{y.h * s, y.l * s}, 1.0);
     const DD q = dd_div(DD{x, 0.0}, den);
-    return q.h + q.l;
+    return finish<R>(q);
   }
   const ExpRed red = exp_reduce(x, 0.0);
   const DD y = exp_kernel(red.r);
@@ -511,10 +553,11 @@ double silu(double x) {
     den = dd_add_d(DD{y.h * s, y.l * s}, 1.0);
   }
   const DD z = dd_div(dd_mul_d(y, x), den);
-  return round_scaled(z.h, z.l, red.k);
+  return round_scaled<R>(z.h, z.l, red.k);
 }
 
-double rsqrt(double x) {
+template <Rnd R>
+double rsqrt_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return 1.0 / x;  // +-inf
   if (x < 0) return kNaN;
@@ -532,7 +575,7 @@ double rsqrt(double x) {
   const DD ss = two_prod(s, s);
   const double sl = ((x - ss.h) - ss.l) / (2.0 * s);  // sqrt(x) = s + sl (to ~2^-106)
   const DD q = dd_div(DD{1.0, 0.0}, DD{s, sl});
-  const double r = q.h + q.l;
+  const double r = finish<R>(q);
   return sc == 0 ? r : r * pow2(sc);
 }
 
@@ -605,19 +648,151 @@ double pow(double b, double e) {
   if (y.h < -745.2) return sign * 0.0;
   const ExpRed red = exp_reduce(y.h, y.l);
   const DD z = exp_kernel(red.r);
-  return sign * round_scaled(z.h, z.l, red.k);
+  return sign * round_scaled<Rnd::kNearest>(z.h, z.l, red.k);
 }
 
-// ============================================================================================================
-// float: evaluate the (nearly correctly rounded) double function and round once to float.
+double exp(double x) { return exp_impl<Rnd::kNearest>(x); }
+double expm1(double x) { return expm1_impl<Rnd::kNearest>(x); }
+double log(double x) { return log_impl<Rnd::kNearest>(x); }
+double log1p(double x) { return log1p_impl<Rnd::kNearest>(x); }
+double tanh(double x) { return tanh_impl<Rnd::kNearest>(x); }
+double sigmoid(double x) { return sigmoid_impl<Rnd::kNearest>(x); }
+double silu(double x) { return silu_impl<Rnd::kNearest>(x); }
+double rsqrt(double x) { return rsqrt_impl<Rnd::kNearest>(x); }
 
-float exp(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
-float expm1(float x) { return static_cast<float>(expm1(static_cast<double>(x))); }
-float log(float x) { return static_cast<float>(log(static_cast<double>(x))); }
-float log1p(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
-float tanh(float x) { return static_cast<float>(tanh(static_cast<double>(x))); }
-float sigmoid(float x) { return static_cast<float>(sigmoid(static_cast<double>(x))); }
-float silu(float x) { return static_cast<float>(silu(static_cast<double>(x))); }
-float rsqrt(float x) { return static_cast<float>(rsqrt(static_cast<double>(x))); }
+// ============================================================================================================
+// float. Correctly rounded, in two stages (Ziv's strategy):
+//  1. a fast plain-double evaluation with a relative error < 2^-47 (bounds in docs/numerics.md); if that double
+//     is more than 256 double ulps (>= 2^-45 relative) away from every float rounding boundary, the exact value
+//     rounds to the same float, so rounding the double is the correctly rounded result;
+//  2. otherwise (about 2^-20 of the inputs, and every special / subnormal case) the double-double algorithm
+//     above, rounded to odd in double and then to float (see Rnd), which is correctly rounded as well.
+// Both stages give the correctly rounded float, so the result does not depend on which stage answered.
+
+namespace {
+
+// True if d (a normal double with |d| >= 2^-126) is at least 256 double ulps from a float midpoint.
+inline bool float_rounding_safe(double d) {
+  if (!(fabs_(d) >= 0x1p-126)) return false;  // float subnormal range (other rounding position), zero, NaN
+  const auto low = static_cast<int64_t>(bits(d) & ((1ull << 29) - 1));  // the 29 bits a float drops
+  const int64_t dist = low - (int64_t{1} << 28);                      // distance to the midpoint pattern
+  return dist > 256 || dist < -256;
+}
+
+// exp(x) in plain double for |x| <= 700: relative error < 2^-51.
+inline double exp_fast(double x) {
+  const double kd = nearest_int(x * kInvLn2);
+  const double r = (x - kd * kLn2_0) - kd * kLn2_1;  // first difference exact; |r| <= 0.3466
+  double p = kInvFact[13];
+  for (int n = 12; n >= 2; --n) p = p * r + kInvFact[n];  // truncation < 2^-57
+  const double y = 1.0 + (r + (r * r) * p);
+  return y * pow2(static_cast<int>(kd));
+}
+
+// expm1(x) in plain double for |x| <= 1: relative error < 2^-50.
+inline double expm1_fast(double x) {
+  const double kd = nearest_int(x * kInvLn2);  // -1, 0 or 1
+  const double r = (x - kd * kLn2_0) - kd * kLn2_1;
+  double p = kInvFact[13];
+  for (int n = 12; n >= 2; --n) p = p * r + kInvFact[n];
+  const double em = r + (r * r) * p;
+  if (kd == 0) return em;
+  const double s = pow2(static_cast<int>(kd));
+  return s * (em + (1.0 - 1.0 / s));  // 2^k (1 + em) - 1, |em + 1 - 2^-k| >= 0.2
+}
+
+}  // namespace
+
+float exp(float xf) {
+  const double x = xf;
+  if (x > -104.0 && x < 89.0) {
+    const double d = exp_fast(x);
+    if (float_rounding_safe(d)) return static_cast<float>(d);
+  }
+  return static_cast<float>(exp_impl<Rnd::kOdd>(x));
+}
+
+float expm1(float x) { return static_cast<float>(expm1_impl<Rnd::kOdd>(static_cast<double>(x))); }
+
+float log(float xf) {
+  const double x = xf;
+  if (x > 0 && x <= 0x1.fffffep127) {
+    const uint64_t u = bits(x);  // float inputs are normal doubles
+    int e = static_cast<int>(u >> 52) - 1023;
+    const uint64_t mant = u & ((1ull << 52) - 1);
+    double m;
+    if (mant > 0x6a09e667f3bcdull) {
+      m = from_bits(mant | (1022ull << 52));
+      e += 1;
+    } else {
+      m = from_bits(mant | (1023ull << 52));
+    }
+    const double f = m - 1.0;        // exact
+    const double s = f / (2.0 + f);  // relative error < 2^-52
+    const double z = s * s;          // |s| <= 0.1716, z <= 0.0295
+    double p = 1.0 / 23;             // truncation after s^23 / 23: < 2^-58 relative
+    for (int d = 21; d >= 3; d -= 2) p = p * z + 1.0 / d;
+    const double s2 = 2.0 * s;
+    const double logm = s2 + s2 * (z * p);  // 2 atanh(s)
+    const double ed = e;
+    const double d = ed * kLn2_0 + (ed * kLn2_1 + logm);  // e ln2 exact in its first part; |result| >= 0.34 if e != 0
+    if (float_rounding_safe(d)) return static_cast<float>(d);
+  }
+  return static_cast<float>(log_impl<Rnd::kOdd>(x));
+}
+
+float log1p(float x) { return static_cast<float>(log1p_impl<Rnd::kOdd>(static_cast<double>(x))); }
+
+float tanh(float xf) {
+  const double x = xf;
+  const double a = fabs_(x);
+  if (a >= 0x1p-20 && a <= 9.5) {
+    double t;
+    if (a <= 0.5) {
+      const double E = expm1_fast(2.0 * a);
+      t = E / (E + 2.0);
+    } else {
+      const double e = exp_fast(-2.0 * a);  // <= 0.37: no cancellation in 1 - e
+      t = (1.0 - e) / (1.0 + e);
+    }
+    if (float_rounding_safe(t)) return static_cast<float>(copysign_(t, x));
+  }
+  return static_cast<float>(tanh_impl<Rnd::kOdd>(x));
+}
+
+namespace {
+inline double sigmoid_fast(double x) {  // |x| <= 104: relative error < 2^-49
+  if (x >= 0) return 1.0 / (1.0 + exp_fast(-x));
+  const double e = exp_fast(x);
+  return e / (1.0 + e);
+}
+}  // namespace
+
+float sigmoid(float xf) {
+  const double x = xf;
+  if (fabs_(x) <= 104.0) {
+    const double d = sigmoid_fast(x);
+    if (float_rounding_safe(d)) return static_cast<float>(d);
+  }
+  return static_cast<float>(sigmoid_impl<Rnd::kOdd>(x));
+}
+
+float silu(float xf) {
+  const double x = xf;
+  if (fabs_(x) <= 104.0) {
+    const double d = x * sigmoid_fast(x);
+    if (float_rounding_safe(d)) return static_cast<float>(d);
+  }
+  return static_cast<float>(silu_impl<Rnd::kOdd>(x));
+}
+
+float rsqrt(float xf) {
+  const double x = xf;
+  if (x > 0 && x <= 0x1.fffffep127) {
+    const double d = 1.0 / std::sqrt(x);  // two roundings: relative error < 2^-52
+    if (float_rounding_safe(d)) return static_cast<float>(d);
+  }
+  return static_cast<float>(rsqrt_impl<Rnd::kOdd>(x));
+}
 
 }  // namespace trident::dm

@@ -88,6 +88,13 @@ inline void exact(Fn f, Mp& m, double xv, double yv) {
     case Fn::tanh: mpfr_tanh(m.r, m.x, MPFR_RNDN); break;
     case Fn::sigmoid:
     case Fn::silu:
+      if (xv != 0 && std::fabs(xv) < 0x1p-100) {
+        // 1 + e^-x would round to 1 at 200 bits: use sigmoid = 1/2 + x/4 - x^3/48 + ..., silu = x sigmoid
+        mpfr_div_2ui(m.r, m.x, 2, MPFR_RNDN);
+        mpfr_add_d(m.r, m.r, 0.5, MPFR_RNDN);
+        if (f == Fn::silu) mpfr_mul(m.r, m.r, m.x, MPFR_RNDN);
+        break;
+      }
       mpfr_neg(m.t, m.x, MPFR_RNDN);
       mpfr_exp(m.t, m.t, MPFR_RNDN);
       mpfr_add_ui(m.t, m.t, 1, MPFR_RNDN);
