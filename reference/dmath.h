@@ -1,7 +1,9 @@
 // Deterministic elementary functions: implemented here from IEEE +,-,*,/,sqrt only (no libm, no FMA), so
 // their bits do not depend on the C library, the compiler's builtins or the instruction set.
-// Error bounds (ulps, measured against MPFR) are documented in docs/numerics.md and checked by
-// tests/numerics/test_dmath.cpp. Special values follow C99 Annex F (exp(-inf)=0, log(0)=-inf, log(<0)=NaN...).
+// Accuracy: the float overloads are correctly rounded; the double overloads are within 0.501 ulp (faithful).
+// The promised bounds are in reference/dmath_bounds.h, documented with the algorithms in docs/numerics.md
+// ("Elementary functions") and checked against MPFR by tests/dmath. Special values follow C99 Annex F
+// (exp(-inf)=+0, log(+-0)=-inf, log(<0)=NaN, tanh(+-inf)=+-1, NaN in -> NaN out ...).
 #pragma once
 
 namespace trident::dm {
@@ -20,10 +22,10 @@ float sigmoid(float x);   // 1 / (1 + exp(-x)), stable for both signs
 double sigmoid(double x);
 float silu(float x);      // x * sigmoid(x)
 double silu(double x);
-float rsqrt(float x);     // 1 / sqrt(x): IEEE sqrt then IEEE division (two roundings, deterministic)
+float rsqrt(float x);     // 1 / sqrt(x), rounded once (rsqrt(+0)=+inf, rsqrt(-0)=-inf as IEEE 754 rSqrt)
 double rsqrt(double x);
-double sin(double x);     // for RoPE tables: angles are computed and tabulated in fp64
+double sin(double x);     // for RoPE tables: angles are computed and tabulated in fp64; any finite x
 double cos(double x);
-double pow(double base, double e);  // base > 0: exp(e * log(base)); used for theta^(-2i/D)
+double pow(double base, double e);  // exp(e * log(base)) in double-double; Annex F specials; theta^(-2i/D)
 
 }  // namespace trident::dm
