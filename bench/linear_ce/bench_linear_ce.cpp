@@ -10,7 +10,7 @@
 // so the ratio measures the chunking, not different kernels.
 //
 // Usage: bench_linear_ce [--tokens N] [--vocab V] [--d D] [--vocab-chunk C] [--token-chunk C] [--tile T]
-//        [--fused 1] [--fused-token-chunk C] [benchmark flags]
+//        [--reps R] [--fused 1] [--fused-token-chunk C] [benchmark flags]
 // The fused API keeps token_chunk x V logits, so under the 1/32 memory target its token chunks are small and every
 // dW accumulator is streamed from memory once per token chunk: it is slower here (reported with --fused 1).
 #include <benchmark/benchmark.h>
@@ -84,6 +84,7 @@ struct Shape {
   // token_chunk = N and a small vocab chunk: the backward then walks every dW accumulator once per vocab chunk
   // (all tiles at once, cache-resident), and the scratch is N x vocab_chunk floats = 1/64 of the logits.
   int64_t N = 8192, V = 32768, d = 256, vocab_chunk = 512, token_chunk = 8192, tile = 128, fused_token_chunk = 128;
+  int64_t reps = 2;   // --reps R: variants run interleaved R times; the summary uses each variant's fastest run
   int64_t fused = 0;  // --fused 1: also run the fused API (slow at small fused_token_chunk: see the summary)
 } g_shape;
 
@@ -161,27 +162,30 @@ void linear_fused(Data& x) {
 }
 
 struct Measured {
-  double seconds = 0;
-  int64_t peak_extra = 0;
+  double seconds = 1e300;  // fastest run
+  int64_t peak_extra = 0;  // largest peak
+  std::vector<double> runs;
 };
 std::map<std::string, Measured> g_results;
 
 template <void (*F)(Data&)>
 void BM_ce(benchmark::State& st, const char* name) {
   Data& x = data();
-  Measured m;
+  Measured& m = g_results[name];
   for (auto _ : st) {
     const int64_t base = g_live.load();
     g_peak.store(base);
     const double t0 = omp_get_wtime();
     F(x);
-    m.seconds = omp_get_wtime() - t0;
-    m.peak_extra = std::max(m.peak_extra, g_peak.load() - base);
+    const double t = omp_get_wtime() - t0;
+    const int64_t peak = g_peak.load() - base;
+    m.seconds = std::min(m.seconds, t);
+    m.runs.push_back(t);
+    m.peak_extra = std::max(m.peak_extra, peak);
     benchmark::DoNotOptimize(x.dhidden.data());
+    st.counters["peak_extra_MiB"] = static_cast<double>(peak) / (1 << 20);
+    st.counters["seconds"] = t;
   }
-  st.counters["peak_extra_MiB"] = static_cast<double>(m.peak_extra) / (1 << 20);
-  st.counters["seconds"] = m.seconds;
-  g_results[name] = m;
 }
 
 }  // namespace
@@ -199,7 +203,7 @@ int main(int argc, char** argv) {
     if (opt("--tokens", g_shape.N) || opt("--vocab", g_shape.V) || opt("--d", g_shape.d) ||
         opt("--vocab-chunk", g_shape.vocab_chunk) || opt("--token-chunk", g_shape.token_chunk) ||
         opt("--tile", g_shape.tile) || opt("--fused-token-chunk", g_shape.fused_token_chunk) ||
-        opt("--fused", g_shape.fused))
+        opt("--fused", g_shape.fused) || opt("--reps", g_shape.reps))
       continue;
     rest.push_back(argv[i]);
   }
@@ -210,22 +214,25 @@ int main(int argc, char** argv) {
               "fp32, %d threads\n",
               s.N, s.V, s.d, s.vocab_chunk, s.token_chunk, s.fused_token_chunk, s.tile, omp_get_max_threads());
   data();  // inputs and outputs allocated before any measurement
-  benchmark::RegisterBenchmark("naive_ce", BM_ce<naive_ce>, "naive")->Iterations(1)->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("linear_ce_split", BM_ce<linear_split>, "split")
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
-  if (s.fused)
-    benchmark::RegisterBenchmark("linear_ce_fused", BM_ce<linear_fused>, "fused")
+  for (int64_t r = 0; r < s.reps; ++r) {  // interleaved, so load changes hit every variant alike
+    benchmark::RegisterBenchmark("naive_ce", BM_ce<naive_ce>, "naive")->Iterations(1)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("linear_ce_split", BM_ce<linear_split>, "split")
         ->Iterations(1)
         ->Unit(benchmark::kMillisecond);
+    if (s.fused)
+      benchmark::RegisterBenchmark("linear_ce_fused", BM_ce<linear_fused>, "fused")
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
   const double logits_bytes = static_cast<double>(s.N) * static_cast<double>(s.V) * 4.0;
   if (g_results.count("naive")) {
     const Measured& nv = g_results["naive"];
-    std::printf("\nsummary (materialised logits N*V*4 = %.1f MiB; targets: memory <= 1/32 = 0.03125, time <= 1.2)\n",
-                logits_bytes / (1 << 20));
+    std::printf("\nsummary (fastest of %ld interleaved runs each; materialised logits N*V*4 = %.1f MiB; targets: "
+                "memory <= 1/32 = 0.03125, time <= 1.2)\n",
+                s.reps, logits_bytes / (1 << 20));
     std::printf("  %-16s %9.3f s   peak extra %9.1f MiB  memory ratio vs N*V*4 %.4f\n", "naive", nv.seconds,
                 nv.peak_extra / double(1 << 20), nv.peak_extra / logits_bytes);
     for (const char* k : {"split", "fused"}) {

@@ -11,6 +11,8 @@
 // along a reduction, so results do not depend on the thread count.
 #include "reference/model/linear_ce.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -110,7 +112,6 @@ const T* h_rows(const T* hidden, int64_t d, int64_t r0, int64_t rows, bool bf16,
 template <class T>
 void lse_update(const T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, T* M, T* S,
                 T* tl, bool first) {
-#pragma omp parallel for schedule(static) if (rows * w >= 32768)
   for (int64_t r = 0; r < rows; ++r) {
     const T* l = L + r * ldl;
     T m = l[0];
@@ -144,7 +145,6 @@ void lse_finish(int64_t rows, const int32_t* targets, const T* M, const T* S, co
 template <class T>
 void to_dlogit(T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, const T* lse,
                T grad_scale, bool bf16) {
-#pragma omp parallel for schedule(static) if (rows * w >= 32768)
   for (int64_t r = 0; r < rows; ++r) {
     T* l = L + r * ldl;
     const int64_t t = targets[r];
@@ -160,6 +160,30 @@ void to_dlogit(T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int
     if constexpr (std::is_same_v<T, float>)
       if (bf16)
         for (int64_t j = 0; j < w; ++j) l[j] = round_bf16(l[j]);
+  }
+}
+
+// Rows per unit of OpenMP work in the per-row phases (a multiple of the gemm micro-tile height).
+constexpr int64_t kRowBlock = 48;
+
+template <class T>
+void lse_update_par(const T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, T* M,
+                    T* S, T* tl, bool first) {
+  const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (nb > 1 && rows * w >= 32768)
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t r = b * kRowBlock, n = std::min(kRowBlock, rows - r);
+    lse_update<T>(L + r * ldl, ldl, n, j0, w, targets + r, M + r, S + r, tl + r, first);
+  }
+}
+template <class T>
+void to_dlogit_par(T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, const T* lse,
+                   T grad_scale, bool bf16) {
+  const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (nb > 1 && rows * w >= 32768)
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t r = b * kRowBlock, n = std::min(kRowBlock, rows - r);
+    to_dlogit<T>(L + r * ldl, ldl, n, j0, w, targets + r, lse + r, grad_scale, bf16);
   }
 }
 
@@ -242,17 +266,34 @@ void linear_ce_forward(const T* hidden, const T* W, const int32_t* targets, int6
   const bool bf16 = policy == Policy::bf16;
   const int64_t vc = std::min(vocab_chunk, V), tc = std::min(token_chunk, N);
   std::vector<T> Mrun(static_cast<size_t>(N)), Srun(static_cast<size_t>(N)), tl(static_cast<size_t>(N), T(0));
-  std::vector<T> logits(static_cast<size_t>(tc * vc));
-  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0), hbuf(bf16 ? static_cast<size_t>(tc * d) : 0);
+  // Per-thread scratch: one row block of logits (and of rounded hidden rows for bf16).
+  const int nt = omp_get_max_threads();
+  std::vector<T> lbuf(static_cast<size_t>(nt * kRowBlock * vc));
+  std::vector<T> hbuf(bf16 ? static_cast<size_t>(nt * kRowBlock * d) : 0);
+  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
   for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending vocab chunks: the LSE merge order
     const int64_t w = std::min(vc, V - j0);
     const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
     for (int64_t r0 = 0; r0 < N; r0 += tc) {
       const int64_t rows = std::min(tc, N - r0);
-      const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
-      gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, logits.data(), w);
-      lse_update<T>(logits.data(), w, rows, j0, w, targets + r0, Mrun.data() + r0, Srun.data() + r0, tl.data() + r0,
-                    j0 == 0);
+      const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+      // One parallel region per (vocab chunk, token chunk): logits of a row block are computed and consumed
+      // while in cache. Row blocks are independent (per-row math only).
+#pragma omp parallel for schedule(static) if (nb > 1 && rows * w * d >= 262144)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int th = omp_get_thread_num();
+        const int64_t r = r0 + b * kRowBlock, n = std::min(kRowBlock, r0 + rows - r);
+        T* L = lbuf.data() + static_cast<size_t>(th) * kRowBlock * vc;
+        const T* A = hidden + r * d;
+        if constexpr (std::is_same_v<T, float>)
+          if (bf16) {
+            float* H = hbuf.data() + static_cast<size_t>(th) * kRowBlock * d;
+            for (int64_t i = 0; i < n * d; ++i) H[i] = round_bf16(A[i]);
+            A = H;
+          }
+        gemm_serial<T>(n, w, d, A, d, 1, B.B, B.ldb, false, L, w, false);
+        lse_update<T>(L, w, n, j0, w, targets + r, Mrun.data() + r, Srun.data() + r, tl.data() + r, j0 == 0);
+      }
     }
   }
   lse_finish<T>(N, targets, Mrun.data(), Srun.data(), tl.data(), lse, token_loss);
@@ -279,10 +320,21 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
     for (size_t q = 0; q + 1 < cuts.size(); ++q) {
       const int64_t r0 = segs[cuts[q]], rows = segs[cuts[q + 1]] - r0;
       if (rows == 0) continue;
-      const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
-      gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, dl.data(), w);  // recomputed logits
-      to_dlogit<T>(dl.data(), w, rows, j0, w, targets + r0, lse + r0, grad_scale, bf16);
-      dhidden_acc<T>(dl.data(), w, rows, w, B, d, dhidden + r0 * d, j0 == 0);
+      const T* A = bf16 ? hbuf.data() : hidden + r0 * d;  // the chunk's GEMM rows (bf16: rounded below)
+      const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+      // Per row block, in cache: recomputed logits -> dlogit -> dhidden += dlogit @ W_chunk^T.
+#pragma omp parallel for schedule(static) if (nb > 1 && rows * w * d >= 262144)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t i = b * kRowBlock, n = std::min(kRowBlock, rows - i);
+        if constexpr (std::is_same_v<T, float>)
+          if (bf16)
+            for (int64_t e = i * d; e < (i + n) * d; ++e) hbuf[e] = round_bf16(hidden[r0 * d + e]);
+        T* L = dl.data() + i * w;
+        gemm_serial<T>(n, w, d, A + i * d, d, 1, B.B, B.ldb, false, L, w, false);  // recomputed logits
+        to_dlogit<T>(L, w, n, j0, w, targets + r0 + i, lse + r0 + i, grad_scale, bf16);
+        gemm_serial<T>(n, d, w, L, w, 1, B.B, B.ldb, /*trans_b=*/true, dhidden + (r0 + i) * d, d,
+                       /*accumulate=*/j0 > 0);
+      }
       const std::vector<int64_t> s = rebased(segs, cuts[q], cuts[q + 1]);
       wgrad_acc_strided<T>(A, d, dl.data(), w, d, w, s, dW_acc + j0, V);
     }
@@ -316,10 +368,10 @@ void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_
       const int64_t w = std::min(vc, V - j0);
       const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
       gemm<T>(rows, w, d, A, d, B.B, B.ldb, false, L.data() + j0, V);
-      lse_update<T>(L.data() + j0, V, rows, j0, w, targets + r0, Mrun.data(), Srun.data(), tl.data(), j0 == 0);
+      lse_update_par<T>(L.data() + j0, V, rows, j0, w, targets + r0, Mrun.data(), Srun.data(), tl.data(), j0 == 0);
     }
     lse_finish<T>(rows, targets + r0, Mrun.data(), Srun.data(), tl.data(), lse + r0, token_loss + r0);
-    to_dlogit<T>(L.data(), V, rows, 0, V, targets + r0, lse + r0, grad_scale, bf16);
+    to_dlogit_par<T>(L.data(), V, rows, 0, V, targets + r0, lse + r0, grad_scale, bf16);
     if (bf16) {
       for (int64_t j0 = 0; j0 < V; j0 += vc) {  // rounded W chunks again, ascending: one in-order sum
         const int64_t w = std::min(vc, V - j0);

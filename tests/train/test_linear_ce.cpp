@@ -27,9 +27,9 @@ struct Problem {
   Policy policy;
   uint64_t seed;
   double scale = 3.0;  // logit spread: softmax far from uniform
-  std::vector<T> hidden, W;
-  std::vector<int32_t> targets;
-  std::vector<int64_t> segs;
+  std::vector<T> hidden{}, W{};
+  std::vector<int32_t> targets{};
+  std::vector<int64_t> segs{};
 
   std::string repro() const {
     return fmt::format("linear_ce N={} d={} V={} vocab_chunk={} tile={} policy={} seed={:#x}", N, d, V, vocab_chunk,
