@@ -78,6 +78,7 @@ struct Mp {
 
 // r = f(x[, y]) at 200 bits (sigmoid/silu from exp with 3-4 roundings at 2^-200: far below what we measure).
 inline void exact(Fn f, Mp& m, double xv, double yv) {
+  if (mpfr_get_prec(m.r) != kPrec) mpfr_set_prec(m.r, kPrec);
   mpfr_set_d(m.x, xv, MPFR_RNDN);
   mpfr_set_d(m.y, yv, MPFR_RNDN);
   switch (f) {
@@ -89,7 +90,9 @@ inline void exact(Fn f, Mp& m, double xv, double yv) {
     case Fn::sigmoid:
     case Fn::silu:
       if (xv != 0 && std::fabs(xv) < 0x1p-100) {
-        // 1 + e^-x would round to 1 at 200 bits: use sigmoid = 1/2 + x/4 - x^3/48 + ..., silu = x sigmoid
+        // 1 + e^-x would round to 1 at 200 bits: use sigmoid = 1/2 + x/4 (- x^3/48 ...), silu = x sigmoid, at
+        // a precision that holds 1/2 + x/4 exactly (x >= 2^-1074), so the tie-breaking x^2/4 of silu survives.
+        mpfr_set_prec(m.r, 2600);
         mpfr_div_2ui(m.r, m.x, 2, MPFR_RNDN);
         mpfr_add_d(m.r, m.r, 0.5, MPFR_RNDN);
         if (f == Fn::silu) mpfr_mul(m.r, m.r, m.x, MPFR_RNDN);

@@ -229,8 +229,8 @@ void run(Fn f) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "dmath %-7s %-6s samples=%ld seed=0x%llx max_err=%.6f ulp (bound %.4f) at x=%a y=%a -> %a; "
-      "not correctly rounded: %ld (max %lld ulp from CR); edge max_err=%.6f; %.1fs, %d threads\n",
+      "dmath %-7s %-6s samples=%ld seed=0x%llx max_err=%.9f ulp (bound %.4f) at x=%a y=%a -> %a; "
+      "not correctly rounded: %ld (max %lld ulp from CR); edge max_err=%.9f; %.1fs, %d threads\n",
       name(f), kIsDouble ? "double" : "float", n, static_cast<unsigned long long>(kSeed), total.max_err, bound,
       static_cast<double>(total.worst_in.x), static_cast<double>(total.worst_in.y),
       static_cast<double>(total.worst_out), total.not_cr, static_cast<long long>(total.max_cr), edge.max_err, secs,
