@@ -128,6 +128,12 @@ class ExactAccCore {
   // Special-value flags seen so far (kNaN | kPosInf | kNegInf).
   uint32_t flags() const { return flags_; }
 
+  // Announces n (<= 2^20) following add_unchecked() calls: normalises first if the limbs could overflow.
+  void reserve_adds(uint32_t n) {
+    if (count_ + uint64_t{n} >= Tr::kNormEvery) [[unlikely]] normalize();
+    count_ += n;
+  }
+
   // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^32).
   void normalize() {
     for (int i = 0; i < kLimbs - 1; ++i) {
@@ -177,6 +183,11 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
 
   // Exact: x = +-M * 2^p units (M < 2^24, p = biased exponent - 1, or 0 for subnormals).
   inline void add(float x) {
+    add_unchecked(x);
+    bump();
+  }
+  // Hot-loop form: reserve_adds(n) once, then at most n add_unchecked() calls; same value as n add() calls.
+  inline void add_unchecked(float x) {
     const uint32_t u = std::bit_cast<uint32_t>(x);
     const uint32_t e = (u >> 23) & 0xffu;
     const uint32_t mant = u & 0x7fffffu;
@@ -191,7 +202,6 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
     const int i = static_cast<int>(p >> 5);
     limb_[i] += v & 0xffffffffll;                                   // low digit, in [0, 2^32)
     limb_[i + 1] += v >> 32;                                        // floor(v / 2^32), |.| <= 2^23
-    bump();
   }
   void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
@@ -204,6 +214,11 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
 
   // Exact: x = +-M * 2^p units (M < 2^53, p = biased exponent - 1, or 0 for subnormals).
   inline void add(double x) {
+    add_unchecked(x);
+    bump();
+  }
+  // Hot-loop form: reserve_adds(n) once, then at most n add_unchecked() calls; same value as n add() calls.
+  inline void add_unchecked(double x) {
     const uint64_t u = std::bit_cast<uint64_t>(x);
     const uint64_t e = (u >> 52) & 0x7ffu;
     const uint64_t mant = u & 0xfffffffffffffull;
@@ -224,7 +239,6 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
     limb_[i] += (d0 ^ s) - s;
     limb_[i + 1] += (d1 ^ s) - s;
     limb_[i + 2] += (d2 ^ s) - s;
-    bump();
   }
   // Exact widening of a float term.
   inline void add(float x) { add(static_cast<double>(x)); }

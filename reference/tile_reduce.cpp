@@ -83,9 +83,10 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
       }
       for (int64_t i = 0; i < kb; ++i) {
         ExactAcc<T>* a = acc + (k0 + i) * M + m0;
+        for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
         for (int64_t u = 0; u < n_live; ++u) {
           const T* p = P + (u * kb + i) * mb;
-          for (int64_t j = 0; j < mb; ++j) a[j].add(p[j]);
+          for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
         }
       }
     }

@@ -270,6 +270,25 @@ TYPED_TEST(ExactAccTest, NormalizeKeepsValue) {
   }
 }
 
+// reserve_adds + add_unchecked (the hot-loop form) equals add(), including across the normalisation limit.
+TYPED_TEST(ExactAccTest, ReservedAddsMatchAdd) {
+  using T = TypeParam;
+  std::mt19937_64 rng(13);
+  ExactAcc<T> a, b;
+  std::vector<T> xs;
+  for (int round = 0; round < 1100; ++round) {  // 1100 * 2^20 reserved > the normalisation limit
+    a.reserve_adds(1u << 20);
+    for (int i = 0; i < 3; ++i) {
+      const T x = random_finite<T>(rng, sizeof(T) == 4 ? 254 : 2046);
+      a.add_unchecked(x);
+      b.add(x);
+      xs.push_back(x);
+    }
+  }
+  EXPECT_EQ(bits(a.round()), bits(b.round()));
+  EXPECT_EQ(bits(a.round()), bits(mpfr_sum(xs)));
+}
+
 // Enough adds to force the automatic normalisation, with the largest possible low digit each time.
 TEST(ExactAccLong, HeadroomFloat) {
   // M = 2^24-1 at position 8: the low digit of every add is 0xffffff00, close to 2^32.
