@@ -13,7 +13,12 @@
 //  * A watchdog thread fails blocked ranks when nothing progressed for SpawnOptions::watchdog.
 #include "emulator/world.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +36,18 @@
 namespace trident::emu {
 
 namespace {
+
+// Sleeping on a 32-bit word with the futex syscall directly. (std::atomic::wait in libstdc++ first spins with
+// sched_yield, which with hundreds of rank threads on two cores costs more than the sleep itself.)
+// Ordering comes from the atomic operations on the word (release store by the waker, acquire load after).
+void futex_wait(std::atomic<uint32_t>& w, uint32_t old) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  while (w.load(std::memory_order_acquire) == old)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
+}
+void futex_wake(std::atomic<uint32_t>& w, int n) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAKE_PRIVATE, n, nullptr, nullptr, 0);
+}
 
 std::string where(const char* file, unsigned line) { return fmt::format("{}:{}", file, line); }
 
@@ -83,11 +100,14 @@ struct RankState {
   bool live = true;
   // --- guarded by World::mu
   bool blocked = false;
-  bool released = false;                 // collective arrival completed
+  std::atomic<bool> released{false};     // collective arrival completed (read without the mutex after a wake)
   std::optional<std::string> error;      // set by whoever fails this rank's pending call
   Group* waiting_group = nullptr;        // the group of the pending call (for aborts and reports)
-  std::string pending;                   // description of the pending call (reports)
-  std::string last_call = "none";        // last communicator call started (watchdog report)
+  bool pending_p2p = false;              // pending call: a send/recv group (p2p_ops) or a collective
+  CallDesc pending_desc;                 //   (described lazily: only reports format strings)
+  CallDesc last_desc;                    // last communicator call started (reports)
+  std::shared_ptr<Group> last_group;
+  size_t last_p2p_count = 0;
   int p2p_outstanding = 0;               // unfinished ops of the current send/recv group
   bool draining = false;                 // failing: waiting for other ranks' copies on its ops
   std::vector<P2POp*> p2p_ops;           // the current send/recv group's ops (reports)
@@ -118,6 +138,7 @@ struct Slot {
   void* recv = nullptr;
   int color = -1, key = 0;                  // split
   std::string split_name;
+  std::vector<char> stage[2];               // eager protocol staging, by sequence parity (owner writes)
   std::shared_ptr<Group> split_group;       // split result
   int split_rank = -1;
 };
@@ -133,12 +154,39 @@ struct Group {
   std::string abort_reason;
   std::map<std::pair<int, int>, std::pair<std::deque<P2POp*>, std::deque<P2POp*>>> p2p;  // (src,dst): sends, recvs
   // --- lock-free completion barrier
+  std::vector<char> result[2];  // eager all_reduce/reduce result, by sequence parity (written by the last arriver)
   std::atomic<int> bar_count{0};
   std::atomic<uint32_t> bar_gen{0};
 
   int size() const { return static_cast<int>(members.size()); }
   std::string label() const { return fmt::format("communicator '{}' (id {}, {})", name, id, describe_members(members)); }
 };
+
+std::string describe_p2p(const RankState& r, const Group& g) {
+  std::vector<std::string> parts;
+  int shown = 0, pending = 0;
+  for (const P2POp* o : r.p2p_ops) {
+    if (o->done) continue;
+    ++pending;
+    if (shown++ < 4) parts.push_back(describe(o->desc));
+  }
+  std::string s = fmt::format("{} unmatched in a group of {} send/recv on {}: {}", pending, r.p2p_ops.size(),
+                              g.label(), fmt::join(parts, "; "));
+  if (pending > 4) s += fmt::format("; ... ({} more)", pending - 4);
+  return s;
+}
+std::string pending_str(const RankState& r) {
+  if (!r.waiting_group) return "nothing";
+  if (r.pending_p2p) return describe_p2p(r, *r.waiting_group);
+  return fmt::format("{} on {}", describe(r.pending_desc), r.waiting_group->label());
+}
+std::string last_str(const RankState& r) {
+  if (!r.last_group) return "none";
+  if (r.last_p2p_count)
+    return fmt::format("group of {} send/recv on {} (first: {})", r.last_p2p_count, r.last_group->label(),
+                       describe(r.last_desc));
+  return fmt::format("{} on {}", describe(r.last_desc), r.last_group->label());
+}
 
 struct World {
   explicit World(int n, const SpawnOptions& o) : opts(o) {
@@ -182,12 +230,16 @@ struct World {
 
   // --- all under mu
   void wake(RankState& r) {
+    mark_woken(r);
+    futex_wake(r.wake, 1);
+  }
+  // wake() without the futex call, which the caller makes after releasing the mutex (shorter hold time).
+  void mark_woken(RankState& r) {
     if (r.blocked) {
       r.blocked = false;
       --blocked;
     }
     r.wake.fetch_add(1, std::memory_order_release);
-    r.wake.notify_one();
   }
   void fail_rank(RankState& r, const std::string& msg) {
     if (!r.error) r.error = msg;
@@ -195,8 +247,10 @@ struct World {
   }
 
   // Sleeps until done() (returns) or an error is set for this rank (throws it). Precondition: lk holds mu.
+  // Fast path: when `fast` is given and reads true after a wake, return at once WITHOUT re-taking the mutex
+  // (the waker already cleared this rank's wait state); lk then no longer owns the mutex.
   template <class Pred>
-  void block_until(RankState& me, std::unique_lock<std::mutex>& lk, Pred done) {
+  void block_until(RankState& me, std::unique_lock<std::mutex>& lk, Pred done, std::atomic<bool>* fast = nullptr) {
     while (!done()) {
       if (me.error) {
         std::string msg = std::move(*me.error);
@@ -210,7 +264,8 @@ struct World {
       if (!me.blocked) continue;  // the deadlock check failed us (error set) or we were woken
       const uint32_t t = me.wake.load(std::memory_order_acquire);
       lk.unlock();
-      me.wake.wait(t, std::memory_order_acquire);
+      futex_wait(me.wake, t);
+      if (fast && fast->load(std::memory_order_acquire)) return;
       lk.lock();
     }
     me.waiting_group = nullptr;
@@ -224,9 +279,9 @@ struct World {
         "({} rank(s) finished or failed). Pending calls:",
         live, size() - live);
     for (auto& r : ranks)
-      if (r->blocked) report += fmt::format("\n  rank {}: {}", r->rank, r->pending);
+      if (r->blocked) report += fmt::format("\n  rank {}: {}", r->rank, pending_str(*r));
     for (auto& r : ranks)
-      if (!r->live) report += fmt::format("\n  rank {}: finished (last call: {})", r->rank, r->last_call);
+      if (!r->live) report += fmt::format("\n  rank {}: finished (last call: {})", r->rank, last_str(*r));
     for (auto& r : ranks)
       if (r->blocked) fail_rank(*r, report);
   }
@@ -281,10 +336,10 @@ struct World {
           opts.watchdog.count(), blocked);
       for (auto& r : ranks) {
         if (r->blocked)
-          report += fmt::format("\n  rank {}: blocked in {}", r->rank, r->pending);
+          report += fmt::format("\n  rank {}: blocked in {}", r->rank, pending_str(*r));
         else if (r->live)
           report += fmt::format("\n  rank {}: running, not in a communicator call (last call: {})", r->rank,
-                                r->last_call);
+                                last_str(*r));
       }
       for (auto& r : ranks)
         if (r->blocked) fail_rank(*r, report);
@@ -414,10 +469,9 @@ void group_barrier(Group& g) {
   if (g.bar_count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
     g.bar_count.store(0, std::memory_order_relaxed);
     g.bar_gen.fetch_add(1, std::memory_order_acq_rel);
-    g.bar_gen.notify_all();
+    futex_wake(g.bar_gen, INT_MAX);
   } else {
-    uint32_t cur;
-    while ((cur = g.bar_gen.load(std::memory_order_acquire)) == gen) g.bar_gen.wait(gen, std::memory_order_acquire);
+    futex_wait(g.bar_gen, gen);
   }
 }
 
@@ -446,10 +500,29 @@ class EmuComm final : public Communicator {
   void do_collective(const CollArgs& a, Stream s, loc_t loc) override {
     dev_.check_stream(s, loc);
     CallDesc c{a.op, a.count, a.dtype, a.redop, a.root, seq_, loc.file_name(), loc.line()};
-    arrive(c, a.send, a.recv);
-    execute(a);
-    group_barrier(*g_);  // nobody reuses a buffer another rank may still read
     const size_t es = dtype_size(a.dtype), n = static_cast<size_t>(size());
+    // Eager protocol for small calls: each rank first copies its input into its slot's staging buffer (two,
+    // alternating by sequence parity), then reads only staging after the rendezvous, so no rank waits for the
+    // others to finish reading (no completion barrier). Safe because a rank can only reach call k+2 after
+    // every rank has finished call k. Larger calls read the other ranks' buffers directly (zero extra copies)
+    // and end with a completion barrier.
+    const size_t reads = (a.op == CollOp::broadcast ? 1 : n) * a.count * es;
+    const bool eager = n > 1 && reads <= w_.opts.eager_bytes;
+    const int parity = static_cast<int>(seq_ & 1);
+    if (eager) {
+      size_t sb = (a.op == CollOp::reduce_scatter ? n : 1) * a.count * es;
+      if (a.op == CollOp::broadcast && crank_ != a.root) sb = 0;
+      auto& st = g_->slots[static_cast<size_t>(crank_)].stage[parity];
+      st.resize(sb);
+      if (sb) std::memcpy(st.data(), a.send, sb);
+    }
+    arrive(c, a.send, a.recv, eager ? parity : -1);
+    if (eager) {
+      execute_eager(a, parity);
+    } else {
+      execute(a);
+      group_barrier(*g_);  // nobody reuses a buffer another rank may still read
+    }
     const size_t bytes = (a.op == CollOp::all_gather || a.op == CollOp::reduce_scatter) ? n * a.count * es
                                                                                          : a.count * es;
     dev_.trace_comm(s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
@@ -469,19 +542,22 @@ class EmuComm final : public Communicator {
 
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override {
     CallDesc c{CollOp::split, 0, DataType::u8, ReduceOp::sum, -1, seq_, loc.file_name(), loc.line()};
-    auto [grp, r] = arrive(c, nullptr, nullptr, color, key, std::move(name));
-    group_barrier(*g_);
+    auto [grp, r] = arrive(c, nullptr, nullptr, -1, color, key, std::move(name));  // result read from own slot only
     if (!grp) return nullptr;
     return std::make_unique<EmuComm>(w_, me_, dev_, std::move(grp), r);
   }
 
  private:
   // Rendezvous of a collective (or split). Returns the split result when op == split.
-  std::pair<std::shared_ptr<Group>, int> arrive(const CallDesc& c, const void* send, void* recv, int color = -1,
-                                                int key = 0, std::string split_name = {}) {
+  // eager_parity >= 0: an eager call; the last arriver computes a reduction's result once, into the group's
+  // result buffer of that parity (instead of every rank reducing all inputs: O(n) instead of O(n^2)).
+  std::pair<std::shared_ptr<Group>, int> arrive(const CallDesc& c, const void* send, void* recv, int eager_parity,
+                                                int color = -1, int key = 0, std::string split_name = {}) {
     std::unique_lock lk(w_.mu);
     Group& g = *g_;
-    me_.last_call = fmt::format("{} on {}", describe(c), g.label());
+    me_.last_desc = c;
+    me_.last_p2p_count = 0;
+    if (me_.last_group != g_) me_.last_group = g_;
     if (g.aborted) throw Error(g.abort_reason);
     ++seq_;
     ++w_.progress;
@@ -494,11 +570,12 @@ class EmuComm final : public Communicator {
     mine.split_name = std::move(split_name);
     mine.split_group.reset();
     mine.split_rank = -1;
-    me_.released = false;
+    me_.released.store(false, std::memory_order_relaxed);
     if (++g.arrived < g.size()) {
       me_.waiting_group = &g;
-      me_.pending = fmt::format("{} on {}", describe(c), g.label());
-      w_.block_until(me_, lk, [&] { return me_.released; });
+      me_.pending_p2p = false;
+      me_.pending_desc = c;
+      w_.block_until(me_, lk, [&] { return me_.released.load(std::memory_order_acquire); }, &me_.released);
     } else {
       g.arrived = 0;
       if (auto report = mismatch_report(g)) {  // every member fails with the same report
@@ -509,12 +586,26 @@ class EmuComm final : public Communicator {
         throw Error(*report);
       }
       if (c.op == CollOp::split) do_split_groups(g);
+      if (eager_parity >= 0 && (c.op == CollOp::all_reduce || c.op == CollOp::reduce)) {
+        auto& res = g.result[eager_parity];
+        res.resize(c.count * dtype_size(c.dtype));
+        srcs_.resize(g.slots.size());
+        for (size_t j = 0; j < g.slots.size(); ++j) srcs_[j] = g.slots[j].stage[eager_parity].data();
+        reduce_into(c.dtype, c.redop, res.data(), srcs_.data(), g.size(), c.count);
+      }
+      ++w_.progress;
       for (int m : g.members) {
         if (m == me_.rank) continue;
         auto& r = *w_.ranks[static_cast<size_t>(m)];
-        r.released = true;
-        w_.wake(r);
+        r.released.store(true, std::memory_order_release);
+        r.waiting_group = nullptr;
+        w_.mark_woken(r);
       }
+      auto result = std::make_pair(mine.split_group, mine.split_rank);
+      lk.unlock();
+      for (int m : g.members)  // RankStates live as long as the world
+        if (m != me_.rank) futex_wake(w_.ranks[static_cast<size_t>(m)]->wake, 1);
+      return result;
     }
     return {mine.split_group, mine.split_rank};
   }
@@ -569,6 +660,31 @@ class EmuComm final : public Communicator {
         s.split_group = ng;
         s.split_rank = static_cast<int>(k);
       }
+    }
+  }
+
+  void execute_eager(const CollArgs& a, int parity) {
+    const int n = size(), r = crank_;
+    const size_t es = dtype_size(a.dtype), cnt = a.count;
+    auto st = [&](int j) -> const char* { return g_->slots[static_cast<size_t>(j)].stage[parity].data(); };
+    if (cnt == 0) return;
+    switch (a.op) {
+      case CollOp::all_gather:
+        for (int j = 0; j < n; ++j) std::memcpy(static_cast<char*>(a.recv) + static_cast<size_t>(j) * cnt * es, st(j), cnt * es);
+        break;
+      case CollOp::reduce_scatter: {
+        const size_t off = static_cast<size_t>(r) * cnt * es;
+        srcs_.resize(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j) srcs_[static_cast<size_t>(j)] = st(j) + off;
+        reduce_into(a.dtype, a.redop, a.recv, srcs_.data(), n, cnt);
+        break;
+      }
+      case CollOp::all_reduce:
+      case CollOp::reduce:  // computed once by the last arriver (arrive)
+        if (a.op == CollOp::all_reduce || r == a.root) std::memcpy(a.recv, g_->result[parity].data(), cnt * es);
+        break;
+      case CollOp::broadcast: std::memcpy(a.recv, st(a.root), cnt * es); break;
+      default: fail(fmt::format("emulator: {} is not a collective", to_string(a.op)));
     }
   }
 
@@ -651,8 +767,9 @@ class EmuComm final : public Communicator {
     std::vector<std::pair<P2POp*, P2POp*>> to_copy;  // (send, recv) pairs this rank matched: it copies them
     std::unique_lock lk(w_.mu);
     Group& g = *g_;
-    me_.last_call = fmt::format("group of {} send/recv on {} (first: {})", ops.size(), g.label(),
-                                describe(ops.front()->desc));
+    me_.last_desc = ops.front()->desc;
+    me_.last_p2p_count = ops.size();
+    if (me_.last_group != g_) me_.last_group = g_;
     if (g.aborted) throw Error(g.abort_reason);
     ++w_.progress;
     me_.p2p_ops.clear();
@@ -705,7 +822,7 @@ class EmuComm final : public Communicator {
     }
     if (me_.p2p_outstanding > 0) {
       me_.waiting_group = &g;
-      me_.pending = describe_p2p(g);
+      me_.pending_p2p = true;
       try {
         w_.block_until(me_, lk, [&] { return me_.p2p_outstanding == 0; });
       } catch (...) {
@@ -734,7 +851,7 @@ class EmuComm final : public Communicator {
     while (in_flight()) {
       const uint32_t t = me_.wake.load(std::memory_order_acquire);
       lk.unlock();
-      me_.wake.wait(t, std::memory_order_acquire);
+      futex_wait(me_.wake, t);
       lk.lock();
     }
     me_.draining = false;
@@ -748,20 +865,6 @@ class EmuComm final : public Communicator {
     me_.p2p_ops.clear();
     me_.p2p_outstanding = 0;
     me_.waiting_group = nullptr;
-  }
-
-  std::string describe_p2p(const Group& g) const {
-    std::vector<std::string> parts;
-    int shown = 0, pending = 0;
-    for (const P2POp* o : me_.p2p_ops) {
-      if (o->done) continue;
-      ++pending;
-      if (shown++ < 4) parts.push_back(describe(o->desc));
-    }
-    std::string s = fmt::format("{} unmatched in a group of {} send/recv on {}: {}", pending, me_.p2p_ops.size(),
-                                g.label(), fmt::join(parts, "; "));
-    if (pending > 4) s += fmt::format("; ... ({} more)", pending - 4);
-    return s;
   }
 
   World& w_;

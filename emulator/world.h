@@ -27,6 +27,10 @@ struct SpawnOptions {
   // report of every rank's state (covers a rank stuck in compute, which deadlock detection cannot see).
   std::chrono::milliseconds watchdog{60'000};
   bool record_trace = true;  // record per-stream traces (RankContext::trace)
+  // Collectives that read at most this many bytes per rank use the eager protocol (inputs staged in the
+  // rendezvous, no completion barrier); larger ones copy directly between the ranks' buffers. A parameter so
+  // tests run both paths (0: always direct).
+  size_t eager_bytes = 64 * 1024;
 };
 
 struct World;

@@ -1,0 +1,201 @@
+// Emulated run of the distributed step (emulator/run_step.h).
+#include "emulator/run_step.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <type_traits>
+
+#include "emulator/world.h"
+#include "parallel/mesh_comm.h"
+#include "reference/check.h"
+#include "reference/model/train.h"
+
+namespace trident::emu {
+
+namespace md = trident::model;
+namespace par = trident::parallel;
+
+std::string EmulateSpec::repro() const {
+  std::string s = fmt::format(
+      "trident emulate --preset {} --policy {} --mesh d_rep={},fsdp={},cp={},e_fsdp={},ep={} --steps {} --chunks {} "
+      "--seqs {} --seq-len {}",
+      preset, to_string(cfg.policy), mesh.d_rep, mesh.fsdp, mesh.cp, mesh.e_fsdp, mesh.ep, run.steps, ep_chunks,
+      run.sequences, run.seq_len);
+  if (run.recompute) s += " --recompute";
+  s += " --check-reference";
+  return s;
+}
+
+std::vector<md::Batch> spec_batches(const EmulateSpec& spec) {
+  if (!spec.batches.empty()) {
+    TD_CHECK_EQ(static_cast<int64_t>(spec.batches.size()), spec.run.steps, "emulate: one batch per step");
+    return spec.batches;
+  }
+  std::vector<md::Batch> b;
+  for (int64_t s = 0; s < spec.run.steps; ++s) b.push_back(md::synthetic_batch(spec.cfg, spec.run, s));
+  return b;
+}
+
+template <class T>
+CommStats EmulateResult<T>::total() const {
+  CommStats t;
+  for (const CommStats& r : rank_stats)
+    for (const auto& [name, tab] : r)
+      for (int o = 0; o < kNumCollOps; ++o) {
+        t[name][static_cast<size_t>(o)].calls += tab[static_cast<size_t>(o)].calls;
+        t[name][static_cast<size_t>(o)].bytes += tab[static_cast<size_t>(o)].bytes;
+      }
+  return t;
+}
+
+template <class T>
+EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels) {
+  par::StepShared<T> sh;
+  sh.cfg = spec.cfg;
+  sh.run = spec.run;
+  sh.mesh = spec.mesh;
+  sh.ep_chunks = spec.ep_chunks;
+  const md::ParamSet<T> init = md::ParamSet<T>::init(spec.cfg, spec.cfg.seed);
+  sh.init = &init;
+  sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
+  sh.validate();
+  const std::vector<md::Batch> batches = spec_batches(spec);
+  for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
+
+  const int W = static_cast<int>(spec.mesh.world());
+  const int64_t steps = spec.run.steps;
+  EmulateResult<T> res;
+  res.steps.resize(static_cast<size_t>(steps));
+  res.peak_bytes.assign(static_cast<size_t>(W), 0);
+  res.phases.resize(static_cast<size_t>(W));
+  if (spec.keep_tensors) {
+    res.grads.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
+    res.params.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
+  }
+  std::vector<std::vector<par::RankStepStats>> per_rank(static_cast<size_t>(W),
+                                                        std::vector<par::RankStepStats>(static_cast<size_t>(steps)));
+  MeshConfig mcfg;
+  mcfg.d_rep = static_cast<int>(spec.mesh.d_rep);
+  mcfg.fsdp = static_cast<int>(spec.mesh.fsdp);
+  mcfg.cp = static_cast<int>(spec.mesh.cp);
+  mcfg.e_fsdp = static_cast<int>(spec.mesh.e_fsdp);
+  mcfg.ep = static_cast<int>(spec.mesh.ep);
+  mcfg.experts = static_cast<int>(spec.cfg.experts);
+
+  SpawnOptions so;
+  so.record_trace = spec.record_trace;
+  so.watchdog = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
+  so.stack_bytes = 1 << 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  SpawnResult sr = spawn(
+      W,
+      [&](RankContext& ctx) {
+        omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
+        const int r = ctx.rank();
+        MeshComms mc = make_mesh_comms(ctx.world(), mcfg);
+        std::unique_ptr<par::Kernels<T>> k = kernels ? kernels(r) : std::make_unique<par::CpuKernels<T>>();
+        par::RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
+        for (int64_t s = 0; s < steps; ++s) {
+          const par::RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
+          per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;
+          if (spec.keep_tensors) {
+            step.write_grads(res.grads[static_cast<size_t>(s)]);
+            step.write_params(res.params[static_cast<size_t>(s)]);
+          }
+          if (r == 0 && spec.progress) spec.progress(s, st);
+        }
+        res.peak_bytes[static_cast<size_t>(r)] = step.memory().peak;
+        res.phases[static_cast<size_t>(r)] = step.phase_counts();
+      },
+      so);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& rr : sr.ranks) res.rank_stats.push_back(std::move(rr.stats));
+  for (int64_t s = 0; s < steps; ++s) {
+    const par::RankStepStats& a = per_rank[0][static_cast<size_t>(s)];
+    for (int r = 1; r < W; ++r) {
+      const par::RankStepStats& b = per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)];
+      TD_CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0 && a.n_valid == b.n_valid &&
+                   std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0,
+               "emulate: rank {} disagrees with rank 0 on step {} (loss {} vs {})", r, s, b.loss, a.loss);
+    }
+    res.steps[static_cast<size_t>(s)] = a;
+  }
+  return res;
+}
+
+// ---- reference check --------------------------------------------------------------------------------------------
+bool CheckReport::ok() const { return first_mismatch() == nullptr; }
+const TensorCheck* CheckReport::first_mismatch() const {
+  for (const TensorCheck& c : checks)
+    if (!c.equal) return &c;
+  return nullptr;
+}
+std::string CheckReport::summary() const {
+  const TensorCheck* m = first_mismatch();
+  if (!m) {
+    int64_t steps = 0;
+    for (const TensorCheck& c : checks) steps = std::max(steps, c.step + 1);
+    return fmt::format("bitwise equal to the single-rank reference: {} tensors over {} steps (loss, every gradient, "
+                       "every parameter and router bias after each step)",
+                       checks.size(), steps);
+  }
+  int64_t bad = 0;
+  for (const TensorCheck& c : checks) bad += c.equal ? 0 : 1;
+  return fmt::format("MISMATCH: {} of {} tensors differ; first: step {} {} {} at index {} (got {:.9g}, reference "
+                     "{:.9g})",
+                     bad, checks.size(), m->step + 1, m->what, m->name.empty() ? "-" : m->name, m->first_index,
+                     m->got, m->want);
+}
+
+namespace {
+template <class T>
+TensorCheck compare(int64_t step, const char* what, const std::string& name, const T* got, const T* want, int64_t n) {
+  TensorCheck c;
+  c.step = step;
+  c.what = what;
+  c.name = name;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
+      c.equal = false;
+      c.first_index = i;
+      c.got = static_cast<double>(got[i]);
+      c.want = static_cast<double>(want[i]);
+      break;
+    }
+  return c;
+}
+}  // namespace
+
+template <class T>
+CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got) {
+  TD_CHECK(spec.keep_tensors, "check_reference: the run must keep tensors");
+  md::Trainer<T> tr(spec.cfg, spec.run);
+  const std::vector<md::Batch> batches = spec_batches(spec);
+  CheckReport rep;
+  for (int64_t s = 0; s < spec.run.steps; ++s) {
+    const md::StepStats st = tr.step(batches[static_cast<size_t>(s)]);
+    const double gl = got.steps[static_cast<size_t>(s)].loss;
+    rep.checks.push_back(compare<double>(s, "loss", "", &gl, &st.loss, 1));
+    const md::ParamSet<T>& g = got.grads[static_cast<size_t>(s)];
+    const md::ParamSet<T>& p = got.params[static_cast<size_t>(s)];
+    for (size_t i = 0; i < tr.params.size(); ++i) {
+      const std::string& n = tr.params.info[i].name;
+      if (tr.params.info[i].trainable)
+        rep.checks.push_back(compare<T>(s, "grad", n, g.t[i].ptr(), tr.grads.t[i].ptr(), tr.grads.t[i].size()));
+      rep.checks.push_back(compare<T>(s, "param", n, p.t[i].ptr(), tr.params.t[i].ptr(), tr.params.t[i].size()));
+    }
+  }
+  return rep;
+}
+
+template struct EmulateResult<float>;
+template struct EmulateResult<double>;
+template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&);
+template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&);
+template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&);
+template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&);
+
+}  // namespace trident::emu

@@ -1,0 +1,81 @@
+// Runs the distributed step (parallel/step.h) on emulated ranks: spawns the world, builds the mesh
+// communicators, runs N optimizer steps, and assembles every rank's shards into full tensors so they can be
+// compared bit for bit with the single-rank reference (reference/model/train.h).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/layout.h"
+#include "parallel/step.h"
+#include "parallel/step_kernels.h"
+#include "reference/model/config.h"
+#include "reference/model/model.h"
+#include "reference/model/params.h"
+
+namespace trident::emu {
+
+struct EmulateSpec {
+  model::Config cfg;
+  std::string preset = "tiny";  // for repro(): the preset cfg came from
+  model::RunConfig run;         // sequences, seq_len, steps, token_chunk, recompute, optimizer, data_seed
+  parallel::MeshShape mesh;
+  int64_t ep_chunks = 1;
+  std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, step)
+  bool keep_tensors = true;     // assemble full gradients and parameters after every step
+  bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
+  int watchdog_s = 600;
+  // Called by rank 0 after each step (progress display).
+  std::function<void(int64_t step, const parallel::RankStepStats&)> progress;
+  std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)
+};
+
+template <class T>
+struct EmulateResult {
+  std::vector<parallel::RankStepStats> steps;  // rank 0's view (identical on every rank, checked)
+  std::vector<model::ParamSet<T>> grads;       // per step: full rounded gradients (keep_tensors)
+  std::vector<model::ParamSet<T>> params;      // per step: full parameters after the step (keep_tensors)
+  std::vector<int64_t> peak_bytes;             // per rank: peak of the step's tracked buffers
+  std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
+  std::vector<parallel::PhaseCounts> phases;   // per rank: collectives per phase of the last step
+  CommStats total() const;                     // summed over ranks
+  double seconds = 0;                          // wall time of the steps (spawn included)
+};
+
+// kernels: one kernel set per rank (nullptr factory: CpuKernels).
+template <class T>
+using KernelFactory = std::function<std::unique_ptr<parallel::Kernels<T>>(int rank)>;
+
+template <class T>
+EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr);
+
+// Bitwise comparison with the single-rank reference (Trainer<T> on the same batches).
+struct TensorCheck {
+  int64_t step = 0;
+  std::string what;    // "loss", "grad", "param"
+  std::string name;    // tensor name ("" for the loss)
+  bool equal = true;
+  int64_t first_index = -1;   // first differing element
+  double got = 0, want = 0;   // values there
+};
+struct CheckReport {
+  std::vector<TensorCheck> checks;
+  bool ok() const;
+  const TensorCheck* first_mismatch() const;
+  std::string summary() const;  // one line: "bitwise equal: N tensors over S steps" or the first mismatch
+};
+template <class T>
+CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got);
+
+// The batches a spec runs (spec.batches, or synthetic).
+std::vector<model::Batch> spec_batches(const EmulateSpec& spec);
+
+extern template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&);
+extern template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&);
+extern template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&);
+extern template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&);
+
+}  // namespace trident::emu
