@@ -1,0 +1,93 @@
+// The distributed FSDP x CP x EP training step (docs/parallel.md), backend-agnostic: written against the
+// communicator interface (parallel/comm.h), the mesh communicators (parallel/mesh_comm.h), the layout
+// arithmetic (parallel/layout.h) and a kernel set (parallel/step_kernels.h). The emulator drives it with fake
+// ranks and CpuKernels (emulator/run_step.h); a GPU backend drives the same code with NCCL and CUDA kernels.
+//
+// One RankStep per rank. Every rank calls step() with the same global batch; the step takes its own rows
+// (zig-zag over cp, whole sequences per data group), holds only its parameter shards, and produces exactly
+// the bits of the single-rank reference (reference/model/train.h) for every valid mesh, EP chunk count and
+// recompute setting.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/layout.h"
+#include "parallel/mesh_comm.h"
+#include "parallel/step_kernels.h"
+#include "reference/model/adamw.h"
+#include "reference/model/config.h"
+#include "reference/model/model.h"
+#include "reference/model/params.h"
+
+namespace trident::parallel {
+
+// Bytes of the step's big per-rank buffers (gathered parameters, gradient accumulators, saved activations,
+// gathered KV, EP buffers, shards and optimizer state), counted where they are allocated and freed.
+struct MemTracker {
+  int64_t cur = 0, peak = 0;
+  void add(int64_t b) {
+    cur += b;
+    if (cur > peak) peak = cur;
+  }
+  void sub(int64_t b) { cur -= b; }
+};
+
+// Collective calls per phase of the step, as issued by the step ("fwd.layer.1", "bwd.embed", "loss", "opt";
+// see docs/parallel.md "Schedule and collective accounting"): phase -> communicator name -> op -> calls.
+using PhaseCounts = std::map<std::string, std::map<std::string, std::array<int64_t, kNumCollOps>>>;
+
+// Everything one run shares read-only between its ranks (built once by the driver).
+template <class T>
+struct StepShared {
+  model::Config cfg;
+  model::RunConfig run;       // sequences, seq_len, token_chunk, recompute, optimizer hyper-parameters
+  MeshShape mesh;
+  int64_t ep_chunks = 1;      // chunked EP: tile-aligned token chunks per MoE layer
+  const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
+  model::RopeTable<T> rope;   // (seq_len, rope width)
+  // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
+  void validate() const;
+};
+
+struct RankStepStats {
+  double loss = 0;       // the step's loss in T, widened
+  int64_t n_valid = 0;   // global valid targets
+  double grad_norm = 0;  // sqrt(round(exact global sum of squares))
+  double clip = 1;
+};
+
+template <class T>
+class RankStep {
+ public:
+  // `world` has every rank; `comms` are this rank's mesh communicators (make_mesh_comms); `dev` its device.
+  RankStep(const StepShared<T>& sh, Communicator& world, MeshComms& comms, Device& dev, Kernels<T>& k);
+  ~RankStep();
+  RankStep(const RankStep&) = delete;
+  RankStep& operator=(const RankStep&) = delete;
+
+  // One optimizer step on the global batch (every rank passes the same batch; it takes its own rows).
+  RankStepStats step(const model::Batch& global_batch);
+
+  // Checking (the emulator assembles full tensors from every rank's part; parts are disjoint):
+  // dense tensors from d_rep coordinate 0, expert tensors from every rank, buffers from world rank 0.
+  void write_params(model::ParamSet<T>& full) const;  // master weights (and router biases)
+  void write_grads(model::ParamSet<T>& full) const;   // the last step's rounded gradients
+  const MemTracker& memory() const;
+  const PhaseCounts& phase_counts() const;            // of the last step
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template struct StepShared<float>;
+extern template struct StepShared<double>;
+extern template class RankStep<float>;
+extern template class RankStep<double>;
+
+}  // namespace trident::parallel
