@@ -78,6 +78,15 @@ inline constexpr Tolerance kTolerances[] = {
     {"linear_ce_dw", "fp32", "vs_fp64", 3.0, 1.0,
      "dW = tile reduction: in-tile in-order sums (gamma_T, n_terms = longest tile), exact merge, one rounding "
      "(+u); +2u slack; the test adds the propagated dlogit error sum_i |h|*|d dlogit|"},
+    {"model_grad", "fp64", "vs_fd", 9007199254.740992, 0.0,
+     "manual backward vs Richardson-extrapolated central differences (steps h and h/2, h = 1e-3) of the fp64 "
+     "model loss: truncation O(h^4) and roundoff ~u*|loss|/h are both ~1e-12; the bound is the issue's 1e-6 "
+     "relative (= 9.007e9 u) with sum_abs = max(|g|, 1e-5) (entries with |g| < 1e-5 are judged absolutely)"},
+    {"mla_absorbed", "fp64", "vs_direct", 64.0, 4.0,
+     "MLA absorbed form (q_nope W_uk^T against the latent, latent through W_uv) vs the direct form "
+     "(k_nope = c_kv W_uk, v = c_kv W_uv), both fp64: the two re-associate chains of length "
+     "n_terms = H*Dv + S + r (output GEMM, softmax sum, latent dim); 4u per term covers both sides, "
+     "and 64u the rope/norm/exp differences (dm:: vs libm, ~1 ulp each) propagated into sum|terms| of W_o"},
 };
 
 inline double unit_roundoff(std::string_view dtype) {

@@ -63,7 +63,8 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
   std::vector<T> qb, kb;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
   const T* kr = operand(pol, kv, S * P, kb);
-#pragma omp parallel for schedule(dynamic, 4)
+  const bool par = Nq * H * S * Dq >= (int64_t{1} << 18);  // parallel regions only where they pay off
+#pragma omp parallel for schedule(dynamic, 4) if (par)
   for (int64_t r = 0; r < Nq; ++r) {
     const int64_t np = qpos[r] + 1;
     std::vector<T> s(static_cast<size_t>(np));
@@ -116,7 +117,8 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     pbuf.assign(static_cast<size_t>(nr * H * nk), T(0));   // (nr, H, nk) p_j (bf16: rounded)
     dsbuf.assign(static_cast<size_t>(nr * H * nk), T(0));  // (nr, H, nk) dsc_j (bf16: rounded)
     // Per (row, head): probabilities, dsc, and dq (per-query reduction over keys, ascending).
-#pragma omp parallel for schedule(dynamic, 1)
+    const bool par = nr * H * nk * (Dq + Dv) >= (int64_t{1} << 17);
+#pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t np = qpos[r] + 1;
       for (int64_t h = 0; h < H; ++h) {
@@ -145,7 +147,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     }
     // Key side: per key, in-tile partial over (row, head) in order, then one exact add per element.
     ReductionSection timer;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
     for (int64_t j = 0; j < nk; ++j) {
       std::vector<T> part(static_cast<size_t>(P), T(0));
       for (int64_t r = r0; r < r1; ++r) {

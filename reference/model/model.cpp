@@ -178,11 +178,15 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
 
   ForwardResult<T> res;
   res.load.resize(static_cast<size_t>(L));
+  res.sel.resize(static_cast<size_t>(L));
   embedding_forward<T>(xs[0].data(), batch.tokens.data(), params["embed"].ptr(), N, d, V);
   for (int64_t i = 0; i < L; ++i) {
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
     layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data());
-    if (W[i].moe) res.load[i] = A.moe.load;
+    if (W[i].moe) {
+      res.load[i] = A.moe.load;
+      res.sel[i] = A.moe.sel;
+    }
   }
   std::vector<T> hidden(static_cast<size_t>(N * d)), rinvf(static_cast<size_t>(N));
   const T* gf = params["final_norm"].ptr();

@@ -69,6 +69,7 @@ struct ForwardResult {
   std::vector<T> token_loss;          // (N)
   std::vector<T> hidden;              // (N, d) final-normed hidden (only if requested)
   std::vector<std::vector<int64_t>> load;  // per layer (E) routed-token counts (empty for dense layers)
+  std::vector<std::vector<int32_t>> sel;   // per layer (N, K) selected experts (empty for dense layers)
 };
 
 struct StepOptions {

@@ -1,0 +1,286 @@
+// Reference model: recompute vs stored (bitwise, all policies), determinism (runs, threads), batch
+// invariance, token-chunk invariance, all-ignored batch, MLA absorbed form vs the direct form, training sanity.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "reference/model/attention.h"
+#include "reference/model/model.h"
+#include "reference/model/train.h"
+#include "reference/tolerances.h"
+
+using namespace trident;
+using namespace trident::model;
+
+namespace {
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+double norm2(const ParamSet<T>& p) {
+  double s = 0;
+  for (const auto& t : p.t)
+    for (T x : t.data) s += static_cast<double>(x) * static_cast<double>(x);
+  return s;
+}
+
+// First differing parameter (or "" when all bits are equal).
+template <class T>
+std::string first_diff(const ParamSet<T>& a, const ParamSet<T>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a.t[i].data, b.t[i].data)) return a.info[i].name;
+  return "";
+}
+
+Batch random_batch(const Config& c, int64_t B, int64_t S, uint64_t seed, bool some_ignored = true) {
+  Batch b;
+  b.B = B;
+  b.S = S;
+  for (int64_t i = 0; i < B * S; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(hash3(seed, 1, static_cast<uint64_t>(i)) % static_cast<uint64_t>(c.vocab)));
+    b.targets.push_back(some_ignored && i % 5 == 2 ? -100
+                                                   : static_cast<int32_t>(hash3(seed, 2, static_cast<uint64_t>(i)) %
+                                                                          static_cast<uint64_t>(c.vocab)));
+  }
+  return b;
+}
+
+template <class T>
+struct FB {
+  ForwardResult<T> fr;
+  ParamSet<T> g;
+};
+template <class T>
+FB<T> fwd_bwd(const Config& c, const ParamSet<T>& p, const Batch& b, StepOptions opt) {
+  GradAcc<T> acc = GradAcc<T>::zeros(p.info);
+  FB<T> out;
+  out.fr = model_forward_backward<T>(c, p, b, opt, acc);
+  out.g = ParamSet<T>::zeros(c);
+  acc.finalize(out.g);
+  return out;
+}
+
+template <class T>
+void recompute_case(const std::string& preset, Policy pol) {
+  Config c = Config::preset(preset);
+  c.policy = pol;
+  const uint64_t seed = 11;
+  const auto p = ParamSet<T>::init(c, seed);
+  const Batch b = random_batch(c, 2, 13, seed);  // tile 8: 8 + 5 per sequence
+  StepOptions a, r;
+  a.token_chunk = r.token_chunk = 16;
+  r.recompute = true;
+  const FB<T> x = fwd_bwd<T>(c, p, b, a), y = fwd_bwd<T>(c, p, b, r);
+  const std::string repro = "repro: preset " + preset + " policy " + std::string(to_string(pol)) + " seed 11 B 2 S 13";
+  EXPECT_GT(norm2(x.g), 0.0) << repro;
+  EXPECT_EQ(std::memcmp(&x.fr.loss, &y.fr.loss, sizeof(T)), 0) << repro;
+  EXPECT_EQ(first_diff(x.g, y.g), "") << "recompute changes bits; " << repro;
+}
+
+}  // namespace
+
+TEST(ModelRecompute, BitwiseAllPolicies) {
+  recompute_case<double>("tiny", Policy::fp64);
+  recompute_case<float>("tiny", Policy::fp32);
+  recompute_case<float>("tiny", Policy::bf16);
+  recompute_case<double>("tiny-gqa", Policy::fp64);
+  recompute_case<float>("tiny-gqa", Policy::fp32);
+  recompute_case<float>("tiny-gqa", Policy::bf16);
+}
+
+TEST(ModelDeterminism, RunsAndThreads) {
+  for (const char* preset : {"tiny", "tiny-gqa"}) {
+    Config c = Config::preset(preset);
+    c.policy = Policy::bf16;
+    RunConfig rc;
+    rc.sequences = 3;
+    rc.seq_len = 20;
+    auto train = [&](int threads) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      Trainer<float> tr(c, rc);
+      std::vector<double> losses;
+      for (int s = 0; s < 2; ++s) losses.push_back(tr.step(synthetic_batch(c, rc, s)).loss);
+      omp_set_num_threads(saved);
+      return std::make_pair(losses, tr);
+    };
+    const auto [l1, t1] = train(1);
+    const auto [l2, t2] = train(2);
+    const auto [l3, t3] = train(2);
+    const std::string repro = std::string("repro: preset ") + preset + " bf16 seqs 3 seq_len 20, 2 steps";
+    EXPECT_GT(norm2(t1.grads), 0.0);
+    EXPECT_TRUE(same_bits(l1, l2)) << "1 vs 2 threads: loss; " << repro;
+    EXPECT_EQ(first_diff(t1.grads, t2.grads), "") << "1 vs 2 threads: grads; " << repro;
+    EXPECT_EQ(first_diff(t1.params, t2.params), "") << "1 vs 2 threads: weights; " << repro;
+    EXPECT_EQ(first_diff(t1.m, t2.m), "") << repro;
+    EXPECT_TRUE(same_bits(l2, l3)) << "run 1 vs run 2: loss; " << repro;
+    EXPECT_EQ(first_diff(t2.params, t3.params), "") << "run 1 vs run 2: weights; " << repro;
+    EXPECT_EQ(first_diff(t2.grads, t3.grads), "") << "run 1 vs run 2: grads; " << repro;
+  }
+}
+
+TEST(ModelBatchInvariance, SequenceAloneOrWithOthers) {
+  for (Policy pol : {Policy::fp32, Policy::bf16}) {
+    for (const char* preset : {"tiny", "tiny-gqa"}) {
+      Config c = Config::preset(preset);
+      c.policy = pol;
+      const auto p = ParamSet<float>::init(c, 3);
+      const Batch all = random_batch(c, 3, 16, 99);
+      Batch one;
+      one.B = 1;
+      one.S = 16;
+      one.tokens.assign(all.tokens.begin() + 16, all.tokens.begin() + 32);
+      one.targets.assign(all.targets.begin() + 16, all.targets.begin() + 32);
+      StepOptions opt;
+      opt.keep_hidden = true;
+      const auto fa = model_forward<float>(c, p, all, opt);
+      const auto fo = model_forward<float>(c, p, one, opt);
+      const std::vector<float> la(fa.token_loss.begin() + 16, fa.token_loss.begin() + 32);
+      const std::vector<float> ha(fa.hidden.begin() + 16 * c.d_model, fa.hidden.begin() + 32 * c.d_model);
+      EXPECT_TRUE(same_bits(la, fo.token_loss)) << preset << " " << to_string(pol) << ": per-token loss differs";
+      EXPECT_TRUE(same_bits(ha, fo.hidden)) << preset << " " << to_string(pol) << ": final hidden differs";
+      double s = 0;
+      for (float x : fo.token_loss) s += x;
+      EXPECT_GT(s, 0.0);
+    }
+  }
+}
+
+TEST(ModelChunks, TokenChunkDoesNotChangeBits) {
+  Config c = Config::preset("tiny");
+  c.policy = Policy::fp32;
+  const auto p = ParamSet<float>::init(c, 4);
+  const Batch b = random_batch(c, 2, 24, 5);
+  StepOptions a, z;
+  a.token_chunk = 8;
+  z.token_chunk = 48;
+  const auto x = fwd_bwd<float>(c, p, b, a), y = fwd_bwd<float>(c, p, b, z);
+  EXPECT_EQ(x.fr.loss, y.fr.loss);
+  EXPECT_EQ(first_diff(x.g, y.g), "");
+}
+
+TEST(ModelLoss, AllIgnoredBatchIsDefined) {
+  Config c = Config::preset("tiny-gqa");
+  const auto p = ParamSet<float>::init(c, 4);
+  Batch b = random_batch(c, 2, 9, 5);
+  std::fill(b.targets.begin(), b.targets.end(), -100);
+  const auto x = fwd_bwd<float>(c, p, b, {});
+  EXPECT_EQ(x.fr.n_valid, 0);
+  EXPECT_EQ(x.fr.loss, 0.0f);  // defined: loss 0 and zero gradients, never NaN
+  EXPECT_EQ(norm2(x.g), 0.0);
+  // loss = round(exact sum of token losses) / n_valid
+  const Batch v = random_batch(c, 2, 9, 5);
+  const auto y = fwd_bwd<float>(c, p, v, {});
+  EXPECT_GT(y.fr.n_valid, 0);
+  EXPECT_EQ(y.fr.loss, y.fr.loss_sum.round() / static_cast<float>(y.fr.n_valid));
+}
+
+// MLA absorbed form (what the reference computes) vs the direct form (k_nope = c_kv W_uk, v = c_kv W_uv per
+// head, standard causal attention), both fp64; the direct one uses libm as an independent oracle.
+TEST(ModelMla, AbsorbedMatchesDirect) {
+  Config c = Config::preset("tiny");
+  c.policy = Policy::fp64;
+  const auto p = ParamSet<double>::init(c, 8);
+  const int64_t S = 12, d = c.d_model, H = c.heads, Dn = c.nope_dim, Dr = c.rope_dim, Dv = c.v_dim,
+                r = c.kv_lora_rank, Qw = H * (Dn + Dr);
+  const LayerW<double> W = layer_weights<double>(c, p, 1);
+  std::vector<double> a(static_cast<size_t>(S * d));
+  for (int64_t i = 0; i < S * d; ++i) a[i] = uniform_pm1(8, 55, static_cast<uint64_t>(i));
+  const TokenRows rows = TokenRows::contiguous(1, S, c.tile);
+  const auto rope = rope_table<double>(S, Dr, c.rope_theta);
+  AttnActs<double> A;
+  std::vector<double> y(static_cast<size_t>(S * d));
+  attention_forward<double>(Policy::fp64, c, W.attn, a.data(), rows, rope, A, y.data());
+
+  auto mat = [](const double* x, const double* w, int64_t n, int64_t k, int64_t m, int64_t ldw, int64_t off) {
+    std::vector<double> o(static_cast<size_t>(n * m), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t t = 0; t < k; ++t) o[i * m + j] += x[i * k + t] * w[t * ldw + off + j];
+    return o;
+  };
+  auto rot = [&](double* u, int64_t pos) {
+    for (int64_t i = 0; i < Dr / 2; ++i) {
+      const double ang = static_cast<double>(pos) * std::pow(c.rope_theta, -2.0 * i / static_cast<double>(Dr));
+      const double x0 = u[i], x1 = u[i + Dr / 2];
+      u[i] = x0 * std::cos(ang) - x1 * std::sin(ang);
+      u[i + Dr / 2] = x1 * std::cos(ang) + x0 * std::sin(ang);
+    }
+  };
+  auto q = mat(a.data(), W.attn.wq, S, d, Qw, Qw, 0);
+  auto cc = mat(a.data(), W.attn.wdkv, S, d, r + Dr, r + Dr, 0);
+  std::vector<double> ckv(static_cast<size_t>(S * r)), kr(static_cast<size_t>(S * Dr));
+  for (int64_t t = 0; t < S; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < r; ++i) ss += cc[t * (r + Dr) + i] * cc[t * (r + Dr) + i];
+    const double ri = 1.0 / std::sqrt(ss / r + c.norm_eps);
+    for (int64_t i = 0; i < r; ++i) ckv[t * r + i] = cc[t * (r + Dr) + i] * ri * W.attn.kv_norm[i];
+    for (int64_t i = 0; i < Dr; ++i) kr[t * Dr + i] = cc[t * (r + Dr) + r + i];
+    rot(&kr[t * Dr], t);
+    for (int64_t h = 0; h < H; ++h) rot(&q[t * Qw + h * (Dn + Dr) + Dn], t);
+  }
+  std::vector<double> ocat(static_cast<size_t>(S * H * Dv), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    const auto kn = mat(ckv.data(), W.attn.wuk, S, r, Dn, H * Dn, h * Dn);
+    const auto vv = mat(ckv.data(), W.attn.wuv, S, r, Dv, H * Dv, h * Dv);
+    for (int64_t t = 0; t < S; ++t) {
+      std::vector<double> sc(static_cast<size_t>(t + 1));
+      double mx = -1e300, l = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        double s = 0;
+        for (int64_t i = 0; i < Dn; ++i) s += q[t * Qw + h * (Dn + Dr) + i] * kn[j * Dn + i];
+        for (int64_t i = 0; i < Dr; ++i) s += q[t * Qw + h * (Dn + Dr) + Dn + i] * kr[j * Dr + i];
+        sc[j] = s / std::sqrt(static_cast<double>(Dn + Dr));
+        mx = std::max(mx, sc[j]);
+      }
+      for (int64_t j = 0; j <= t; ++j) l += std::exp(sc[j] - mx);
+      for (int64_t j = 0; j <= t; ++j)
+        for (int64_t i = 0; i < Dv; ++i) ocat[t * H * Dv + h * Dv + i] += std::exp(sc[j] - mx) / l * vv[j * Dv + i];
+    }
+  }
+  int64_t bad = 0;
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t j = 0; j < d; ++j) {
+      double ref = 0, sum_abs = 0;
+      for (int64_t k = 0; k < H * Dv; ++k) {
+        ref += ocat[t * H * Dv + k] * W.attn.wo[k * d + j];
+        sum_abs += std::abs(ocat[t * H * Dv + k] * W.attn.wo[k * d + j]);
+      }
+      const double bound = tolerance_bound("mla_absorbed", "fp64", "vs_direct", H * Dv + S + r, sum_abs);
+      if (std::abs(y[t * d + j] - ref) > bound && bad++ < 5)
+        ADD_FAILURE() << "token " << t << " col " << j << ": absorbed " << y[t * d + j] << " direct " << ref;
+      EXPECT_GT(sum_abs, 0.0);
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(ModelTraining, Bf16LossFallsOver200Steps) {
+  Config c = Config::preset("tiny");
+  c.policy = Policy::bf16;
+  RunConfig rc;
+  rc.sequences = 4;
+  rc.seq_len = 16;
+  rc.lr = 3e-3;
+  Trainer<float> tr(c, rc);
+  std::vector<double> L;
+  for (int64_t s = 0; s < 200; ++s) {
+    L.push_back(tr.step(synthetic_batch(c, rc, s)).loss);
+    ASSERT_TRUE(std::isfinite(L.back())) << "step " << s;
+  }
+  auto mean = [&](int a, int b) {
+    double m = 0;
+    for (int i = a; i < b; ++i) m += L[i];
+    return m / (b - a);
+  };
+  std::printf("[train bf16] loss step 1 %.4f, mean 1-50 %.4f, 51-100 %.4f, 101-150 %.4f, 151-200 %.4f, last 20 %.4f\n",
+              L[0], mean(0, 50), mean(50, 100), mean(100, 150), mean(150, 200), mean(180, 200));
+  EXPECT_LT(mean(180, 200), 0.7 * L[0]) << "repro: trident train --preset tiny --policy bf16 --steps 200 --seqs 4 --seq-len 16";
+  EXPECT_GT(mean(0, 50), mean(50, 100));
+  EXPECT_GT(mean(50, 100), mean(100, 150));
+  EXPECT_GT(mean(100, 150), mean(150, 200));
+}
