@@ -4,7 +4,9 @@
 // used; no libm, no FMA (the project compiles with -ffp-contract=off), so the bits are the same on every
 // x86-64 build. The double functions carry their intermediate results as unevaluated double-double sums
 // (hi + lo, ~106 bits) built from exact error-free transformations (TwoSum, Dekker's split product) and round
-// once at the end; the float functions evaluate the double function and round that once more to float.
+// once at the end (double: to nearest, within 0.501 ulp). The float functions are correctly rounded: a fast
+// plain-double evaluation when its result is safely away from a float rounding boundary, otherwise the
+// double-double algorithm rounded to odd, then to float (see the float section at the end).
 // Polynomials are truncated Taylor / atanh series (coefficients 1/n! and 1/(2k+1), no fitted constants).
 #include "reference/dmath.h"
 
