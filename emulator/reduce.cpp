@@ -37,6 +37,17 @@ T wrap_add(T a, T b) {
   }
 }
 
+// acc[i] = f(acc[i], load(s[i])) for i < len. Full blocks use the compile-time length B so that the loop is
+// vectorised at -O2 (GCC's default "very cheap" cost model skips loops that need a scalar epilogue).
+template <size_t B, class Acc, class Elem, class F, class Load>
+inline void combine_block(Acc* acc, const Elem* s, size_t len, F f, Load load) {
+  if (len == B) {
+    for (size_t i = 0; i < B; ++i) acc[i] = f(acc[i], load(s[i]));
+  } else {
+    for (size_t i = 0; i < len; ++i) acc[i] = f(acc[i], load(s[i]));
+  }
+}
+
 // Acc: accumulation type (float for bf16), Load/Store convert from/to the element type.
 template <class Elem, class Acc, class Load, class Store>
 void reduce_typed(ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, Load load, Store store) {
@@ -49,15 +60,9 @@ void reduce_typed(ReduceOp op, void* dst, const void* const* srcs, int n, size_t
     for (int j = 1; j < n; ++j) {  // rank order: deterministic
       const Elem* s = static_cast<const Elem*>(srcs[j]) + b0;
       switch (op) {
-        case ReduceOp::sum:
-          for (size_t i = 0; i < len; ++i) acc[i] = wrap_add<Acc>(acc[i], load(s[i]));
-          break;
-        case ReduceOp::max:
-          for (size_t i = 0; i < len; ++i) acc[i] = nan_max<Acc>(acc[i], load(s[i]));
-          break;
-        case ReduceOp::min:
-          for (size_t i = 0; i < len; ++i) acc[i] = nan_min<Acc>(acc[i], load(s[i]));
-          break;
+        case ReduceOp::sum: combine_block<B>(acc, s, len, [](Acc a, Acc b) { return wrap_add<Acc>(a, b); }, load); break;
+        case ReduceOp::max: combine_block<B>(acc, s, len, [](Acc a, Acc b) { return nan_max<Acc>(a, b); }, load); break;
+        case ReduceOp::min: combine_block<B>(acc, s, len, [](Acc a, Acc b) { return nan_min<Acc>(a, b); }, load); break;
         case ReduceOp::exact_sum: fail("reduce_into: exact_sum on a non-exact dtype");
       }
     }
