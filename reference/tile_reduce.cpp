@@ -24,10 +24,10 @@ void check_segs(std::span<const int64_t> segs) {
 }
 
 // Output blocks: kKB rows of K x kMB columns of M (the accumulators of one block stay in cache).
-constexpr int64_t kKB = 24;
-constexpr int64_t kMB = 64;
+constexpr int64_t kKB = 48;
+constexpr int64_t kMB = 128;
 constexpr int64_t kJB = 256;
-constexpr int64_t kTB = 16;  // tiles whose partials are buffered before the exact adds
+constexpr int64_t kTB = 8;   // tiles whose partials are buffered before the exact adds
 
 }  // namespace
 
