@@ -9,6 +9,12 @@
 #include "reference/exact_acc.h"
 #include "reference/gemm.h"
 #include "reference/tile_reduce.h"
+#ifndef TRIDENT_ISA_BF16
+#define TRIDENT_ISA_BF16 0
+#endif
+#ifndef TRIDENT_ISA_DMATH
+#define TRIDENT_ISA_DMATH 0
+#endif
 #if TRIDENT_ISA_BF16
 #include "reference/bf16.h"
 #endif
