@@ -9,6 +9,7 @@
 // double-double algorithm rounded to odd, then to float (see the float section at the end).
 // Polynomials are truncated Taylor / atanh series (coefficients 1/n! and 1/(2k+1), no fitted constants).
 #include "reference/dmath.h"
+#include "reference/dmath_detail.h"
 
 #include <bit>
 #include <cmath>  // std::sqrt only (correctly rounded IEEE operation)
@@ -673,7 +674,7 @@ double rsqrt(double x) { return rsqrt_impl<Rnd::kNearest>(x); }
 
 namespace {
 
-// True if d (a normal double with |d| >= 2^-126) is at least 256 double ulps from a float midpoint.
+// True if d (a normal double with |d| >= 2^-126) is more than 256 double ulps from a float midpoint.
 inline bool float_rounding_safe(double d) {
   if (!(fabs_(d) >= 0x1p-126)) return false;  // float subnormal range (other rounding position), zero, NaN
   const auto low = static_cast<int64_t>(bits(d) & ((1ull << 29) - 1));  // the 29 bits a float drops
@@ -681,8 +682,12 @@ inline bool float_rounding_safe(double d) {
   return dist > 256 || dist < -256;
 }
 
-// exp(x) in plain double for |x| <= 700: relative error < 2^-51.
-inline double exp_fast(double x) {
+}  // namespace
+
+// Stage 1 (plain double); domains and error bounds in reference/dmath_detail.h.
+namespace detail {
+
+double exp_fast(double x) {  // relative error < 2^-51
   const double kd = nearest_int(x * kInvLn2);
   const double r = (x - kd * kLn2_0) - kd * kLn2_1;  // first difference exact; |r| <= 0.3466
   double p = kInvFact[13];
@@ -691,8 +696,7 @@ inline double exp_fast(double x) {
   return y * pow2(static_cast<int>(kd));
 }
 
-// expm1(x) in plain double for |x| <= 1: relative error < 2^-50.
-inline double expm1_fast(double x) {
+double expm1_fast(double x) {  // relative error < 2^-50
   const double kd = nearest_int(x * kInvLn2);  // -1, 0 or 1
   const double r = (x - kd * kLn2_0) - kd * kLn2_1;
   double p = kInvFact[13];
@@ -703,12 +707,57 @@ inline double expm1_fast(double x) {
   return s * (em + (1.0 - 1.0 / s));  // 2^k (1 + em) - 1, |em + 1 - 2^-k| >= 0.2
 }
 
-}  // namespace
+double log_fast(double x) {  // relative error < 2^-50.5
+  const uint64_t u = bits(x);  // float inputs are normal doubles
+  int e = static_cast<int>(u >> 52) - 1023;
+  const uint64_t mant = u & ((1ull << 52) - 1);
+  double m;
+  if (mant > 0x6a09e667f3bcdull) {
+    m = from_bits(mant | (1022ull << 52));
+    e += 1;
+  } else {
+    m = from_bits(mant | (1023ull << 52));
+  }
+  const double f = m - 1.0;        // exact
+  const double s = f / (2.0 + f);  // relative error < 2^-52
+  const double z = s * s;          // |s| <= 0.1716, z <= 0.0295
+  double p = 1.0 / 23;             // truncation after s^23 / 23: < 2^-58 relative
+  for (int d = 21; d >= 3; d -= 2) p = p * z + 1.0 / d;
+  const double s2 = 2.0 * s;
+  const double logm = s2 + s2 * (z * p);  // 2 atanh(s)
+  const double ed = e;
+  return ed * kLn2_0 + (ed * kLn2_1 + logm);  // e ln2 exact in its first part; |result| >= 0.34 if e != 0
+}
+
+double tanh_fast(double x) {  // relative error < 2^-49.5
+  const double a = fabs_(x);
+  double t;
+  if (a <= 0.5) {
+    const double E = expm1_fast(2.0 * a);
+    t = E / (E + 2.0);
+  } else {
+    const double e = exp_fast(-2.0 * a);  // <= 0.37: no cancellation in 1 - e
+    t = (1.0 - e) / (1.0 + e);
+  }
+  return copysign_(t, x);
+}
+
+double sigmoid_fast(double x) {  // relative error < 2^-50
+  if (x >= 0) return 1.0 / (1.0 + exp_fast(-x));
+  const double e = exp_fast(x);
+  return e / (1.0 + e);
+}
+
+double silu_fast(double x) { return x * sigmoid_fast(x); }  // relative error < 2^-49.5
+
+double rsqrt_fast(double x) { return 1.0 / std::sqrt(x); }  // two roundings: relative error < 2^-52
+
+}  // namespace detail
 
 float exp(float xf) {
   const double x = xf;
   if (x > -104.0 && x < 89.0) {
-    const double d = exp_fast(x);
+    const double d = detail::exp_fast(x);
     if (float_rounding_safe(d)) return static_cast<float>(d);
   }
   return static_cast<float>(exp_impl<Rnd::kOdd>(x));
@@ -719,25 +768,7 @@ float expm1(float x) { return static_cast<float>(expm1_impl<Rnd::kOdd>(static_ca
 float log(float xf) {
   const double x = xf;
   if (x > 0 && x <= 0x1.fffffep127) {
-    const uint64_t u = bits(x);  // float inputs are normal doubles
-    int e = static_cast<int>(u >> 52) - 1023;
-    const uint64_t mant = u & ((1ull << 52) - 1);
-    double m;
-    if (mant > 0x6a09e667f3bcdull) {
-      m = from_bits(mant | (1022ull << 52));
-      e += 1;
-    } else {
-      m = from_bits(mant | (1023ull << 52));
-    }
-    const double f = m - 1.0;        // exact
-    const double s = f / (2.0 + f);  // relative error < 2^-52
-    const double z = s * s;          // |s| <= 0.1716, z <= 0.0295
-    double p = 1.0 / 23;             // truncation after s^23 / 23: < 2^-58 relative
-    for (int d = 21; d >= 3; d -= 2) p = p * z + 1.0 / d;
-    const double s2 = 2.0 * s;
-    const double logm = s2 + s2 * (z * p);  // 2 atanh(s)
-    const double ed = e;
-    const double d = ed * kLn2_0 + (ed * kLn2_1 + logm);  // e ln2 exact in its first part; |result| >= 0.34 if e != 0
+    const double d = detail::log_fast(x);
     if (float_rounding_safe(d)) return static_cast<float>(d);
   }
   return static_cast<float>(log_impl<Rnd::kOdd>(x));
@@ -749,31 +780,16 @@ float tanh(float xf) {
   const double x = xf;
   const double a = fabs_(x);
   if (a >= 0x1p-20 && a <= 9.5) {
-    double t;
-    if (a <= 0.5) {
-      const double E = expm1_fast(2.0 * a);
-      t = E / (E + 2.0);
-    } else {
-      const double e = exp_fast(-2.0 * a);  // <= 0.37: no cancellation in 1 - e
-      t = (1.0 - e) / (1.0 + e);
-    }
-    if (float_rounding_safe(t)) return static_cast<float>(copysign_(t, x));
+    const double t = detail::tanh_fast(x);
+    if (float_rounding_safe(t)) return static_cast<float>(t);
   }
   return static_cast<float>(tanh_impl<Rnd::kOdd>(x));
 }
 
-namespace {
-inline double sigmoid_fast(double x) {  // |x| <= 104: relative error < 2^-49
-  if (x >= 0) return 1.0 / (1.0 + exp_fast(-x));
-  const double e = exp_fast(x);
-  return e / (1.0 + e);
-}
-}  // namespace
-
 float sigmoid(float xf) {
   const double x = xf;
   if (fabs_(x) <= 104.0) {
-    const double d = sigmoid_fast(x);
+    const double d = detail::sigmoid_fast(x);
     if (float_rounding_safe(d)) return static_cast<float>(d);
   }
   return static_cast<float>(sigmoid_impl<Rnd::kOdd>(x));
@@ -782,7 +798,7 @@ float sigmoid(float xf) {
 float silu(float xf) {
   const double x = xf;
   if (fabs_(x) <= 104.0) {
-    const double d = x * sigmoid_fast(x);
+    const double d = detail::silu_fast(x);
     if (float_rounding_safe(d)) return static_cast<float>(d);
   }
   return static_cast<float>(silu_impl<Rnd::kOdd>(x));
@@ -791,7 +807,7 @@ float silu(float xf) {
 float rsqrt(float xf) {
   const double x = xf;
   if (x > 0 && x <= 0x1.fffffep127) {
-    const double d = 1.0 / std::sqrt(x);  // two roundings: relative error < 2^-52
+    const double d = detail::rsqrt_fast(x);
     if (float_rounding_safe(d)) return static_cast<float>(d);
   }
   return static_cast<float>(rsqrt_impl<Rnd::kOdd>(x));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "reference/dmath_bounds.h"
+#include "reference/dmath_detail.h"
 #include "tests/dmath/dmath_oracle.h"
 
 #ifndef DMATH_T
@@ -259,6 +260,74 @@ TEST(DmathAccuracy, TotalSampleCount) {
               kNumFns);
   if (!std::getenv("DMATH_SAMPLE_SCALE")) {
     EXPECT_GE(total, 10'000'000);
+  }
+}
+
+// The float functions' fast stage: its relative error must stay below the 2^-47 the rounding test relies on
+// (reference/dmath_detail.h). 5 x 10^5 samples per function from the same distributions, restricted to the
+// stage's domain; the max is printed in double ulps (64 = the promise).
+TEST(DmathFastStage, RelativeErrorBelowPromise) {
+  if constexpr (kIsDouble) {
+    GTEST_SKIP() << "float-only";
+  } else {
+    namespace dd = trident::dm::detail;
+    struct Stage {
+      Fn f;
+      double (*fast)(double);
+      bool (*in_domain)(double);
+    };
+    const Stage stages[] = {
+        {Fn::exp, dd::exp_fast, [](double x) { return x > -104.0 && x < 89.0; }},
+        {Fn::expm1, dd::expm1_fast, [](double x) { return x >= -1.0 && x <= 1.0 && x != 0; }},
+        {Fn::log, dd::log_fast, [](double x) { return x > 0 && x <= 0x1.fffffep127 && x != 1.0; }},
+        {Fn::tanh, dd::tanh_fast, [](double x) { return std::fabs(x) >= 0x1p-20 && std::fabs(x) <= 9.5; }},
+        {Fn::sigmoid, dd::sigmoid_fast, [](double x) { return std::fabs(x) <= 104.0; }},
+        {Fn::silu, dd::silu_fast, [](double x) { return std::fabs(x) <= 104.0 && x != 0; }},
+        {Fn::rsqrt, dd::rsqrt_fast, [](double x) { return x > 0 && x <= 0x1.fffffep127; }},
+    };
+    long n = static_cast<long>(500000 * (std::getenv("DMATH_SAMPLE_SCALE") ? std::atof(std::getenv("DMATH_SAMPLE_SCALE")) : 1.0));
+    for (const auto& st : stages) {
+      const auto comps = domain(st.f);
+      int total_w = 0;
+      for (auto& c : comps) total_w += c.weight;
+      double max_rel = 0, worst = 0;
+      long used = 0;
+#pragma omp parallel
+      {
+        dmtest::Mp m;
+        double mx = 0, wx = 0;
+        long u = 0;
+#pragma omp for schedule(dynamic, 4096)
+        for (long i = 0; i < n; ++i) {
+          const double x = static_cast<double>(sample(st.f, comps, total_w, i + (1L << 40)).x);
+          if (!st.in_domain(x)) continue;
+          ++u;
+          const double d = st.fast(x);
+          dmtest::exact(st.f, m, x, 0.0);
+          mpfr_set_d(m.t, d, MPFR_RNDN);
+          mpfr_sub(m.t, m.t, m.r, MPFR_RNDN);
+          mpfr_div(m.t, m.t, m.r, MPFR_RNDN);
+          const double rel = std::fabs(mpfr_get_d(m.t, MPFR_RNDN));
+          if (rel > mx || (rel == mx && x < wx)) {
+            mx = rel;
+            wx = x;
+          }
+        }
+#pragma omp critical
+        {
+          used += u;
+          if (mx > max_rel || (mx == max_rel && wx < worst)) {
+            max_rel = mx;
+            worst = wx;
+          }
+        }
+      }
+      std::printf("dmath fast stage %-7s samples=%ld max relative error=%.3g = %.2f double ulps (promise %.0f) at x=%a\n",
+                  name(st.f), used, max_rel, max_rel * 0x1p53, dd::kFastRelErr * 0x1p53, worst);
+      EXPECT_GT(used, n / 4) << name(st.f);
+      EXPECT_GT(max_rel, 0.0) << name(st.f);
+      EXPECT_LE(max_rel, dd::kFastRelErr) << "repro: " << name(st.f) << "_fast(" << worst << ")";
+    }
   }
 }
 
