@@ -1,0 +1,102 @@
+// One training step of the `tiny` preset (forward, backward, clip, AdamW, router bias), with full recompute
+// and with stored activations, per policy. Counters: ms per step, share of the step spent in the exact tile
+// reductions (weight/norm/embedding gradients, the attention key side incl. its rounding, loss sum) and in
+// GradAcc::finalize (rounding every accumulator once). Not timed by the reduction timer: the linear-CE dW
+// tile reduction inside linear_ce_backward (owned by that primitive). No pass/fail on time.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "reference/model/ops.h"
+#include "reference/model/train.h"
+
+using namespace trident;
+using namespace trident::model;
+
+namespace {
+
+struct Result {
+  double ms = 0, reduce_share = 0, finalize_share = 0;
+};
+std::map<std::string, Result>& results() {
+  static std::map<std::string, Result> r;
+  return r;
+}
+
+void BM_TrainStep(benchmark::State& st) {
+  const Policy pol = static_cast<Policy>(st.range(0));
+  const bool recompute = st.range(1) != 0;
+  Config c = Config::preset("tiny");
+  c.policy = pol;
+  RunConfig rc;
+  rc.sequences = 4;
+  rc.seq_len = 64;
+  rc.recompute = recompute;
+  const Batch b = synthetic_batch(c, rc, 0);
+  double total = 0, red = 0, fin = 0;
+  int64_t n = 0;
+  auto body = [&](auto& tr) {
+    tr.step(b);  // warm-up
+    reduction_timer_enable(true);
+    for (auto _ : st) {
+      reduction_timer_reset();
+      const auto t0 = std::chrono::steady_clock::now();
+      tr.step(b);
+      const auto t1 = std::chrono::steady_clock::now();
+      total += std::chrono::duration<double>(t1 - t0).count();
+      red += reduction_timer_seconds();
+      // finalize alone (same accumulators again: the cost of rounding every gradient once)
+      const auto f0 = std::chrono::steady_clock::now();
+      tr.acc.finalize(tr.grads);
+      fin += std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
+      ++n;
+    }
+    reduction_timer_enable(false);
+  };
+  if (pol == Policy::fp64) {
+    Trainer<double> tr(c, rc);
+    body(tr);
+  } else {
+    Trainer<float> tr(c, rc);
+    body(tr);
+  }
+  Result r;
+  r.ms = 1e3 * total / static_cast<double>(n);
+  r.reduce_share = red / total;
+  r.finalize_share = fin / total;
+  st.counters["ms_per_step"] = r.ms;
+  st.counters["tile_reduction_share"] = r.reduce_share;
+  st.counters["finalize_share"] = r.finalize_share;
+  results()[std::string(to_string(pol)) + (recompute ? "/recompute" : "/stored")] = r;
+}
+
+}  // namespace
+
+BENCHMARK(BM_TrainStep)
+    ->ArgsProduct({{static_cast<int64_t>(Policy::fp32), static_cast<int64_t>(Policy::bf16),
+                    static_cast<int64_t>(Policy::fp64)},
+                   {0, 1}})
+    ->ArgNames({"policy", "recompute"})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens, tile 8\n");
+  for (const char* p : {"fp32", "bf16", "fp64"}) {
+    const auto it_r = results().find(std::string(p) + "/recompute");
+    const auto it_s = results().find(std::string(p) + "/stored");
+    if (it_r == results().end() || it_s == results().end()) continue;
+    const Result& r = it_r->second;
+    const Result& s = it_s->second;
+    std::printf("  %s: recompute %.2f ms/step (x%.2f vs stored %.2f ms); tile reductions %.1f%% of the step, "
+                "finalize (one rounding per gradient) +%.1f%%\n",
+                p, r.ms, r.ms / s.ms, s.ms, 100 * r.reduce_share, 100 * r.finalize_share);
+  }
+  return 0;
+}
