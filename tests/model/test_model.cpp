@@ -98,8 +98,8 @@ TEST(ModelDeterminism, RunsAndThreads) {
     Config c = Config::preset(preset);
     c.policy = Policy::bf16;
     RunConfig rc;
-    rc.sequences = 3;
-    rc.seq_len = 20;
+    rc.sequences = 4;  // large enough that the gemm, attention and tile-reduction parallel regions engage
+    rc.seq_len = 64;
     auto train = [&](int threads) {
       const int saved = omp_get_max_threads();
       omp_set_num_threads(threads);
@@ -112,7 +112,7 @@ TEST(ModelDeterminism, RunsAndThreads) {
     const auto [l1, t1] = train(1);
     const auto [l2, t2] = train(2);
     const auto [l3, t3] = train(2);
-    const std::string repro = std::string("repro: preset ") + preset + " bf16 seqs 3 seq_len 20, 2 steps";
+    const std::string repro = std::string("repro: preset ") + preset + " bf16 seqs 4 seq_len 64, 2 steps";
     EXPECT_GT(norm2(t1.grads), 0.0);
     EXPECT_TRUE(same_bits(l1, l2)) << "1 vs 2 threads: loss; " << repro;
     EXPECT_EQ(first_diff(t1.grads, t2.grads), "") << "1 vs 2 threads: grads; " << repro;
