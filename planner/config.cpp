@@ -189,6 +189,8 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   c.fraction("mfu", cl.mfu, false, false);
   c.integer("world", cl.world, false, true);
   c.no_unknown_keys();
+  if (cl.nvl > kMaxGpus) c.fail_key("nvl", "must be <= {} GPUs, got {}", kMaxGpus, cl.nvl);
+  if (cl.world > kMaxGpus) c.fail_key("world", "must be <= {} GPUs, got {}", kMaxGpus, cl.world);
 
   Section w(j, "workload", source, true);
   auto& wl = in.workload;
@@ -197,6 +199,9 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   w.number("recompute_bwd_mb_per_token", wl.recompute_bwd_mb_per_token, false, false);
   w.number("attn_to_linear", wl.attn_to_linear, false, false);
   w.no_unknown_keys();
+  if (wl.context > (int64_t(1) << 40)) w.fail_key("context", "must be <= 2^40 tokens, got {}", wl.context);
+  if (wl.sequences_per_cp_group > (int64_t(1) << 30))
+    w.fail_key("sequences_per_cp_group", "must be <= 2^30, got {}", wl.sequences_per_cp_group);
 
   Section r(j, "recipe", source, false);
   r.integer("ep", in.recipe.ep, false, true);
@@ -206,6 +211,8 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   if (in.recipe.local_seq_min > in.recipe.local_seq_max)
     r.fail_key("local_seq_min", "must be <= recipe.local_seq_max ({}), got {}", in.recipe.local_seq_max,
                in.recipe.local_seq_min);
+  if (in.recipe.ep > in.cluster.nvl)
+    r.fail_key("ep", "ep <= NVL fails (ep = {}, NVL = {})", in.recipe.ep, in.cluster.nvl);
   if (in.recipe.ep && in.model.experts % in.recipe.ep != 0)
     r.fail_key("ep", "experts % ep == 0 fails (experts = {}, ep = {})", in.model.experts, in.recipe.ep);
 
@@ -218,6 +225,9 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
     s.integer("e_fsdp", mesh.e_fsdp, true, true);
     s.integer("ep", mesh.ep, true, true);
     s.no_unknown_keys();
+    for (auto [key, v] : {std::pair<const char*, int64_t>{"d_rep", mesh.d_rep}, {"fsdp", mesh.fsdp}, {"cp", mesh.cp},
+                          {"e_fsdp", mesh.e_fsdp}, {"ep", mesh.ep}})
+      if (v > kMaxGpus) s.fail_key(key, "must be <= {} GPUs, got {}", kMaxGpus, v);
     // Structural rules are errors; NVLink placement rules that the planner can cost (dense FSDP or CP
     // across domains) are reported in the output instead (plan.h: MeshCheck).
     MeshCheck chk = check_mesh(in, mesh);

@@ -10,6 +10,9 @@
 
 namespace trident::planner {
 
+// Largest GPU count the planner accepts for any mesh axis, nvl or world (keeps every product inside int64).
+inline constexpr int64_t kMaxGpus = int64_t(1) << 24;
+
 struct ModelSpec {
   double params = 0;                     // total parameters (count), e.g. 753e9
   int64_t layers = 0;                    // transformer layers

@@ -25,7 +25,9 @@ void parse_world_range(const std::string& s, int64_t& lo, int64_t& hi) {
 
 int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
   if (opt.top < 1) throw Error(fmt::format("--top: must be >= 1, got {}", opt.top));
-  if (opt.world < 0) throw Error(fmt::format("--world: must be > 0, got {}", opt.world));
+  if (opt.world < 0 || opt.world > kMaxGpus)
+    throw Error(fmt::format("--world: must be in 1..{}, got {}", kMaxGpus, opt.world));
+  if (opt.world_hi > kMaxGpus) throw Error(fmt::format("--world-range: B must be <= {}, got {}", kMaxGpus, opt.world_hi));
   const bool range = opt.world_lo > 0;
   if (range && opt.world) throw Error("--world and --world-range are exclusive: give one");
   if (in.mesh && opt.world && opt.world != in.mesh->world())

@@ -131,6 +131,8 @@ TEST(PlannerConfig, BadInputNamesTheKey) {
       {"zig-zag", [](json& j) { j["workload"]["context"] = 1000000; j["mesh"]["cp"] = 64; }, "context % (2*cp) == 0 fails"},
       {"mesh key missing", [](json& j) { j["mesh"].erase("ep"); }, "mesh.ep: missing"},
       {"world mismatch", [](json& j) { j["cluster"]["world"] = 128; }, "cluster.world: d_rep*fsdp*cp == e_fsdp*ep == world fails"},
+      {"huge mesh axis", [](json& j) { j["mesh"]["fsdp"] = 9e15; }, "mesh.fsdp: must be <= 16777216 GPUs"},
+      {"huge nvl", [](json& j) { j["cluster"]["nvl"] = 1e12; }, "cluster.nvl: must be <= 16777216 GPUs"},
       {"recipe range", [](json& j) { j["recipe"] = {{"local_seq_min", 65536}}; }, "recipe.local_seq_min: must be <="},
   };
   for (const auto& c : cases) {
