@@ -113,9 +113,9 @@ void BM_wgrad_eigen(benchmark::State& st) {
 // Captures real time per benchmark name for the ratio table.
 class Capture : public benchmark::ConsoleReporter {
  public:
-  std::map<std::string, double> t;
+  std::map<std::string, double> t, cpu;
   void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& r : runs) t[r.benchmark_name()] = r.GetAdjustedRealTime();
+    for (const auto& r : runs) t[r.benchmark_name()] = r.GetAdjustedRealTime(), cpu[r.benchmark_name()] = r.GetAdjustedCPUTime();
     ConsoleReporter::ReportRuns(runs);
   }
 };
@@ -142,25 +142,32 @@ int main(int argc, char** argv) {
   Capture rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   auto get = [&](const std::string& n) { auto it = rep.t.find(n); return it == rep.t.end() ? 0.0 : it->second; };
-  std::printf("\nGEMM (fp32): trident GFLOP/s as a fraction of Eigen (target >= 0.50)\n");
+  // Process CPU time (all threads): less sensitive than wall time to other processes on a shared machine.
+  auto getc = [&](const std::string& n) { auto it = rep.cpu.find(n); return it == rep.cpu.end() ? 0.0 : it->second; };
+  std::printf("\nGEMM (fp32): trident GFLOP/s as a fraction of Eigen (target >= 0.50); wall time, (cpu time)\n");
   for (auto& s : shapes)
     for (int th : {1, 2}) {
       const std::string a = "/" + std::to_string(s[0]) + "/" + std::to_string(s[1]) + "/" + std::to_string(s[2]) +
                             "/" + std::to_string(th) + "/real_time";
       const double tt = get("gemm_trident" + a), te = get("gemm_eigen" + a);
+      const double ct = getc("gemm_trident" + a), ce = getc("gemm_eigen" + a);
       if (tt > 0 && te > 0)
-        std::printf("  %5lldx%5lldx%5lld threads=%d  ratio=%.2f\n", (long long)s[0], (long long)s[1],
-                    (long long)s[2], th, te / tt);
+        std::printf("  %5lldx%5lldx%5lld threads=%d  ratio=%.2f  (cpu %.2f)\n", (long long)s[0], (long long)s[1],
+                    (long long)s[2], th, te / tt, ce / ct);
     }
   std::printf("\ndW = X^T dY (N=%lld, K=%lld, M=%lld): tile-reduced time / plain time (target <= 1.3 at T>=128)\n",
               (long long)kTok, (long long)kK, (long long)kM);
   for (int th : {1, 2}) {
     const double tp = get("wgrad_plain/" + std::to_string(th) + "/real_time");
     const double te = get("wgrad_eigen/" + std::to_string(th) + "/real_time");
+    const double cp = getc("wgrad_plain/" + std::to_string(th) + "/real_time");
+    const double ce = getc("wgrad_eigen/" + std::to_string(th) + "/real_time");
     for (int T : {16, 32, 64, 128, 256}) {
-      const double tt = get("wgrad_tile/" + std::to_string(T) + "/" + std::to_string(th) + "/real_time");
+      const std::string n = "wgrad_tile/" + std::to_string(T) + "/" + std::to_string(th) + "/real_time";
+      const double tt = get(n), ct = getc(n);
       if (tt > 0 && tp > 0 && te > 0)
-        std::printf("  threads=%d T=%3d  vs same-kernel plain: %.2fx   vs Eigen: %.2fx\n", th, T, tt / tp, tt / te);
+        std::printf("  threads=%d T=%3d  vs same-kernel plain: %.2fx (cpu %.2fx)   vs Eigen: %.2fx (cpu %.2fx)\n", th,
+                    T, tt / tp, ct / cp, tt / te, ct / ce);
     }
   }
   benchmark::Shutdown();
