@@ -115,11 +115,12 @@ int run(const Opts& o, const Config& cfg) {
 TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic next-token task",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
-                       ->capture_default_str();
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                                      ->capture_default_str();
                    sub.add_option("--config", o->config,
-                                  "model config file (.json or .toml; every key required); replaces --preset")
-                       ->check(CLI::ExistingFile);
+                                  "model config file (.json or .toml; every key required); instead of --preset")
+                       ->check(CLI::ExistingFile)
+                       ->excludes(preset);
                    sub.add_option("--steps", o->steps, "number of optimizer steps")->capture_default_str();
                    sub.add_option("--policy", o->policy,
                                   "precision policy fp64|fp32|bf16 (default: the config's policy, fp32 for presets)")
