@@ -73,7 +73,14 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
     out << j.dump(2) << "\n";
     return 0;
   }
-  out << "inputs (defaults filled in):\n" << echo_config(in).dump() << "\n\n";
+  out << "inputs (defaults filled in):\n";
+  const nlohmann::json echo = echo_config(in);
+  for (const auto& [section, obj] : echo.items()) {
+    out << "  [" << section << "]";
+    for (const auto& [key, v] : obj.items()) out << " " << key << "=" << v.dump();
+    out << "\n";
+  }
+  out << "\n";
   if (!in.mesh) out << "no mesh in the config: showing the search's best mesh\n";
   out << render_text(in, shown, chk, p);
   out << render_recipe_text(rec, shown.world());
