@@ -51,7 +51,7 @@ inline void combine_block(Acc* acc, const Elem* s, size_t len, F f, Load load) {
 // Acc: accumulation type (float for bf16), Load/Store convert from/to the element type.
 template <class Elem, class Acc, class Load, class Store>
 void reduce_typed(ReduceOp op, void* dst, const void* const* srcs, int n, size_t count, Load load, Store store) {
-  constexpr size_t B = 1024;  // block: sources are read block by block, the result written after (in place safe)
+  constexpr size_t B = 4096;  // block: sources are read block by block, the result written after (in place safe)
   Acc acc[B];
   for (size_t b0 = 0; b0 < count; b0 += B) {
     const size_t len = count - b0 < B ? count - b0 : B;
