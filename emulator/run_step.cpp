@@ -24,6 +24,11 @@ std::string EmulateSpec::repro() const {
       "--seqs {} --seq-len {}",
       preset, to_string(cfg.policy), mesh.d_rep, mesh.fsdp, mesh.cp, mesh.e_fsdp, mesh.ep, run.steps, ep_chunks,
       run.sequences, run.seq_len);
+  const md::Config base = md::Config::preset(preset);
+  if (cfg.experts != base.experts) s += fmt::format(" --experts {}", cfg.experts);
+  if (cfg.top_k != base.top_k) s += fmt::format(" --top-k {}", cfg.top_k);
+  if (cfg.tile != base.tile) s += fmt::format(" --tile {}", cfg.tile);
+  if (cfg.layers != base.layers) s += fmt::format(" --layers {}", cfg.layers);
   if (run.recompute) s += " --recompute";
   s += " --check-reference";
   return s;
@@ -38,6 +43,19 @@ std::vector<md::Batch> spec_batches(const EmulateSpec& spec) {
   for (int64_t s = 0; s < spec.run.steps; ++s) b.push_back(md::synthetic_batch(spec.cfg, spec.run, s));
   return b;
 }
+
+template <class T>
+md::ParamSet<T> spec_init(const EmulateSpec& spec) {
+  md::ParamSet<T> p = md::ParamSet<T>::init(spec.cfg, spec.cfg.seed);
+  for (const auto& [name, vals] : spec.overrides) {
+    Tensor<T>& t = p[name];
+    TD_CHECK_EQ(t.size(), static_cast<int64_t>(vals.size()), "emulate: override of {}", name);
+    for (size_t i = 0; i < vals.size(); ++i) t.data[i] = static_cast<T>(vals[i]);
+  }
+  return p;
+}
+template md::ParamSet<float> spec_init<float>(const EmulateSpec&);
+template md::ParamSet<double> spec_init<double>(const EmulateSpec&);
 
 template <class T>
 CommStats EmulateResult<T>::total() const {
@@ -58,7 +76,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.run = spec.run;
   sh.mesh = spec.mesh;
   sh.ep_chunks = spec.ep_chunks;
-  const md::ParamSet<T> init = md::ParamSet<T>::init(spec.cfg, spec.cfg.seed);
+  const md::ParamSet<T> init = spec_init<T>(spec);
   sh.init = &init;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
@@ -173,6 +191,7 @@ template <class T>
 CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got) {
   TD_CHECK(spec.keep_tensors, "check_reference: the run must keep tensors");
   md::Trainer<T> tr(spec.cfg, spec.run);
+  tr.params = spec_init<T>(spec);
   const std::vector<md::Batch> batches = spec_batches(spec);
   CheckReport rep;
   for (int64_t s = 0; s < spec.run.steps; ++s) {

@@ -25,6 +25,9 @@ struct EmulateSpec {
   parallel::MeshShape mesh;
   int64_t ep_chunks = 1;
   std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, step)
+  // Initial values replacing ParamSet::init's for named tensors (e.g. router biases that force routing);
+  // applied to the emulated run and to the reference alike.
+  std::vector<std::pair<std::string, std::vector<double>>> overrides;
   bool keep_tensors = true;     // assemble full gradients and parameters after every step
   bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
   int watchdog_s = 600;
@@ -70,6 +73,9 @@ struct CheckReport {
 template <class T>
 CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got);
 
+// The initial parameters of a spec (ParamSet::init plus overrides).
+template <class T>
+model::ParamSet<T> spec_init(const EmulateSpec& spec);
 // The batches a spec runs (spec.batches, or synthetic).
 std::vector<model::Batch> spec_batches(const EmulateSpec& spec);
 

@@ -1,0 +1,184 @@
+// `trident emulate`: the FSDP x CP x EP training step on emulated ranks (docs/parallel.md), optionally checked
+// bit for bit against the single-rank reference.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "emulator/run_step.h"
+#include "reference/check.h"
+
+namespace {
+
+using namespace trident;
+
+struct Opts {
+  std::string preset = "tiny";
+  std::string config;
+  std::string mesh;
+  std::string policy;
+  int64_t steps = 3;
+  int64_t chunks = 1;
+  bool recompute = false;
+  bool check = false;
+  bool verbose = false;
+  int64_t seqs = 4;
+  int64_t seq_len = 32;
+  double lr = 3e-3;
+  int64_t data_seed = 7;
+  int64_t token_chunk = 64;
+  int64_t experts = 0, top_k = 0, tile = 0, layers = 0;
+};
+
+std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
+
+template <class T>
+int run(const Opts& o, emu::EmulateSpec spec) {
+  const auto& c = spec.cfg;
+  const auto& m = spec.mesh;
+  const int64_t W = m.world();
+  std::printf("trident emulate: %s attention, %lld layers (%lld dense), %lld experts top-%lld, policy %s, tile %lld\n",
+              std::string(to_string(c.attn)).c_str(), static_cast<long long>(c.layers),
+              static_cast<long long>(c.dense_layers), static_cast<long long>(c.experts),
+              static_cast<long long>(c.top_k), std::string(to_string(c.policy)).c_str(),
+              static_cast<long long>(c.tile));
+  const int64_t groups = m.d_rep * m.fsdp;
+  std::printf("mesh %s: %lld ranks; %lld data groups x %lld sequences of %lld tokens, zig-zag over cp = %lld "
+              "(%lld local tokens per rank); EP chunks %lld%s\n",
+              m.str().c_str(), static_cast<long long>(W), static_cast<long long>(groups),
+              static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1)),
+              static_cast<long long>(spec.run.seq_len), static_cast<long long>(m.cp),
+              static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1) * spec.run.seq_len / m.cp),
+              static_cast<long long>(spec.ep_chunks), spec.run.recompute ? ", full recompute" : "");
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  spec.progress = [&](int64_t s, const parallel::RankStepStats& st) {
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int width = 30, fill = static_cast<int>(width * (s + 1) / spec.run.steps);
+    std::printf("step %3lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
+                static_cast<long long>(s + 1), static_cast<long long>(spec.run.steps), st.loss, st.grad_norm, st.clip,
+                fill, "##############################", width - fill, "", el);
+    std::fflush(stdout);
+  };
+  spec.keep_tensors = o.check;
+  const emu::EmulateResult<T> r = emu::emulate<T>(spec);
+  std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
+  // peak memory per rank
+  std::vector<int64_t> pk = r.peak_bytes;
+  const auto mx = std::max_element(pk.begin(), pk.end());
+  const int64_t max_rank = mx - pk.begin();
+  std::sort(pk.begin(), pk.end());
+  int64_t sum = 0;
+  for (int64_t b : pk) sum += b;
+  std::printf("peak memory per rank (tracked buffers: shards, optimizer state, gathered params, accumulators, "
+              "activations): min %s, median %s, max %s (rank %lld); all ranks %s\n",
+              mib(pk.front()).c_str(), mib(pk[pk.size() / 2]).c_str(), mib(pk.back()).c_str(),
+              static_cast<long long>(max_rank), mib(sum).c_str());
+  // collectives per mesh dimension
+  const CommStats tot = r.total();
+  std::printf("collectives (all ranks, %lld steps)            calls        bytes\n",
+              static_cast<long long>(spec.run.steps));
+  for (const auto& [name, tab] : tot)
+    for (int op = 0; op < kNumCollOps; ++op) {
+      const OpStats& s = tab[static_cast<size_t>(op)];
+      if (s.calls == 0) continue;
+      std::printf("  %-10s %-16s %14lld %12s\n", name.c_str(), std::string(to_string(static_cast<CollOp>(op))).c_str(),
+                  static_cast<long long>(s.calls), mib(s.bytes).c_str());
+    }
+  if (!o.check) return 0;
+  std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
+  std::fflush(stdout);
+  const emu::CheckReport rep = emu::check_reference<T>(spec, r);
+  for (int64_t s = 0; s < spec.run.steps; ++s) {
+    int64_t ng = 0, eg = 0, np = 0, ep = 0;
+    bool loss_ok = true;
+    for (const auto& ch : rep.checks) {
+      if (ch.step != s) continue;
+      if (ch.what == "loss") loss_ok = ch.equal;
+      if (ch.what == "grad") ng++, eg += ch.equal;
+      if (ch.what == "param") np++, ep += ch.equal;
+    }
+    std::printf("  step %lld: loss %s; gradients %lld/%lld bitwise equal; parameters (incl. router biases) %lld/%lld "
+                "bitwise equal\n",
+                static_cast<long long>(s + 1), loss_ok ? "equal" : "DIFFERS", static_cast<long long>(eg),
+                static_cast<long long>(ng), static_cast<long long>(ep), static_cast<long long>(np));
+  }
+  int shown = 0;
+  for (const auto& ch : rep.checks) {
+    if (!o.verbose && (ch.equal || shown >= 20)) continue;
+    shown += ch.equal ? 0 : 1;
+    std::printf("  %s step %lld %-5s %-28s", ch.equal ? "ok  " : "DIFF", static_cast<long long>(ch.step + 1),
+                ch.what.c_str(), ch.name.empty() ? "-" : ch.name.c_str());
+    if (!ch.equal)
+      std::printf(" first index %lld: got %.9g, reference %.9g", static_cast<long long>(ch.first_index), ch.got,
+                  ch.want);
+    std::printf("\n");
+  }
+  std::printf("%s\n", rep.summary().c_str());
+  if (!rep.ok()) std::printf("repro: %s\n", spec.repro().c_str());
+  return rep.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ranks (optionally vs the reference)",
+                 [](CLI::App& sub) -> trident::cli::Action {
+                   auto o = std::make_shared<Opts>();
+                   sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                       ->capture_default_str();
+                   sub.add_option("--config", o->config, "model config file (.json or .toml); replaces --preset")
+                       ->check(CLI::ExistingFile);
+                   sub.add_option("--mesh", o->mesh,
+                                  "mesh, e.g. d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64 (missing keys are 1; "
+                                  "d_rep*fsdp*cp must equal e_fsdp*ep)")
+                       ->required();
+                   sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
+                   sub.add_option("--chunks", o->chunks, "EP chunks per MoE layer (tile-aligned)")
+                       ->capture_default_str();
+                   sub.add_flag("--recompute", o->recompute, "full recompute (re-run each layer in backward)");
+                   sub.add_flag("--check-reference", o->check,
+                                "run the single-rank reference too and compare loss, every gradient and every "
+                                "parameter bit for bit (exit code 1 on any difference)");
+                   sub.add_flag("--verbose", o->verbose, "with --check-reference: one line per compared tensor");
+                   sub.add_option("--policy", o->policy, "precision policy fp64|fp32|bf16 (default: the config's)")
+                       ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
+                   sub.add_option("--seqs", o->seqs, "sequences per step (global batch)")->capture_default_str();
+                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
+                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
+                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
+                   sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
+                       ->capture_default_str();
+                   sub.add_option("--experts", o->experts, "override the config's routed experts");
+                   sub.add_option("--top-k", o->top_k, "override the config's top-k");
+                   sub.add_option("--tile", o->tile, "override the config's reduction tile T");
+                   sub.add_option("--layers", o->layers, "override the config's layer count");
+                   return [o]() -> int {
+                     emu::EmulateSpec spec;
+                     spec.preset = o->preset;
+                     spec.cfg = o->config.empty() ? model::Config::preset(o->preset) : model::Config::load(o->config);
+                     if (!o->policy.empty()) spec.cfg.policy = parse_policy(o->policy);
+                     if (o->experts > 0) spec.cfg.experts = o->experts;
+                     if (o->top_k > 0) spec.cfg.top_k = o->top_k;
+                     if (o->tile > 0) spec.cfg.tile = o->tile;
+                     if (o->layers > 0) spec.cfg.layers = o->layers;
+                     spec.cfg.validate();
+                     spec.run.sequences = o->seqs;
+                     spec.run.seq_len = o->seq_len;
+                     spec.run.steps = o->steps;
+                     spec.run.recompute = o->recompute;
+                     spec.run.lr = o->lr;
+                     if (o->data_seed < 0) fail("--data-seed must be >= 0");
+                     spec.run.data_seed = static_cast<uint64_t>(o->data_seed);
+                     spec.run.token_chunk = o->token_chunk;
+                     spec.run.validate();
+                     spec.mesh = parallel::parse_mesh(o->mesh);
+                     spec.ep_chunks = o->chunks;
+                     parallel::validate_layout(spec.mesh, spec.cfg.experts, spec.run.sequences, spec.run.seq_len,
+                                               spec.cfg.tile, spec.ep_chunks);
+                     if (spec.cfg.policy == Policy::fp64) return run<double>(*o, spec);
+                     return run<float>(*o, spec);
+                   };
+                 }});
