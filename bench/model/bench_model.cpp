@@ -31,6 +31,7 @@ void BM_TrainStep(benchmark::State& st) {
   const bool recompute = st.range(1) != 0;
   Config c = Config::preset("tiny");
   c.policy = pol;
+  c.tile = st.range(2);
   RunConfig rc;
   rc.sequences = 4;
   rc.seq_len = 64;
@@ -70,7 +71,7 @@ void BM_TrainStep(benchmark::State& st) {
   st.counters["ms_per_step"] = r.ms;
   st.counters["tile_reduction_share"] = r.reduce_share;
   st.counters["finalize_share"] = r.finalize_share;
-  results()[std::string(to_string(pol)) + (recompute ? "/recompute" : "/stored")] = r;
+  results()[std::string(to_string(pol)) + (recompute ? "/recompute" : "/stored") + "/T" + std::to_string(c.tile)] = r;
 }
 
 }  // namespace
@@ -78,25 +79,27 @@ void BM_TrainStep(benchmark::State& st) {
 BENCHMARK(BM_TrainStep)
     ->ArgsProduct({{static_cast<int64_t>(Policy::fp32), static_cast<int64_t>(Policy::bf16),
                     static_cast<int64_t>(Policy::fp64)},
-                   {0, 1}})
-    ->ArgNames({"policy", "recompute"})
+                   {0, 1},
+                   {8, 64}})
+    ->ArgNames({"policy", "recompute", "tile"})
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(1.0);
+    ->MinTime(0.5);
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens, tile 8\n");
-  for (const char* p : {"fp32", "bf16", "fp64"}) {
-    const auto it_r = results().find(std::string(p) + "/recompute");
-    const auto it_s = results().find(std::string(p) + "/stored");
-    if (it_r == results().end() || it_s == results().end()) continue;
-    const Result& r = it_r->second;
-    const Result& s = it_s->second;
-    std::printf("  %s: recompute %.2f ms/step (x%.2f vs stored %.2f ms); tile reductions %.1f%% of the step, "
-                "finalize (one rounding per gradient) +%.1f%%\n",
-                p, r.ms, r.ms / s.ms, s.ms, 100 * r.reduce_share, 100 * r.finalize_share);
-  }
+  std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens\n");
+  for (const char* t : {"/T8", "/T64"})
+    for (const char* p : {"fp32", "bf16", "fp64"}) {
+      const auto it_r = results().find(std::string(p) + "/recompute" + t);
+      const auto it_s = results().find(std::string(p) + "/stored" + t);
+      if (it_r == results().end() || it_s == results().end()) continue;
+      const Result& r = it_r->second;
+      const Result& s = it_s->second;
+      std::printf("  tile %-3s %s: recompute %.2f ms/step (x%.2f vs stored %.2f ms); tile reductions %.1f%% of "
+                  "the step, finalize (one rounding per gradient) +%.1f%%\n",
+                  t + 2, p, r.ms, r.ms / s.ms, s.ms, 100 * r.reduce_share, 100 * r.finalize_share);
+    }
   return 0;
 }
