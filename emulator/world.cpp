@@ -245,6 +245,15 @@ struct World {
     if (!r.error) r.error = msg;
     wake(r);
   }
+  // Fails a blocked rank and aborts the communicator it waits in: its rendezvous state (arrivals, queued
+  // send/recv) is no longer consistent, so later calls on it fail at once instead of misbehaving.
+  void fail_blocked(RankState& r, const std::string& msg) {
+    if (Group* g = r.waiting_group; g && !g->aborted) {
+      g->aborted = true;
+      g->abort_reason = fmt::format("{} was aborted by an earlier failure:\n{}", g->label(), msg);
+    }
+    fail_rank(r, msg);
+  }
 
   // Sleeps until done() (returns) or an error is set for this rank (throws it). Precondition: lk holds mu.
   // Fast path: when `fast` is given and reads true after a wake, return at once WITHOUT re-taking the mutex
@@ -283,7 +292,7 @@ struct World {
     for (auto& r : ranks)
       if (!r->live) report += fmt::format("\n  rank {}: finished (last call: {})", r->rank, last_str(*r));
     for (auto& r : ranks)
-      if (r->blocked) fail_rank(*r, report);
+      if (r->blocked) fail_blocked(*r, report);
   }
 
   // A rank's exception reached spawn: abort every communicator it belongs to.
@@ -342,7 +351,7 @@ struct World {
                                 last_str(*r));
       }
       for (auto& r : ranks)
-        if (r->blocked) fail_rank(*r, report);
+        if (r->blocked) fail_blocked(*r, report);
       ++progress;
       seen = progress;
       since = now;
@@ -799,6 +808,10 @@ class EmuComm final : public Communicator {
             src, g.members[static_cast<size_t>(src)], describe(sop->desc), dst, g.members[static_cast<size_t>(dst)],
             describe(rop->desc));
         if (o->owner != me_.rank) w_.fail_rank(*w_.ranks[static_cast<size_t>(o->owner)], *mismatch);
+        if (!g.aborted) {
+          g.aborted = true;
+          g.abort_reason = fmt::format("{} was aborted by an earlier failure:\n{}", g.label(), *mismatch);
+        }
         break;
       }
       sop->matched = rop->matched = true;

@@ -258,6 +258,29 @@ TEST(Faults, UseAfterAbortFailsFast) {
   EXPECT_HAS(msg, "rank 0: first");
 }
 
+TEST(Faults, CaughtFaultPoisonsCommunicator) {
+  // Both ranks receive first: deadlock. They catch it and try to go on with the same communicator, which is
+  // aborted: the next call fails at once with the original report attached.
+  std::vector<std::string> second(2);
+  expect_failure(2, [&](emu::RankContext& ctx) {
+    float b = 0;
+    try {
+      ctx.world().recv(&b, 1, DataType::f32, 1 - ctx.rank());
+    } catch (const Error&) {
+    }
+    try {
+      ctx.world().all_reduce(&b, &b, 1, DataType::f32, ReduceOp::sum);
+    } catch (const Error& e) {
+      second[static_cast<size_t>(ctx.rank())] = e.what();
+      throw;
+    }
+  });
+  for (const auto& m : second) {
+    EXPECT_HAS(m, "communicator 'world' (id 0, world ranks 0,1) was aborted by an earlier failure");
+    EXPECT_HAS(m, "deadlock");
+  }
+}
+
 TEST(Faults, InvalidArguments) {
   expect_failure(2, [](emu::RankContext& ctx) {
     float x = 1;
