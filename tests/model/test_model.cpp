@@ -284,3 +284,30 @@ TEST(ModelTraining, Bf16LossFallsOver200Steps) {
   EXPECT_GT(mean(50, 100), mean(100, 150));
   EXPECT_GT(mean(100, 150), mean(150, 200));
 }
+
+TEST(ModelTraining, RouterBiasMovesByGammaAgainstTheLoad) {
+  Config c = Config::preset("tiny");
+  c.bias_rate = 1e-3;
+  RunConfig rc;
+  rc.sequences = 2;
+  rc.seq_len = 16;
+  Trainer<float> tr(c, rc);
+  const Batch b = synthetic_batch(c, rc, 0);
+  // loads of the step, from a forward with the same weights
+  const auto fr = model_forward<float>(c, tr.params, b, {});
+  tr.step(b);
+  int moved = 0;
+  for (int64_t i = c.dense_layers; i < c.layers; ++i) {
+    const auto& load = fr.load[static_cast<size_t>(i)];
+    int64_t total = 0;
+    for (int64_t x : load) total += x;
+    EXPECT_EQ(total, b.B * b.S * c.top_k);
+    const auto& bias = tr.params[fmt::format("layers.{}.moe.router_bias", i)].data;
+    for (int64_t e = 0; e < c.experts; ++e) {
+      const float want = load[e] * c.experts < total ? 1e-3f : load[e] * c.experts > total ? -1e-3f : 0.0f;
+      EXPECT_EQ(bias[e], want) << "layer " << i << " expert " << e << " load " << load[e];
+      moved += bias[e] != 0.0f;
+    }
+  }
+  EXPECT_GT(moved, 0);
+}
