@@ -82,9 +82,10 @@ using namespace trident;
 using namespace trident::model;
 
 struct Shape {
-  // token_chunk = N and a small vocab chunk: the backward then walks every dW accumulator once per vocab chunk
-  // (all tiles at once, cache-resident), and the scratch is N x vocab_chunk floats = 1/64 of the logits.
-  int64_t N = 8192, V = 32768, d = 256, vocab_chunk = 512, token_chunk = 8192, tile = 128, fused_token_chunk = 128;
+  // token_chunk = N and a small vocab chunk: the backward then walks every dW accumulator once per vocab chunk per
+  // thread (all of the thread's tiles at once, cache-resident); scratch per thread: (N/threads) x vocab_chunk
+  // floats of dlogit + d x vocab_chunk thread-local dW accumulators.
+  int64_t N = 8192, V = 32768, d = 256, vocab_chunk = 256, token_chunk = 8192, tile = 128, fused_token_chunk = 128;
   int64_t reps = 2;   // --reps R: variants run interleaved R times; the summary uses each variant's fastest run
   int64_t fused = 0;  // --fused 1: also run the fused API (slow at small fused_token_chunk: see the summary)
 } g_shape;

@@ -208,15 +208,15 @@ void dhidden_acc(const T* DL, int64_t ldl, int64_t rows, int64_t w, const WChunk
 // +0 of round(X[r,k] * dY[r,m]), exact add of each tile partial) for an accumulator block of a wider matrix.
 template <class T>
 void wgrad_acc_strided(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
-                       std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
-  if (ld_acc == M) {
+                       std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc, bool parallel) {
+  if (ld_acc == M && parallel) {
     tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc);
     return;
   }
   constexpr int64_t kKB = 24, kMB = 64;
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
-#pragma omp parallel for schedule(static) if (bk * bm > 1 && (segs.back() - segs.front()) * K * M >= 262144)
+#pragma omp parallel for schedule(static) if (parallel && bk * bm > 1 && (segs.back() - segs.front()) * K * M >= 262144)
   for (int64_t b = 0; b < bk * bm; ++b) {
     const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
     const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
@@ -265,39 +265,31 @@ void linear_ce_forward(const T* hidden, const T* W, const int32_t* targets, int6
   check_targets("linear_ce_forward", targets, N, V);
   if (N == 0) return;
   const bool bf16 = policy == Policy::bf16;
-  const int64_t vc = std::min(vocab_chunk, V), tc = std::min(token_chunk, N);
-  std::vector<T> Mrun(static_cast<size_t>(N)), Srun(static_cast<size_t>(N)), tl(static_cast<size_t>(N), T(0));
-  // Per-thread scratch: one row block of logits (and of rounded hidden rows for bf16).
-  const int nt = omp_get_max_threads();
-  std::vector<T> lbuf(static_cast<size_t>(nt * kRowBlock * vc));
-  std::vector<T> hbuf(bf16 ? static_cast<size_t>(nt * kRowBlock * d) : 0);
-  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
-  for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending vocab chunks: the LSE merge order
-    const int64_t w = std::min(vc, V - j0);
-    const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
-    for (int64_t r0 = 0; r0 < N; r0 += tc) {
-      const int64_t rows = std::min(tc, N - r0);
-      const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
-      // One parallel region per (vocab chunk, token chunk): logits of a row block are computed and consumed
-      // while in cache. Row blocks are independent (per-row math only).
-#pragma omp parallel for schedule(static) if (nb > 1 && rows * w * d >= 262144)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int th = omp_get_thread_num();
-        const int64_t r = r0 + b * kRowBlock, n = std::min(kRowBlock, r0 + rows - r);
-        T* L = lbuf.data() + static_cast<size_t>(th) * kRowBlock * vc;
-        const T* A = hidden + r * d;
-        if constexpr (std::is_same_v<T, float>)
-          if (bf16) {
-            float* H = hbuf.data() + static_cast<size_t>(th) * kRowBlock * d;
-            for (int64_t i = 0; i < n * d; ++i) H[i] = round_bf16(A[i]);
-            A = H;
-          }
-        gemm_serial<T>(n, w, d, A, d, 1, B.B, B.ldb, false, L, w, false);
-        lse_update<T>(L, w, n, j0, w, targets + r, Mrun.data() + r, Srun.data() + r, tl.data() + r, j0 == 0);
+  const int64_t vc = std::min(vocab_chunk, V);
+  // Rows outer, vocab chunks inner: a row block walks all vocab chunks in ascending order with its own running
+  // (M, S), so the whole forward is one OpenMP region without barriers. bf16 rounds the W chunk per row block
+  // (larger blocks keep that cost ~1% of the GEMM).
+  const int64_t rb = std::min(bf16 ? 4 * kRowBlock : kRowBlock, std::min(token_chunk, N));
+  const int64_t nb = (N + rb - 1) / rb;
+#pragma omp parallel if (nb > 1 && N * V * d >= 262144)
+  {
+    std::vector<T> L(static_cast<size_t>(rb * vc)), M(static_cast<size_t>(rb)), S(static_cast<size_t>(rb)),
+        tl(static_cast<size_t>(rb));
+    std::vector<T> hbuf(bf16 ? static_cast<size_t>(rb * d) : 0), wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t r0 = b * rb, n = std::min(rb, N - r0);
+      const T* A = h_rows<T>(hidden, d, r0, n, bf16, hbuf);
+      std::fill(tl.begin(), tl.end(), T(0));
+      for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending vocab chunks: the LSE merge order
+        const int64_t w = std::min(vc, V - j0);
+        const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+        gemm_serial<T>(n, w, d, A, d, 1, B.B, B.ldb, false, L.data(), w, false);
+        lse_update<T>(L.data(), w, n, j0, w, targets + r0, M.data(), S.data(), tl.data(), j0 == 0);
       }
+      lse_finish<T>(n, targets + r0, M.data(), S.data(), tl.data(), lse + r0, token_loss + r0);
     }
   }
-  lse_finish<T>(N, targets, Mrun.data(), Srun.data(), tl.data(), lse, token_loss);
 }
 
 template <class T>
@@ -310,34 +302,54 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
   if (N == 0) return;
   const bool bf16 = policy == Policy::bf16;
   const int64_t vc = std::min(vocab_chunk, V);
-  const std::vector<size_t> cuts = tile_chunks(segs, token_chunk);
-  int64_t max_rows = 0;
-  for (size_t q = 0; q + 1 < cuts.size(); ++q) max_rows = std::max(max_rows, segs[cuts[q + 1]] - segs[cuts[q]]);
-  std::vector<T> dl(static_cast<size_t>(max_rows * vc));
-  std::vector<T> wbuf(bf16 ? static_cast<size_t>(d * vc) : 0), hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0);
-  for (int64_t j0 = 0; j0 < V; j0 += vc) {  // ascending: dhidden's in-order sum continues chunk by chunk
-    const int64_t w = std::min(vc, V - j0);
-    const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
-    for (size_t q = 0; q + 1 < cuts.size(); ++q) {
-      const int64_t r0 = segs[cuts[q]], rows = segs[cuts[q + 1]] - r0;
-      if (rows == 0) continue;
-      const T* A = bf16 ? hbuf.data() : hidden + r0 * d;  // the chunk's GEMM rows (bf16: rounded below)
-      const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
-      // Per row block, in cache: recomputed logits -> dlogit -> dhidden += dlogit @ W_chunk^T.
-#pragma omp parallel for schedule(static) if (nb > 1 && rows * w * d >= 262144)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t i = b * kRowBlock, n = std::min(kRowBlock, rows - i);
-        if constexpr (std::is_same_v<T, float>)
-          if (bf16)
-            for (int64_t e = i * d; e < (i + n) * d; ++e) hbuf[e] = round_bf16(hidden[r0 * d + e]);
-        T* L = dl.data() + i * w;
-        gemm_serial<T>(n, w, d, A + i * d, d, 1, B.B, B.ldb, false, L, w, false);  // recomputed logits
-        to_dlogit<T>(L, w, n, j0, w, targets + r0 + i, lse + r0 + i, grad_scale, bf16);
-        gemm_serial<T>(n, d, w, L, w, 1, B.B, B.ldb, /*trans_b=*/true, dhidden + (r0 + i) * d, d,
-                       /*accumulate=*/j0 > 0);
+  const size_t n_tiles = segs.size() - 1;
+  // One OpenMP region, no barriers: thread t owns a contiguous range of whole tiles (about N/threads rows) and
+  // runs vocab chunks outer, its token chunks inner. dW tile sums go into a thread-local (d, chunk) accumulator
+  // that is merged into dW_acc under a critical section: exact merges, so neither the partition nor the merge
+  // order changes a bit. A single thread accumulates into dW_acc directly.
+#pragma omp parallel if (N * V * d >= 262144)
+  {
+    const int nth = omp_get_num_threads(), th = omp_get_thread_num();
+    auto first_tile = [&](int t) -> size_t {  // first tile starting at or after row N*t/nth
+      if (t >= nth) return n_tiles;
+      const int64_t row = N * t / nth;
+      return static_cast<size_t>(std::lower_bound(segs.begin(), segs.end() - 1, row) - segs.begin());
+    };
+    const size_t ta = first_tile(th), tb = first_tile(th + 1);
+    const std::vector<int64_t> my = rebased(segs, ta, tb);  // my tiles, rows relative to segs[ta]
+    const int64_t base = segs[ta], my_rows = segs[tb] - base;
+    const std::vector<size_t> cuts = tile_chunks(my, token_chunk);
+    int64_t max_rows = 0;
+    for (size_t q = 0; q + 1 < cuts.size(); ++q) max_rows = std::max(max_rows, my[cuts[q + 1]] - my[cuts[q]]);
+    std::vector<T> dl(static_cast<size_t>(max_rows * vc));
+    std::vector<T> hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0), wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
+    std::vector<ExactAcc<T>> local(nth > 1 && my_rows > 0 ? static_cast<size_t>(d * vc) : 0);
+    for (int64_t j0 = 0; j0 < V && my_rows > 0; j0 += vc) {  // ascending: dhidden's in-order sum continues
+      const int64_t w = std::min(vc, V - j0);
+      const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+      ExactAcc<T>* acc = nth > 1 ? local.data() : dW_acc + j0;
+      const int64_t ld_acc = nth > 1 ? w : V;
+      if (nth > 1) std::fill(local.begin(), local.begin() + d * w, ExactAcc<T>{});
+      for (size_t q = 0; q + 1 < cuts.size(); ++q) {
+        const int64_t r0 = base + my[cuts[q]], rows = my[cuts[q + 1]] - my[cuts[q]];
+        if (rows == 0) continue;
+        const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
+        // Per row block, in cache: recomputed logits -> dlogit -> dhidden += dlogit @ W_chunk^T.
+        for (int64_t i = 0; i < rows; i += kRowBlock) {
+          const int64_t n = std::min(kRowBlock, rows - i);
+          T* L = dl.data() + i * w;
+          gemm_serial<T>(n, w, d, A + i * d, d, 1, B.B, B.ldb, false, L, w, false);  // recomputed logits
+          to_dlogit<T>(L, w, n, j0, w, targets + r0 + i, lse + r0 + i, grad_scale, bf16);
+          gemm_serial<T>(n, d, w, L, w, 1, B.B, B.ldb, /*trans_b=*/true, dhidden + (r0 + i) * d, d,
+                         /*accumulate=*/j0 > 0);
+        }
+        const std::vector<int64_t> s = rebased(my, cuts[q], cuts[q + 1]);
+        wgrad_acc_strided<T>(A, d, dl.data(), w, d, w, s, acc, ld_acc, /*parallel=*/false);
       }
-      const std::vector<int64_t> s = rebased(segs, cuts[q], cuts[q + 1]);
-      wgrad_acc_strided<T>(A, d, dl.data(), w, d, w, s, dW_acc + j0, V);
+      if (nth > 1) {
+#pragma omp critical(trident_linear_ce_dw)
+        for (int64_t k = 0; k < d; ++k) exact_merge<T>(dW_acc + k * V + j0, local.data() + k * w, w);
+      }
     }
   }
   zero_ignored_rows(targets, N, d, dhidden);
