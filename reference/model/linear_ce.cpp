@@ -1,15 +1,14 @@
 // Linear cross-entropy (reference/model/linear_ce.h; every rounding point: docs/optimizer_and_loss.md).
 //
 // Loop structure (none of it changes a bit; see the header for the per-element definitions):
-//   forward : vocab chunks outer (ascending: the LSE merge order), token chunks inner, then one OpenMP region
-//             over blocks of kRowBlock rows: logits of a block (gemm_serial) go straight into the per-row
-//             running (M, S, target logit) arrays of N values.
-//   backward: vocab chunks outer, token chunks (whole reduction tiles) inner; per row block: recomputed logits,
-//             dlogit, and dhidden continuing its one in-order sum across the vocab chunks (gemm_serial
-//             accumulate); then the dW tile sums of the chunk go straight into the strided (d, V) accumulators.
+//   forward : one OpenMP region; each thread takes blocks of rows and walks all vocab chunks in ascending order
+//             (the LSE merge order) with the block's running (M, S, target logit): no barrier.
+//   backward: one OpenMP region; thread t owns a contiguous range of whole tiles; vocab chunks outer (dhidden
+//             continues its one in-order sum chunk by chunk: gemm_serial accumulate), token chunks inner; the dW
+//             tile sums of a chunk go into a thread-local accumulator block, merged exactly into dW_acc under a
+//             critical section (exact merges: the partition and the merge order cannot change a bit).
 //   fused   : token chunks (whole tiles) outer; the chunk's logits are kept for all V columns.
-// OpenMP: over rows for the per-row math, over output blocks for GEMMs and tile sums. Nothing is split
-// along a reduction, so results do not depend on the thread count.
+// Nothing is split along an inexact reduction, so results do not depend on the thread count.
 #include "reference/model/linear_ce.h"
 
 #include <omp.h>

@@ -21,7 +21,8 @@
 // independent of token_chunk (and of the OpenMP thread count). vocab_chunk is part of the numerics (it
 // changes the LSE merge order): it belongs to the model config.
 //
-// Memory: scratch O(token_chunk * vocab_chunk + d * vocab_chunk + N) values; never N x V.
+// Memory: scratch per thread O(min(token_chunk, N/threads) * vocab_chunk + d * vocab_chunk) values (plus
+// d * vocab_chunk thread-local dW accumulators in the backward when threads > 1); never N x V.
 #pragma once
 #include <cstdint>
 #include <span>
