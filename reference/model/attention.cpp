@@ -51,6 +51,29 @@ inline T dot(const T* a, const T* b, int64_t n) {  // ascending, each product ro
   return s;
 }
 
+// Keys and values of every KV group transposed: kT (G*Dq, S), vT (G*Dv, S), so the per-key dot products of
+// one query can run as vector loops across keys (each dot still sums ascending c from +0: same bits).
+template <class T>
+void transpose_kv(const CoreDims& cd, const T* kr, int64_t S, std::vector<T>& kT, std::vector<T>& vT) {
+  kT.resize(static_cast<size_t>(cd.G * cd.Dq * S));
+  vT.resize(static_cast<size_t>(cd.G * cd.Dv * S));
+  for (int64_t j = 0; j < S; ++j) {
+    for (int64_t c = 0; c < cd.G * cd.Dq; ++c) kT[static_cast<size_t>(c * S + j)] = kr[j * cd.P + c];
+    for (int64_t c = 0; c < cd.G * cd.Dv; ++c) vT[static_cast<size_t>(c * S + j)] = kr[j * cd.P + cd.val_base + c];
+  }
+}
+
+// out[j] = dot(x, column j of XT) for j < n: s = +0; for c ascending: s = s + x[c]*XT[c, j].
+template <class T>
+inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = T(0);
+  for (int64_t c = 0; c < D; ++c) {
+    const T xc = x[c];
+    const T* row = XT + c * S;
+    for (int64_t j = 0; j < n; ++j) out[j] = out[j] + xc * row[j];
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -63,6 +86,8 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
   std::vector<T> qb, kb;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
   const T* kr = operand(pol, kv, S * P, kb);
+  std::vector<T> kT, vT;
+  transpose_kv(cd, kr, S, kT, vT);
   const bool par = Nq * H * S * Dq >= (int64_t{1} << 18);  // parallel regions only where they pay off
 #pragma omp parallel for schedule(dynamic, 4) if (par)
   for (int64_t r = 0; r < Nq; ++r) {
@@ -71,9 +96,10 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / hpg;
       const T* qh = qr + (r * H + h) * Dq;
+      dots_t(s.data(), qh, kT.data() + g * Dq * S, Dq, S, np);
       T m = T(0);
       for (int64_t j = 0; j < np; ++j) {
-        s[j] = dot(qh, kr + j * P + g * Dq, Dq) * sc;
+        s[j] = s[j] * sc;
         if (j == 0 || s[j] > m) m = s[j];
       }
       T l = T(0);
@@ -108,6 +134,8 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
   const T* qr = operand(pol, q, Nq * H * Dq, qb);
   const T* kr = operand(pol, kv, S * P, kb);
   const T* dOr = operand(pol, dO, Nq * H * Dv, db);
+  std::vector<T> kT, vT;
+  transpose_kv(cd, kr, S, kT, vT);
   std::vector<T> pbuf, dsbuf;
   for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
     const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
@@ -121,6 +149,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t np = qpos[r] + 1;
+      std::vector<T> sv(static_cast<size_t>(np)), dpv(static_cast<size_t>(np));
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / hpg;
         const T* qh = qr + (r * H + h) * Dq;
@@ -130,10 +159,12 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
         const T D = dot(doh, o + (r * H + h) * Dv, Dv);
         T* pp = pbuf.data() + ((r - r0) * H + h) * nk;
         T* dd = dsbuf.data() + ((r - r0) * H + h) * nk;
+        dots_t(sv.data(), qh, kT.data() + g * Dq * S, Dq, S, np);
+        dots_t(dpv.data(), dohr, vT.data() + g * Dv * S, Dv, S, np);
         for (int64_t j = 0; j < np; ++j) {
-          const T s = dot(qh, kr + j * P + g * Dq, Dq) * sc;
+          const T s = sv[j] * sc;
           const T p = dm::exp(s - m) / l;
-          const T dp = dot(dohr, kr + j * P + cd.val_base + g * Dv, Dv);
+          const T dp = dpv[j];
           pp[j] = op1(pol, p);
           dd[j] = op1(pol, (p * (dp - D)) * sc);
         }
