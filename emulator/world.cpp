@@ -544,6 +544,10 @@ class EmuComm final : public Communicator {
     post_p2p(false, nullptr, buf, count, t, peer, s, loc);
   }
   void do_group_start(loc_t) override { ++depth_; }
+  void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) override {
+    CallDesc c{op, count, t, ReduceOp::sum, -1, helper_seq_++, loc.file_name(), loc.line()};
+    dev_.trace_comm(s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+  }
   void do_group_end(loc_t loc) override {
     --depth_;
     if (depth_ == 0) run_p2p();
@@ -845,6 +849,7 @@ class EmuComm final : public Communicator {
     }
     me_.p2p_ops.clear();
     lk.unlock();
+    if (in_helper()) return;  // all_to_all(v): one trace entry, from on_helper_done
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& d = ops[i]->desc;
       dev_.trace_comm(streams[i], ops[i]->is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
@@ -886,6 +891,7 @@ class EmuComm final : public Communicator {
   std::shared_ptr<Group> g_;
   int crank_;
   uint64_t seq_ = 0;
+  uint64_t helper_seq_ = 0;  // all_to_all(v) calls (trace sequence numbers)
   int depth_ = 0;
   std::vector<const void*> srcs_;
   std::vector<std::unique_ptr<P2POp>> pending_;

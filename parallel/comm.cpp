@@ -198,6 +198,7 @@ void Communicator::all_to_all(const void* send_, void* recv_, size_t count_, Dat
   }
   --helper_depth_;
   count(CollOp::all_to_all, n * count_ * es);
+  on_helper_done(CollOp::all_to_all, count_, t, n * count_ * es, s, loc);
 }
 
 void Communicator::all_to_allv(const void* send_, const size_t* sendcounts, const size_t* sdispls, void* recv_,
@@ -233,6 +234,7 @@ void Communicator::all_to_allv(const void* send_, const size_t* sendcounts, cons
   }
   --helper_depth_;
   count(CollOp::all_to_allv, sent * es);
+  on_helper_done(CollOp::all_to_allv, sent, t, sent * es, s, loc);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name, loc_t loc) {

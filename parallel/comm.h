@@ -164,6 +164,13 @@ class Communicator {
   virtual void do_group_start(loc_t loc) = 0;
   virtual void do_group_end(loc_t loc) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) = 0;
+  // Called after all_to_all / all_to_allv completed (count: all_to_all's count, all_to_allv's total send
+  // elements; bytes: what this rank sent). Lets a backend record the helper as one operation.
+  virtual void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) {
+    (void)op, (void)count, (void)t, (void)bytes, (void)s, (void)loc;
+  }
+  // True while all_to_all(v) issues its send/recv.
+  bool in_helper() const { return helper_depth_ > 0; }
 
  private:
   void count(CollOp op, size_t bytes);

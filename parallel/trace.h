@@ -17,7 +17,8 @@ struct TraceEntry {
   // communication
   std::string comm;         // communicator name ("world", "fsdp*cp", ...)
   int64_t comm_id = -1;     // backend id of the communicator (unique within a run)
-  uint64_t seq = 0;         // collective: sequence number on the communicator; send/recv: per (sender, receiver)
+  uint64_t seq = 0;         // collective: sequence number on the communicator; send/recv: per (sender, receiver);
+                            // all_to_all(v) (recorded as one collective entry): count of such calls
   CollOp op = CollOp::all_gather;
   DataType dtype = DataType::f32;
   ReduceOp redop = ReduceOp::sum;

@@ -204,6 +204,13 @@ TEST(Stats, PerCommunicatorNameAndOp) {
   EXPECT_EQ(at("ep", CollOp::send).calls, 0);  // all_to_all's inner sends are not counted separately
   EXPECT_EQ(at("world", CollOp::split).calls, 4 * 6);
   EXPECT_EQ(at("d_rep", CollOp::all_reduce).calls, 0);
+  // The trace has one entry per call; all_to_all is one entry (not 2*size() send/recv entries).
+  const auto& e = res.ranks[1].trace[0].entries;
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_EQ(e[3].kind, TraceEntry::Kind::collective);
+  EXPECT_EQ(e[3].op, CollOp::all_to_all);
+  EXPECT_EQ(e[3].comm, "ep");
+  EXPECT_EQ(e[3].bytes, 2 * 4 * 4);
 }
 
 }  // namespace
