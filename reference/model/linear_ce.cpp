@@ -212,7 +212,7 @@ void wgrad_acc_strided(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_
     tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc);
     return;
   }
-  constexpr int64_t kKB = 24, kMB = 64;
+  constexpr int64_t kKB = 96, kMB = 64;  // output block; any blocking gives the same bits
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
 #pragma omp parallel for schedule(static) if (parallel && bk * bm > 1 && (segs.back() - segs.front()) * K * M >= 262144)
