@@ -80,10 +80,10 @@ inline VA broadcast(T x) {
   return x - VA{};
 }
 
-// C[0..mr, 0..nr) (+)= A[0..mr, 0..kc) * B, in-order over k. Ap: one packed [kc][MR] panel of A, Bp: one
-// packed [kc][NR] panel of B.
+// C[0..mr, 0..nr) (+)= A[0..mr, 0..kc) * Bp, in-order over k. Bp is one packed [kc][NR] panel.
 template <class T, int MR>
-inline void micro_kernel(int64_t kc, const T* Ap, const T* Bp, T* C, int64_t ldc, int nr, bool load_c) {
+inline void micro_kernel(int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, T* C, int64_t ldc,
+                         int nr, bool load_c) {
   using V = typename Vec<T>::V;
   using VA = typename Vec<T>::VA;
   constexpr int W = Blocking<T>::W, NV = Blocking<T>::NV, NR = Blocking<T>::NR;
@@ -108,7 +108,7 @@ inline void micro_kernel(int64_t kc, const T* Ap, const T* Bp, T* C, int64_t ldc
     for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const VA*>(Bp + k * NR + v * W);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const VA ai = broadcast<VA>(Ap[k * Blocking<T>::MR + i]);
+      const VA ai = broadcast<VA>(A[i * a_rs + k * a_ks]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
         const VA prod = ai * b[v];  // rounded product
@@ -131,48 +131,24 @@ inline void micro_kernel(int64_t kc, const T* Ap, const T* Bp, T* C, int64_t ldc
 }
 
 template <class T>
-void micro_dispatch(int mr, int64_t kc, const T* Ap, const T* Bp, T* C, int64_t ldc, int nr, bool load_c) {
+void micro_dispatch(int mr, int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, T* C, int64_t ldc,
+                    int nr, bool load_c) {
   switch (mr) {
-    case 6: micro_kernel<T, 6>(kc, Ap, Bp, C, ldc, nr, load_c); break;
-    case 5: micro_kernel<T, 5>(kc, Ap, Bp, C, ldc, nr, load_c); break;
-    case 4: micro_kernel<T, 4>(kc, Ap, Bp, C, ldc, nr, load_c); break;
-    case 3: micro_kernel<T, 3>(kc, Ap, Bp, C, ldc, nr, load_c); break;
-    case 2: micro_kernel<T, 2>(kc, Ap, Bp, C, ldc, nr, load_c); break;
-    case 1: micro_kernel<T, 1>(kc, Ap, Bp, C, ldc, nr, load_c); break;
+    case 6: micro_kernel<T, 6>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 5: micro_kernel<T, 5>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 4: micro_kernel<T, 4>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 3: micro_kernel<T, 3>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 2: micro_kernel<T, 2>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 1: micro_kernel<T, 1>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
     default: break;
   }
 }
 static_assert(Blocking<float>::MR == 6 && Blocking<double>::MR == 6);
 
-// A(m, k) for m in [m0, m0+mc), k in [k0, k0+kc) packed as ceil(mc/MR) panels of [kc][MR] (rows past mc are
-// zero), so the micro-kernel reads its broadcasts from one contiguous stream whatever A's strides.
-template <class T>
-void pack_a(const T* A, int64_t a_rs, int64_t a_ks, int64_t m0, int64_t mc, int64_t k0, int64_t kc, T* out) {
-  constexpr int MR = Blocking<T>::MR;
-  for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-    const int h = static_cast<int>(std::min<int64_t>(MR, mc - i0));
-    T* p = out + i0 * kc;
-    if (a_ks == 1) {
-      for (int r = 0; r < h; ++r) {
-        const T* src = A + (m0 + i0 + r) * a_rs + k0;
-        for (int64_t k = 0; k < kc; ++k) p[k * MR + r] = src[k];
-      }
-    } else {
-      for (int64_t k = 0; k < kc; ++k) {
-        const T* src = A + (m0 + i0) * a_rs + (k0 + k) * a_ks;
-        for (int r = 0; r < h; ++r) p[k * MR + r] = src[r * a_rs];
-      }
-    }
-    for (int r = h; r < MR; ++r)
-      for (int64_t k = 0; k < kc; ++k) p[k * MR + r] = T(0);
-  }
-}
-
-// Output block rows [m0, m0+mc), columns [n0, n0+nc) (nc <= NC), all of K in blocks of KC; rows in chunks of
-// MC. packb: >= KC*(NC+NR) scratch, packa: >= (MC+MR)*KC scratch.
+// One output tile: rows [m0, m0+mc), columns [n0, n0+nc), all of K in blocks of KC. pack: >= KC*NC scratch.
 template <class T>
 void gemm_tile(int64_t m0, int64_t mc, int64_t n0, int64_t nc, int64_t K, const T* A, int64_t a_rs, int64_t a_ks,
-               const T* B, int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate, T* packb, T* packa) {
+               const T* B, int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate, T* pack) {
   using Bl = Blocking<T>;
   if (K == 0) {
     if (!accumulate)
@@ -182,19 +158,15 @@ void gemm_tile(int64_t m0, int64_t mc, int64_t n0, int64_t nc, int64_t K, const 
   }
   for (int64_t k0 = 0; k0 < K; k0 += Bl::KC) {
     const int64_t kc = std::min<int64_t>(Bl::KC, K - k0);
-    pack_b(B, ldb, trans_b, k0, kc, n0, nc, packb);
-    const bool load_c = accumulate || k0 > 0;  // later K blocks continue the stored running sums
-    for (int64_t mm = 0; mm < mc; mm += Bl::MC) {
-      const int64_t mcc = std::min<int64_t>(Bl::MC, mc - mm);
-      pack_a(A, a_rs, a_ks, m0 + mm, mcc, k0, kc, packa);
-      for (int64_t j0 = 0; j0 < nc; j0 += Bl::NR) {
-        const int nr = static_cast<int>(std::min<int64_t>(Bl::NR, nc - j0));
-        const T* Bp = packb + j0 * kc;
-        for (int64_t i0 = 0; i0 < mcc; i0 += Bl::MR) {
-          const int mr = static_cast<int>(std::min<int64_t>(Bl::MR, mcc - i0));
-          micro_dispatch<T>(mr, kc, packa + i0 * kc, Bp, C + (m0 + mm + i0) * ldc + n0 + j0, ldc, nr,
-                            load_c);
-        }
+    pack_b(B, ldb, trans_b, k0, kc, n0, nc, pack);
+    const bool load_c = accumulate || k0 > 0;
+    for (int64_t j0 = 0; j0 < nc; j0 += Bl::NR) {
+      const int nr = static_cast<int>(std::min<int64_t>(Bl::NR, nc - j0));
+      const T* Bp = pack + j0 * kc;
+      for (int64_t i0 = 0; i0 < mc; i0 += Bl::MR) {
+        const int mr = static_cast<int>(std::min<int64_t>(Bl::MR, mc - i0));
+        micro_dispatch<T>(mr, kc, A + (m0 + i0) * a_rs + k0 * a_ks, a_rs, a_ks, Bp,
+                          C + (m0 + i0) * ldc + n0 + j0, ldc, nr, load_c);
       }
     }
   }
@@ -211,18 +183,10 @@ struct PackBuf {
   }
 };
 
-// Per-thread packing buffers (B panel, A panel).
 template <class T>
-struct Packs {
-  T* b;
-  T* a;
-};
-template <class T>
-Packs<T> thread_packs() {
-  using Bl = Blocking<T>;
-  static thread_local PackBuf<T> bb, ab;
-  return {bb.get(static_cast<size_t>(Bl::KC) * (Bl::NC + Bl::NR)),
-          ab.get(static_cast<size_t>(Bl::MC + Bl::MR) * Bl::KC)};
+T* thread_pack(size_t n) {
+  static thread_local PackBuf<T> buf;
+  return buf.get(n);
 }
 
 }  // namespace
@@ -232,10 +196,10 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate) {
   using Bl = Blocking<T>;
   if (M <= 0 || N <= 0) return;
-  const Packs<T> pk = thread_packs<T>();
+  T* pack = thread_pack<T>(static_cast<size_t>(Bl::KC) * (Bl::NC + Bl::NR));
   for (int64_t n0 = 0; n0 < N; n0 += Bl::NC)
     gemm_tile<T>(0, M, n0, std::min<int64_t>(Bl::NC, N - n0), K, A, a_rs, a_ks, B, ldb, trans_b, C, ldc,
-                 accumulate, pk.b, pk.a);
+                 accumulate, pack);
 }
 
 template <class T>
@@ -251,9 +215,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t im = t / tn, in = t % tn;
     const int64_t m0 = im * Bl::MC, n0 = in * Bl::NC;
-    const Packs<T> pk = thread_packs<T>();
+    T* pack = thread_pack<T>(static_cast<size_t>(Bl::KC) * (Bl::NC + Bl::NR));
     gemm_tile<T>(m0, std::min<int64_t>(Bl::MC, M - m0), n0, std::min<int64_t>(Bl::NC, N - n0), K, A, lda, 1, B,
-                 ldb, trans_b, C, ldc, false, pk.b, pk.a);
+                 ldb, trans_b, C, ldc, false, pack);
   }
 }
 
