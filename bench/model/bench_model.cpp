@@ -3,9 +3,12 @@
 // reductions (weight/norm/embedding gradients, the attention key side incl. its rounding, loss sum) and in
 // GradAcc::finalize (rounding every accumulator once). Not timed by the reduction timer: the linear-CE dW
 // tile reduction inside linear_ce_backward (owned by that primitive). No pass/fail on time.
+// All times are process CPU time (immune to other processes on a shared machine); run with OMP_NUM_THREADS=1
+// for numbers that are compute time (with more threads, OpenMP spin-waits count too).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -17,6 +20,12 @@ using namespace trident;
 using namespace trident::model;
 
 namespace {
+
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 struct Result {
   double ms = 0, reduce_share = 0, finalize_share = 0;
@@ -44,15 +53,14 @@ void BM_TrainStep(benchmark::State& st) {
     reduction_timer_enable(true);
     for (auto _ : st) {
       reduction_timer_reset();
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = cpu_s();
       tr.step(b);
-      const auto t1 = std::chrono::steady_clock::now();
-      total += std::chrono::duration<double>(t1 - t0).count();
+      total += cpu_s() - t0;
       red += reduction_timer_seconds();
       // finalize alone (same accumulators again: the cost of rounding every gradient once)
-      const auto f0 = std::chrono::steady_clock::now();
+      const double f0 = cpu_s();
       tr.acc.finalize(tr.grads);
-      fin += std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
+      fin += cpu_s() - f0;
       ++n;
     }
     reduction_timer_enable(false);
@@ -68,7 +76,7 @@ void BM_TrainStep(benchmark::State& st) {
   r.ms = 1e3 * total / static_cast<double>(n);
   r.reduce_share = red / total;
   r.finalize_share = fin / total;
-  st.counters["ms_per_step"] = r.ms;
+  st.counters["cpu_ms_per_step"] = r.ms;
   st.counters["tile_reduction_share"] = r.reduce_share;
   st.counters["finalize_share"] = r.finalize_share;
   results()[std::string(to_string(pol)) + (recompute ? "/recompute" : "/stored") + "/T" + std::to_string(c.tile)] = r;
@@ -89,7 +97,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens\n");
+  std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens (process CPU time)\n");
   for (const char* t : {"/T8", "/T64"})
     for (const char* p : {"fp32", "bf16", "fp64"}) {
       const auto it_r = results().find(std::string(p) + "/recompute" + t);

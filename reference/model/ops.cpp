@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <type_traits>
 
@@ -58,9 +59,10 @@ namespace {
 std::atomic<bool> g_timer_on{false};
 std::atomic<long long> g_timer_ns{0};
 std::atomic<int> g_timer_depth{0};
-long long now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+long long now_ns() {  // process CPU time: immune to other processes' load (run the bench single-threaded)
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 }  // namespace
 void reduction_timer_enable(bool on) { g_timer_on = on; }

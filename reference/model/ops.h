@@ -54,7 +54,7 @@ void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t l
 template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);
 
-// Accumulated wall time spent in cross-token (tile) reductions, for the benchmark. Off by default.
+// Accumulated process CPU time spent in cross-token (tile) reductions, for the benchmark. Off by default.
 void reduction_timer_enable(bool on);
 double reduction_timer_seconds();
 void reduction_timer_reset();
