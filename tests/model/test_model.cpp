@@ -311,3 +311,23 @@ TEST(ModelTraining, RouterBiasMovesByGammaAgainstTheLoad) {
   }
   EXPECT_GT(moved, 0);
 }
+
+// Per-token results never depend on the reduction tile: token losses and the final hidden are bitwise
+// independent of T. (The loss and the gradients do depend on T by contract: in-tile sums are fp sums.)
+TEST(ModelTiles, ForwardIndependentOfTile) {
+  for (Policy pol : {Policy::fp32, Policy::bf16}) {
+    Config c = Config::preset("tiny");
+    c.policy = pol;
+    const auto p = ParamSet<float>::init(c, 21);
+    const Batch b = random_batch(c, 2, 24, 22);
+    StepOptions opt;
+    opt.keep_hidden = true;
+    c.tile = 8;
+    const auto x = model_forward<float>(c, p, b, opt);
+    c.tile = 5;
+    const auto y = model_forward<float>(c, p, b, opt);
+    EXPECT_TRUE(same_bits(x.token_loss, y.token_loss)) << to_string(pol);
+    EXPECT_TRUE(same_bits(x.hidden, y.hidden)) << to_string(pol);
+    EXPECT_GT(x.loss, 0.0f);
+  }
+}
