@@ -14,6 +14,8 @@
 #include <cstring>
 #include <vector>
 
+#include "reference/bf16.h"
+
 namespace trident {
 namespace {
 
@@ -219,6 +221,18 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
     gemm_tile<T>(m0, std::min<int64_t>(Bl::MC, M - m0), n0, std::min<int64_t>(Bl::NC, N - n0), K, A, lda, 1, B,
                  ldb, trans_b, C, ldc, false, pack);
   }
+}
+
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+               bool trans_b, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t br = trans_b ? N : K, bc = trans_b ? K : N;  // rows / columns of B as stored
+  std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(br * bc));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) a[m * K + k] = round_bf16(A[m * lda + k]);
+  for (int64_t r = 0; r < br; ++r)
+    for (int64_t c = 0; c < bc; ++c) b[r * bc + c] = round_bf16(B[r * ldb + c]);
+  gemm<float>(M, N, K, a.data(), K, b.data(), bc, trans_b, C, ldc);
 }
 
 template void gemm<float>(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, bool, float*,

@@ -20,6 +20,11 @@ template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
           T* C, int64_t ldc);
 
+// bf16 policy: C = round_bf16(A) * op(round_bf16(B)) computed by gemm<float> (operands are rounded into
+// temporary copies of the referenced M x K / K x N elements; A and B are not modified).
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+               bool trans_b, float* C, int64_t ldc);
+
 // Serial building block of gemm (no OpenMP; for callers that already run inside a parallel region, e.g.
 // tile_reduce). Same per-element order; A is addressed as A[m * a_rs + k * a_ks] (so X^T is a_rs = 1,
 // a_ks = ldx). accumulate = false: every C[m, n] starts from +0; accumulate = true: the running sums continue

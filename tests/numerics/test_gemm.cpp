@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "reference/bf16.h"
 #include "reference/gemm.h"
 #include "reference/tolerances.h"
 
@@ -153,6 +154,34 @@ TYPED_TEST(GemmTest, SerialAccumulateContinuesTheSum) {
   std::vector<T> viaT(M * N);
   gemm_serial<T>(M, N, K, At.data(), 1, M, B.data(), N, false, viaT.data(), N, false);
   EXPECT_TRUE(same_bits(whole, viaT));
+}
+
+// bf16 policy: operands rounded RNE to bf16, products exact in fp32, fp32 in-order accumulation.
+TEST(GemmBf16, RoundsOperandsThenFloatGemm) {
+  std::mt19937_64 rng(21);
+  for (bool tb : {false, true}) {
+    const int64_t M = 33, N = 70, K = 129, lda = K + 1, ldb = (tb ? K : N) + 2;
+    auto A = random_matrix<float>(M * lda, rng);
+    auto B = random_matrix<float>((tb ? N : K) * ldb, rng);
+    std::vector<float> C(M * N), R(M * N);
+    gemm_bf16(M, N, K, A.data(), lda, B.data(), ldb, tb, C.data(), N);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          const float a = to_float(to_bf16(A[m * lda + k]));
+          const float b = to_float(to_bf16(tb ? B[n * ldb + k] : B[k * ldb + n]));
+          const float prod = a * b;
+          ASSERT_EQ(double(prod), double(a) * double(b));  // bf16 x bf16 is exact in fp32
+          s = s + prod;
+        }
+        R[m * N + n] = s;
+      }
+    ASSERT_TRUE(same_bits(C, R)) << "trans_b=" << tb;
+    std::vector<float> F(M * N);  // and it is not the plain fp32 GEMM (the rounding happened)
+    gemm<float>(M, N, K, A.data(), lda, B.data(), ldb, tb, F.data(), N);
+    EXPECT_FALSE(same_bits(C, F));
+  }
 }
 
 TEST(GemmBound, Fp32WithinErrorBoundOfFp64) {
