@@ -174,6 +174,22 @@ TEST(Faults, SendRecvCountMismatch) {
   EXPECT_HAS(msg, "rank 1 (world rank 1): recv(count=12, f32, from 0) #0 at " + at(l_recv));
 }
 
+TEST(Faults, AllToAllvInconsistentCounts) {
+  // Rank 1 expects 3 elements from rank 2, which sends 2: the grouped send/recv pair disagrees.
+  const auto l_a2a = source_location::current();
+  const auto msg = expect_failure(3, [&](emu::RankContext& ctx) {
+    const int r = ctx.rank();
+    std::vector<size_t> sc(3, 2), sd = {0, 2, 4}, rc(3, 2), rd = {0, 3, 6};
+    if (r == 1) rc[2] = 3;
+    std::vector<float> s(6, 1.f), d(9);
+    ctx.world().all_to_allv(s.data(), sc.data(), sd.data(), d.data(), rc.data(), rd.data(), DataType::f32, {},
+                            l_a2a);
+  });
+  EXPECT_HAS(msg, "send/recv mismatch");
+  EXPECT_HAS(msg, "rank 2 (world rank 2): send(count=2, f32, to 1) #0 at " + at(l_a2a));
+  EXPECT_HAS(msg, "rank 1 (world rank 1): recv(count=3, f32, from 2) #0 at " + at(l_a2a));
+}
+
 TEST(Faults, RankThrows) {
   int aborted = 0;
   std::mutex mu;
