@@ -58,7 +58,7 @@ std::vector<int64_t> TokenRows::segs_in(int64_t begin, int64_t end) const {
 namespace {
 std::atomic<bool> g_timer_on{false};
 std::atomic<long long> g_timer_ns{0};
-std::atomic<int> g_timer_depth{0};
+thread_local int g_timer_depth = 0;  // per thread: emulated ranks may run concurrently
 long long now_ns() {  // process CPU time: immune to other processes' load (run the bench single-threaded)
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
