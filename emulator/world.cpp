@@ -30,6 +30,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "emulator/reduce.h"
 
@@ -130,6 +131,7 @@ struct P2POp {
   CallDesc desc;
   bool matched = false;
   bool done = false;
+  P2POp* next = nullptr;  // Group::OpQueue link
 };
 
 struct Slot {
@@ -152,7 +154,25 @@ struct Group {
   std::vector<Slot> slots;
   bool aborted = false;
   std::string abort_reason;
-  std::map<std::pair<int, int>, std::pair<std::deque<P2POp*>, std::deque<P2POp*>>> p2p;  // (src,dst): sends, recvs
+  // --- send/recv queues, guarded by p2p_mu (not the world mutex: posting many ops must not serialise the
+  // world). Completion state (P2POp::done, RankState::p2p_outstanding) stays under the world mutex.
+  struct OpQueue {  // intrusive FIFO through P2POp::next
+    P2POp* head = nullptr;
+    P2POp* tail = nullptr;
+    bool empty() const { return head == nullptr; }
+    void push(P2POp* op);
+    P2POp* pop();
+    void remove(P2POp* op);
+  };
+  struct PairQueues {
+    OpQueue sends, recvs;
+  };
+  std::mutex p2p_mu;
+  std::vector<PairQueues> p2p;  // [src * size() + dst] (communicator ranks); allocated at the first send/recv
+  PairQueues& pair(int src, int dst) {
+    if (p2p.empty()) p2p.resize(members.size() * members.size());
+    return p2p[static_cast<size_t>(src) * members.size() + static_cast<size_t>(dst)];
+  }
   // --- lock-free completion barrier
   std::vector<char> result[2];  // eager all_reduce/reduce result, by sequence parity (written by the last arriver)
   std::atomic<int> bar_count{0};
@@ -161,6 +181,27 @@ struct Group {
   int size() const { return static_cast<int>(members.size()); }
   std::string label() const { return fmt::format("communicator '{}' (id {}, {})", name, id, describe_members(members)); }
 };
+
+void Group::OpQueue::push(P2POp* op) {
+  op->next = nullptr;
+  (tail ? tail->next : head) = op;
+  tail = op;
+}
+P2POp* Group::OpQueue::pop() {
+  P2POp* o = head;
+  head = o->next;
+  if (!head) tail = nullptr;
+  return o;
+}
+void Group::OpQueue::remove(P2POp* op) {
+  P2POp* prev = nullptr;
+  for (P2POp* p = head; p; prev = p, p = p->next)
+    if (p == op) {
+      (prev ? prev->next : head) = p->next;
+      if (tail == p) tail = prev;
+      return;
+    }
+}
 
 std::string describe_p2p(const RankState& r, const Group& g) {
   std::vector<std::string> parts;
@@ -264,6 +305,11 @@ struct World {
       if (me.error) {
         std::string msg = std::move(*me.error);
         me.error.reset();
+        me.waiting_group = nullptr;
+        throw Error(msg);
+      }
+      if (me.waiting_group && me.waiting_group->aborted) {  // aborted while this rank was not yet blocked
+        std::string msg = me.waiting_group->abort_reason;
         me.waiting_group = nullptr;
         throw Error(msg);
       }
@@ -756,90 +802,105 @@ class EmuComm final : public Communicator {
   void post_p2p(bool is_send, const void* sbuf, void* rbuf, size_t count, DataType t, int peer, Stream s,
                 loc_t loc) {
     dev_.check_stream(s, loc);
-    auto op = std::make_unique<P2POp>();
-    op->is_send = is_send;
-    op->owner = me_.rank;
-    op->crank = crank_;
-    op->peer = peer;
-    op->sbuf = sbuf;
-    op->rbuf = rbuf;
-    uint64_t& seq = is_send ? send_seq_[peer] : recv_seq_[peer];
-    op->desc = CallDesc{is_send ? CollOp::send : CollOp::recv, count, t, ReduceOp::sum, peer, seq++, loc.file_name(),
-                        loc.line()};
-    pending_.push_back(std::move(op));
+    if (send_seq_.empty()) send_seq_.assign(static_cast<size_t>(size()), 0), recv_seq_.assign(static_cast<size_t>(size()), 0);
+    P2POp op;
+    op.is_send = is_send;
+    op.owner = me_.rank;
+    op.crank = crank_;
+    op.peer = peer;
+    op.sbuf = sbuf;
+    op.rbuf = rbuf;
+    uint64_t& seq = (is_send ? send_seq_ : recv_seq_)[static_cast<size_t>(peer)];
+    op.desc = CallDesc{is_send ? CollOp::send : CollOp::recv, count, t, ReduceOp::sum, peer, seq++, loc.file_name(),
+                       loc.line()};
+    pending_.push_back(op);
     streams_.push_back(s);
     if (depth_ == 0) run_p2p();
   }
 
+  // Issues the pending send/recv group: post each op, matching it against the peer's queue (in order per
+  // sender->receiver pair); the rank that completes a match copies; then wait until all own ops are done.
   void run_p2p() {
     if (pending_.empty()) return;
-    std::vector<std::unique_ptr<P2POp>> ops = std::move(pending_);
+    std::vector<P2POp> ops = std::move(pending_);  // addresses stay fixed from here on (no more growth)
     std::vector<Stream> streams = std::move(streams_);
     pending_.clear();
     streams_.clear();
-    std::vector<std::pair<P2POp*, P2POp*>> to_copy;  // (send, recv) pairs this rank matched: it copies them
-    std::unique_lock lk(w_.mu);
     Group& g = *g_;
-    me_.last_desc = ops.front()->desc;
+    std::unique_lock lk(w_.mu);
+    me_.last_desc = ops.front().desc;
     me_.last_p2p_count = ops.size();
     if (me_.last_group != g_) me_.last_group = g_;
     if (g.aborted) throw Error(g.abort_reason);
     ++w_.progress;
     me_.p2p_ops.clear();
+    for (auto& op : ops) me_.p2p_ops.push_back(&op);
     me_.p2p_outstanding = static_cast<int>(ops.size());
-    std::optional<std::string> mismatch;
-    for (auto& up : ops) {
-      P2POp* op = up.get();
-      me_.p2p_ops.push_back(op);
-      const int src = op->is_send ? crank_ : op->peer, dst = op->is_send ? op->peer : crank_;
-      auto& [sends, recvs] = g.p2p[{src, dst}];
-      auto& other = op->is_send ? recvs : sends;
-      if (other.empty()) {
-        (op->is_send ? sends : recvs).push_back(op);
-        continue;
-      }
-      P2POp* o = other.front();
-      other.pop_front();
-      P2POp* sop = op->is_send ? op : o;
-      P2POp* rop = op->is_send ? o : op;
-      if (sop->desc.count != rop->desc.count || sop->desc.dtype != rop->desc.dtype) {
-        mismatch = fmt::format(
-            "send/recv mismatch on {}: send #{} from rank {} to rank {} and the matching recv disagree on {}. "
-            "Calls:\n  rank {} (world rank {}): {}\n  rank {} (world rank {}): {}",
-            g.label(), sop->desc.seq, src, dst,
-            sop->desc.count != rop->desc.count ? (sop->desc.dtype != rop->desc.dtype ? "count, dtype" : "count")
-                                               : "dtype",
-            src, g.members[static_cast<size_t>(src)], describe(sop->desc), dst, g.members[static_cast<size_t>(dst)],
-            describe(rop->desc));
-        if (o->owner != me_.rank) w_.fail_rank(*w_.ranks[static_cast<size_t>(o->owner)], *mismatch);
-        if (!g.aborted) {
-          g.aborted = true;
-          g.abort_reason = fmt::format("{} was aborted by an earlier failure:\n{}", g.label(), *mismatch);
-        }
-        break;
-      }
-      sop->matched = rop->matched = true;
-      to_copy.push_back({sop, rop});
-    }
     lk.unlock();
+
+    std::vector<std::pair<P2POp*, P2POp*>> to_copy;  // (send, recv) pairs this rank matched: it copies them
+    std::optional<std::string> mismatch;
+    int other_failed = -1;
+    {
+      std::lock_guard pl(g.p2p_mu);
+      for (auto& op : ops) {
+        const int src = op.is_send ? crank_ : op.peer, dst = op.is_send ? op.peer : crank_;
+        auto& q = g.pair(src, dst);
+        auto& other = op.is_send ? q.recvs : q.sends;
+        if (other.empty()) {
+          (op.is_send ? q.sends : q.recvs).push(&op);
+          continue;
+        }
+        P2POp* o = other.pop();
+        P2POp* sop = op.is_send ? &op : o;
+        P2POp* rop = op.is_send ? o : &op;
+        if (sop->desc.count != rop->desc.count || sop->desc.dtype != rop->desc.dtype) {
+          mismatch = fmt::format(
+              "send/recv mismatch on {}: send #{} from rank {} to rank {} and the matching recv disagree on {}. "
+              "Calls:\n  rank {} (world rank {}): {}\n  rank {} (world rank {}): {}",
+              g.label(), sop->desc.seq, src, dst,
+              sop->desc.count != rop->desc.count ? (sop->desc.dtype != rop->desc.dtype ? "count, dtype" : "count")
+                                                 : "dtype",
+              src, g.members[static_cast<size_t>(src)], describe(sop->desc), dst,
+              g.members[static_cast<size_t>(dst)], describe(rop->desc));
+          if (o->owner != me_.rank) other_failed = o->owner;
+          break;
+        }
+        sop->matched = rop->matched = true;
+        to_copy.push_back({sop, rop});
+      }
+    }
     for (auto& [sop, rop] : to_copy)
       if (sop->desc.count) std::memcpy(rop->rbuf, sop->sbuf, sop->desc.count * dtype_size(sop->desc.dtype));
     lk.lock();
+    std::vector<RankState*> notify;
     for (auto& [sop, rop] : to_copy) {
       for (P2POp* o : {sop, rop}) {
         o->done = true;
         auto& owner = *w_.ranks[static_cast<size_t>(o->owner)];
-        if ((--owner.p2p_outstanding == 0 || owner.draining) && o->owner != me_.rank) w_.wake(owner);
+        if ((--owner.p2p_outstanding == 0 || owner.draining) && o->owner != me_.rank) {
+          w_.mark_woken(owner);
+          notify.push_back(&owner);
+        }
       }
     }
     ++w_.progress;
     if (mismatch) {
+      if (other_failed >= 0) w_.fail_rank(*w_.ranks[static_cast<size_t>(other_failed)], *mismatch);
+      if (!g.aborted) {
+        g.aborted = true;
+        g.abort_reason = fmt::format("{} was aborted by an earlier failure:\n{}", g.label(), *mismatch);
+      }
+      for (RankState* r : notify) futex_wake(r->wake, 1);
       retire_ops(g, ops, lk);
       throw Error(*mismatch);
     }
     if (me_.p2p_outstanding > 0) {
       me_.waiting_group = &g;
       me_.pending_p2p = true;
+      lk.unlock();
+      for (RankState* r : notify) futex_wake(r->wake, 1);
+      lk.lock();
       try {
         w_.block_until(me_, lk, [&] { return me_.p2p_outstanding == 0; });
       } catch (...) {
@@ -849,20 +910,31 @@ class EmuComm final : public Communicator {
     }
     me_.p2p_ops.clear();
     lk.unlock();
+    for (RankState* r : notify) futex_wake(r->wake, 1);  // (harmless if already woken above)
     if (in_helper()) return;  // all_to_all(v): one trace entry, from on_helper_done
     for (size_t i = 0; i < ops.size(); ++i) {
-      const auto& d = ops[i]->desc;
-      dev_.trace_comm(streams[i], ops[i]->is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
+      const auto& d = ops[i].desc;
+      dev_.trace_comm(streams[i], ops[i].is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
                       static_cast<int64_t>(d.count * dtype_size(d.dtype)));
     }
   }
 
-  // After a failure: wait for copies other ranks are doing on this rank's matched ops (bounded: copies never
-  // block), then take the unmatched ops out of the queues, since their memory goes away.
-  void retire_ops(Group& g, std::vector<std::unique_ptr<P2POp>>& ops, std::unique_lock<std::mutex>& lk) {
+  // After a failure (lk holds the world mutex): take the unmatched ops out of the queues first (then nobody can
+  // match them any more), then wait for copies other ranks are still doing on the matched ones (bounded:
+  // copies never block), since this rank's buffers and op records go away.
+  void retire_ops(Group& g, std::vector<P2POp>& ops, std::unique_lock<std::mutex>& lk) {
+    {
+      std::lock_guard pl(g.p2p_mu);  // lock order: world mutex, then p2p_mu (posting never holds both)
+      for (auto& op : ops) {
+        if (op.matched) continue;
+        const int src = op.is_send ? crank_ : op.peer, dst = op.is_send ? op.peer : crank_;
+        auto& q = g.pair(src, dst);
+        (op.is_send ? q.sends : q.recvs).remove(&op);
+      }
+    }
     auto in_flight = [&] {
-      for (auto& up : ops)
-        if (up->matched && !up->done) return true;
+      for (auto& op : ops)
+        if (op.matched && !op.done) return true;  // `matched` was set before this rank took p2p_mu above
       return false;
     };
     me_.draining = true;
@@ -873,13 +945,6 @@ class EmuComm final : public Communicator {
       lk.lock();
     }
     me_.draining = false;
-    for (auto& up : ops) {
-      if (up->matched) continue;
-      const int src = up->is_send ? crank_ : up->peer, dst = up->is_send ? up->peer : crank_;
-      auto it = g.p2p.find({src, dst});
-      if (it == g.p2p.end()) continue;
-      for (auto* q : {&it->second.first, &it->second.second}) q->erase(std::remove(q->begin(), q->end(), up.get()), q->end());
-    }
     me_.p2p_ops.clear();
     me_.p2p_outstanding = 0;
     me_.waiting_group = nullptr;
@@ -894,9 +959,9 @@ class EmuComm final : public Communicator {
   uint64_t helper_seq_ = 0;  // all_to_all(v) calls (trace sequence numbers)
   int depth_ = 0;
   std::vector<const void*> srcs_;
-  std::vector<std::unique_ptr<P2POp>> pending_;
+  std::vector<P2POp> pending_;
   std::vector<Stream> streams_;
-  std::map<int, uint64_t> send_seq_, recv_seq_;
+  std::vector<uint64_t> send_seq_, recv_seq_;  // per peer
 };
 
 // ------------------------------------------------------------------------------------------------------------
