@@ -31,6 +31,7 @@ struct EmulateSpec {
   bool keep_tensors = true;     // assemble full gradients and parameters after every step
   bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
   int watchdog_s = 600;
+  bool plain_reductions = false;  // BENCHMARK ONLY: see parallel::StepShared::plain_reductions
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const parallel::RankStepStats&)> progress;
   std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)

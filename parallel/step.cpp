@@ -204,21 +204,50 @@ struct RankStep<T>::Impl {
     }
     gathered[sz(u)] = false;
   }
-  void alloc_grads(int64_t u) {
-    for (size_t i : unit_params[sz(u)]) {
+  void alloc_grads(const std::vector<size_t>& list) {
+    for (size_t i : list) {
       const PState& st = ps[i];
+      TD_CHECK(acc[i].empty(), "gradient accumulator of {} allocated twice", sh.init->info[i].name);
       acc[i].assign(sz(st.expert ? Eloc * st.full_elems() : st.full_elems()), Acc());
       mem.add(vbytes(acc[i]));
     }
   }
-  // Exact merge of unit u's accumulators: dense reduce-scatter over fsdp*cp then all-reduce over d_rep;
-  // experts reduce-scatter over e_fsdp. Each shard is rounded once into g.
-  void reduce_grads(int64_t u, const std::string& ph) {
-    for (size_t i : unit_params[sz(u)]) {
+  void alloc_grads(int64_t u) { alloc_grads(unit_params[sz(u)]); }
+  std::vector<size_t> names(int64_t i, std::initializer_list<const char*> suffixes) const {
+    std::vector<size_t> out;
+    for (const char* s : suffixes) out.push_back(idx(fmt::format("layers.{}.{}", i, s)));
+    return out;
+  }
+  std::vector<int> reduced;  // per ps index: reductions this step (each trainable tensor exactly once)
+  void reduce_grads(int64_t u, const std::string& ph) { reduce_grads(unit_params[sz(u)], ph); }
+  // As soon as a tensor's gradient is complete: its accumulator is merged across ranks, rounded, freed.
+  void reduce_grads(const std::vector<size_t>& list, const std::string& ph) {
+    for (size_t i : list) {
       PState& st = ps[i];
+      reduced[i]++;
       const int64_t se = st.spec.shard_elems();
       std::vector<Acc> sh_acc(sz(st.nsh));
       mem.add(vbytes(sh_acc));
+      if (sh.plain_reductions) {  // benchmark-only: round locally, plain sums across ranks
+        std::vector<T> loc(acc[i].size()), out(sz(st.nsh));
+        K.exact_round(acc[i].data(), loc.data(), static_cast<int64_t>(loc.size()));
+        if (!st.expert) {
+          mc.fsdp_cp->reduce_scatter(loc.data(), out.data(), sz(se), dt<T>(), ReduceOp::sum);
+          note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
+          mc.d_rep->all_reduce(out.data(), st.g.data(), sz(se), dt<T>(), ReduceOp::sum);
+          note(ph, *mc.d_rep, CollOp::all_reduce);
+        } else {
+          for (int64_t el = 0; el < Eloc; ++el) {
+            mc.e_fsdp->reduce_scatter(loc.data() + el * st.full_elems(), st.g.data() + el * se, sz(se), dt<T>(),
+                                      ReduceOp::sum);
+            note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
+          }
+        }
+        mem.sub(vbytes(sh_acc));
+        mem.sub(vbytes(acc[i]));
+        std::vector<Acc>().swap(acc[i]);
+        continue;
+      }
       if (!st.expert) {
         mc.fsdp_cp->reduce_scatter(acc[i].data(), sh_acc.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
         note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
@@ -339,12 +368,16 @@ struct RankStep<T>::Impl {
     K.attn_out_forward(pol, cfg, w, N, st.attn, y);
   }
 
-  void attention_bwd(int64_t i, const md::AttnW<T>& w, const md::AttnG<T>& g, LayerState& st, const T* dy, T* da,
-                     const std::string& ph) {
+  void attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph) {
     const md::CoreDims cd = md::CoreDims::from(cfg);
     const int64_t P = cd.P;
+    const bool gqa = cfg.attn == md::AttnKind::gqa;
     std::vector<T> dO(sz(N * cd.H * cd.Dv)), dqc(sz(N * cd.H * cd.Dq)), dpay(sz(N * P));
-    K.attn_out_backward(pol, cfg, w, g, N, st.attn, dy, rows.segs, dO.data());
+    const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
+    alloc_grads(out_g);
+    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data());
+    reduce_grads(out_g, ph);
+    {
     std::vector<Acc> kacc(sz(S * P)), blk(sz(ch * P)), mine(sz(2 * ch * P));
     const int64_t kb = vbytes(kacc) + vbytes(blk) + vbytes(mine);
     mem.add(kb);
@@ -370,13 +403,25 @@ struct RankStep<T>::Impl {
           b = nb;
         } while (b != b0);
       }
+      if (sh.plain_reductions) {  // benchmark-only: round locally, plain sum across cp
+        std::vector<T> loc(kacc.size());
+        K.exact_round(kacc.data(), loc.data(), static_cast<int64_t>(loc.size()));
+        mc.cp->reduce_scatter(loc.data(), dpay.data() + r0 * P, sz(2 * ch * P), dt<T>(), ReduceOp::sum);
+        note(ph, *mc.cp, CollOp::reduce_scatter);
+        continue;
+      }
       mc.cp->reduce_scatter(kacc.data(), mine.data(), sz(2 * ch * P), dt_exact<T>(), ReduceOp::exact_sum);
       note(ph, *mc.cp, CollOp::reduce_scatter);
       K.exact_round(mine.data(), dpay.data() + r0 * P, 2 * ch * P);  // the single rounding of the key side
     }
     mem.sub(kb);
-    K.attn_qkv_backward(pol, cfg, w, g, st.a1.data(), rows.pos.data(), N, sh.rope, st.attn, dqc.data(), dpay.data(),
-                        rows.segs, da);
+    }  // the key-side accumulators are freed here
+    const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
+                                          : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
+    alloc_grads(qkv_g);
+    K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), rows.pos.data(), N, sh.rope, st.attn, dqc.data(),
+                        dpay.data(), rows.segs, da);
+    reduce_grads(qkv_g, ph);
   }
 
   // ---- EP ------------------------------------------------------------------------------------------------------
@@ -635,12 +680,15 @@ struct RankStep<T>::Impl {
     }
     // Delayed wgrad: one pass per local expert over all chunks' rows (tiles never split by a chunk).
     auto en = [&](const char* s) { return fmt::format("layers.{}.moe.experts.{}", i, s); };
+    const std::vector<size_t> ex_g = names(i, {"moe.experts.wg", "moe.experts.wu", "moe.experts.wd"});
+    alloc_grads(ex_g);
     for (int64_t el = 0; el < Eloc; ++el) {
       OwnerExpert& X = st.ex[sz(el)];
       K.swiglu_backward_wgrad(pol, X.x.data(), X.h.data(), X.dy.data(), X.dug.data(), X.duu.data(), d, F, X.segs,
                               G(en("wg")) + el * expert_stride(en("wg")), G(en("wu")) + el * expert_stride(en("wu")),
                               G(en("wd")) + el * expert_stride(en("wd")));
     }
+    reduce_grads(ex_g, ph);
     // da = +0, += expert dx (selected e ascending), += shared dx, += router dx (as moe_backward)
     for (int64_t t = 0; t < N; ++t) {
       T* o = da + t * d;
@@ -655,13 +703,19 @@ struct RankStep<T>::Impl {
       std::vector<T> dug(sz(N * Fs)), duu(sz(N * Fs));
       K.swiglu_backward_dgrad(pol, dout, W(nm("shared.wg")), W(nm("shared.wu")), W(nm("shared.wd")), st.sug.data(),
                               st.suu.data(), N, d, Fs, dug.data(), duu.data(), tmp.data());
+      const std::vector<size_t> sg = names(i, {"moe.shared.wg", "moe.shared.wu", "moe.shared.wd"});
+      alloc_grads(sg);
       K.swiglu_backward_wgrad(pol, st.a2.data(), st.sh.data(), dout, dug.data(), duu.data(), d, Fs, rows.segs,
                               G(nm("shared.wg")), G(nm("shared.wu")), G(nm("shared.wd")));
+      reduce_grads(sg, ph);
       for (int64_t j = 0; j < N * d; ++j) da[j] = da[j] + tmp[sz(j)];
     }
     std::vector<T> dlogits(sz(N * E));
     K.router_backward(dgates.data(), st.scores.data(), st.sel.data(), N, E, Kt, cfg.routed_scale, dlogits.data());
+    const std::vector<size_t> rg = names(i, {"moe.router"});
+    alloc_grads(rg);
     K.wgrad_acc(pol, st.a2.data(), d, dlogits.data(), E, d, E, rows.segs, G(nm("router")));
+    reduce_grads(rg, ph);
     K.mm(pol, N, d, E, dlogits.data(), E, W(nm("router")), E, true, tmp.data(), d);
     for (int64_t j = 0; j < N * d; ++j) da[j] = da[j] + tmp[sz(j)];
   }
@@ -701,17 +755,25 @@ struct RankStep<T>::Impl {
       std::vector<T> dug(sz(N * F)), duu(sz(N * F));
       K.swiglu_backward_dgrad(pol, dout, W(nm("mlp.wg")), W(nm("mlp.wu")), W(nm("mlp.wd")), st.ug.data(),
                               st.uu.data(), N, d, F, dug.data(), duu.data(), da.data());
+      const std::vector<size_t> mg = names(i, {"mlp.wg", "mlp.wu", "mlp.wd"});
+      alloc_grads(mg);
       K.swiglu_backward_wgrad(pol, st.a2.data(), st.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs,
                               G(nm("mlp.wg")), G(nm("mlp.wu")), G(nm("mlp.wd")));
+      reduce_grads(mg, ph);
     } else {
       moe_bwd(i, st, dout, da.data(), ph);
     }
+    const std::vector<size_t> n2 = names(i, {"ffn_norm"}), n1 = names(i, {"attn_norm"});
+    alloc_grads(n2);
     K.rmsnorm_backward(da.data(), d, st.h.data(), d, st.rinv2.data(), W(nm("ffn_norm")), N, d, rows.segs, dn.data(), d,
                        G(nm("ffn_norm")));
+    reduce_grads(n2, ph);
     for (int64_t j = 0; j < N * d; ++j) dh[sz(j)] = dout[j] + dn[sz(j)];
-    attention_bwd(i, attn_w(i), attn_g(i), st, dh.data(), da.data(), ph);
+    attention_bwd(i, attn_w(i), st, dh.data(), da.data(), ph);
+    alloc_grads(n1);
     K.rmsnorm_backward(da.data(), d, x, d, st.rinv1.data(), W(nm("attn_norm")), N, d, rows.segs, dn.data(), d,
                        G(nm("attn_norm")));
+    reduce_grads(n1, ph);
     for (int64_t j = 0; j < N * d; ++j) dx[j] = dh[sz(j)] + dn[sz(j)];
   }
 
@@ -751,6 +813,7 @@ struct RankStep<T>::Impl {
 
   RankStepStats step(const md::Batch& batch) {
     counts.clear();
+    reduced.assign(ps.size(), 0);
     take_rows(batch);
     const bool rec = sh.run.recompute;
     load.assign(sz(L * E), 0);
@@ -805,16 +868,19 @@ struct RankStep<T>::Impl {
     const T scale = nvalid > 0 ? T(1) / static_cast<T>(nvalid) : T(0);
 
     // ---- backward: head (kept gathered), layers (re-gathered, prefetched one ahead), embedding
-    alloc_grads(L + 1);
     gather(L, xs, bwd(L));  // prefetch the last layer while the head runs
+    const std::vector<size_t> lm_g{idx("lm_head")}, fn_g{idx("final_norm")};
+    alloc_grads(lm_g);
     std::vector<T> dhidden(sz(N * d)), dx(sz(N * d)), dprev(sz(N * d));
     mem.add(3 * vbytes(dx));
     K.linear_ce_backward(hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
                          sh.run.token_chunk, scale, rows.segs, dhidden.data(), G("lm_head"));
+    reduce_grads(lm_g, "bwd.head");
+    alloc_grads(fn_g);
     K.rmsnorm_backward(dhidden.data(), d, xsave[sz(L)].data(), d, rinvf.data(), W("final_norm"), N, d, rows.segs,
                        dx.data(), d, G("final_norm"));
     release(L + 1);
-    reduce_grads(L + 1, "bwd.head");
+    reduce_grads(fn_g, "bwd.head");
     mem.sub(vbytes(hidden) + vbytes(token_loss) + vbytes(lse));
     for (int64_t i = L - 1; i >= 0; --i) {
       const int64_t u = 1 + i;
@@ -826,14 +892,12 @@ struct RankStep<T>::Impl {
         layer_fwd(i, xsave[sz(i)].data(), st, out.data(), bwd(u));
         mem.add(st_bytes[sz(i)] = st.bytes());
       }
-      alloc_grads(u);
       layer_bwd(i, xsave[sz(i)].data(), st, dx.data(), dprev.data(), bwd(u));
       std::swap(dx, dprev);
       mem.add(st.bytes() - st_bytes[sz(i)]);  // backward buffers of the owner experts
       mem.sub(st.bytes());
       st = LayerState();
       release(u);
-      reduce_grads(u, bwd(u));
       mem.sub(vbytes(xsave[sz(i + 1)]));
       std::vector<T>().swap(xsave[sz(i + 1)]);
     }
@@ -842,6 +906,8 @@ struct RankStep<T>::Impl {
     reduce_grads(0, "bwd.embed");
     mem.sub(3 * vbytes(dx) + vbytes(xsave[0]));
 
+    for (size_t j = 0; j < ps.size(); ++j)  // every trainable tensor reduced exactly once
+      TD_CHECK_EQ(reduced[j], ps[j].trainable ? 1 : 0, "gradient reductions of {}", sh.init->info[j].name);
     // ---- optimizer: exact global grad norm (dense shards counted on d_rep coordinate 0 only), AdamW on shards,
     // router bias from global loads.
     ExactAcc<double> sq;

@@ -50,6 +50,10 @@ struct StepShared {
   int64_t ep_chunks = 1;      // chunked EP: tile-aligned token chunks per MoE layer
   const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
   model::RopeTable<T> rope;   // (seq_len, rope width)
+  // BENCHMARK ONLY (breaks the bit-identity contract): cross-rank merges of gradients, of the KV gradient and of
+  // the loss become plain sums (each rank rounds its accumulators locally, then f32/f64 sum collectives over
+  // 4/8-byte values instead of exact_sum over 88/552-byte accumulators). bench_step measures the cost ratio.
+  bool plain_reductions = false;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };
