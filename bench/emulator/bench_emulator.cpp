@@ -34,6 +34,11 @@ struct TinyRow {
   double us;
 };
 std::vector<TinyRow> g_tiny;
+struct A2ARow {
+  int n, group;
+  double us;
+};
+std::vector<A2ARow> g_a2a;
 
 void BM_memcpy(benchmark::State& st) {
   const size_t size = static_cast<size_t>(st.range(0)) << 20;
@@ -113,12 +118,33 @@ void BM_tiny(benchmark::State& st) {
   }
 }
 
+// EP-style all_to_all: 16 floats per peer inside groups of `group` consecutive ranks (split), 100 calls.
+void BM_a2a(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0)), group = static_cast<int>(st.range(1));
+  const int calls = 100;
+  for (auto _ : st) {
+    double sec = 0;
+    emu::spawn(n, [&](emu::RankContext& ctx) {
+      auto g = ctx.world().split(ctx.rank() / group, ctx.rank(), "ep");
+      std::vector<float> s(static_cast<size_t>(group) * 16, 1.f), d(s.size());
+      g->all_to_all(s.data(), d.data(), 16, DataType::f32);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) g->all_to_all(s.data(), d.data(), 16, DataType::f32);
+      if (ctx.rank() == 0) sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    st.SetIterationTime(sec);
+    g_a2a.push_back({n, group, sec / calls * 1e6});
+    st.counters["us_per_all_to_all"] = sec / calls * 1e6;
+  }
+}
+
 BENCHMARK(BM_memcpy)->Arg(16)->Arg(256)->UseManualTime()->Iterations(20)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_coll)
     ->ArgsProduct({{AG, RS, AR, A2A}, {8, 64}})
     ->UseManualTime()
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_a2a)->Args({64, 64})->Args({256, 64})->Args({1024, 64})->Args({1024, 256})->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_tiny)->Args({8, 1})->Args({64, 1})->Args({1024, 1})->Args({1024, 0})->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
@@ -140,5 +166,8 @@ int main(int argc, char** argv) {
   for (const auto& t : g_tiny)
     std::printf("  %5d ranks, trace %-3s: %9.1f us per collective (%.2f s total)\n", t.n, t.trace ? "on" : "off", t.us,
                 t.us * 1e-3);
+  std::printf("\nall_to_all (16 floats per peer) inside groups, 100 calls (all groups at once):\n");
+  for (const auto& a : g_a2a)
+    std::printf("  %5d ranks, groups of %4d: %9.1f us per all_to_all\n", a.n, a.group, a.us);
   return 0;
 }
