@@ -355,3 +355,39 @@ TEST(ModelRecompute, BitwiseAfterTraining) {
     EXPECT_GT(norm2(x.g), 0.0);
   }
 }
+
+// The bf16 policy stays close to fp32: per tensor, ||g_bf16 - g_fp32|| <= bound(||g_fp32||) (norm-wise; catches a
+// misplaced rounding or a wrong operand stride in the bf16 path, which the fp64 FD test cannot see).
+// top_k = experts: every expert is selected, so no routing decision can flip between the policies (a flip
+// is a discontinuity, not an error).
+TEST(ModelPolicies, Bf16GradsCloseToFp32) {
+  for (const char* preset : {"tiny", "tiny-gqa"}) {
+    Config c = Config::preset(preset);
+    c.top_k = c.experts;
+    const auto p = ParamSet<float>::init(c, 41);
+    const Batch b = random_batch(c, 2, 24, 42);
+    c.policy = Policy::fp32;
+    const auto x = fwd_bwd<float>(c, p, b, {});
+    c.policy = Policy::bf16;
+    const auto y = fwd_bwd<float>(c, p, b, {});
+    double worst = 0;
+    std::string worst_name;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!p.info[i].trainable) continue;
+      double dn = 0, n = 0;
+      for (int64_t k = 0; k < x.g.t[i].size(); ++k) {
+        const double a = x.g.t[i][k], e = y.g.t[i][k];
+        dn += (a - e) * (a - e);
+        n += a * a;
+      }
+      if (n == 0) continue;
+      const double rel = std::sqrt(dn / n);
+      if (rel > worst) worst = rel, worst_name = p.info[i].name;
+      EXPECT_LE(std::sqrt(dn), tolerance_bound("model_grad", "bf16", "vs_fp32", 0, std::sqrt(n)))
+          << preset << " " << p.info[i].name << ": relative norm difference " << rel;
+    }
+    std::printf("[bf16 vs fp32 %s] worst relative gradient difference %.3g (%s); loss %.6f vs %.6f\n", preset, worst,
+                worst_name.c_str(), x.fr.loss, y.fr.loss);
+    EXPECT_GT(worst, 0.0);  // the policies really differ
+  }
+}
