@@ -24,13 +24,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
-#include <unordered_map>
 
 #include "emulator/reduce.h"
 
