@@ -1,5 +1,6 @@
 // `trident train`: the single-rank reference model on a synthetic next-token task (docs/model.md "CLI").
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <span>
@@ -82,6 +83,9 @@ int run(const Opts& o, const Config& cfg) {
                 static_cast<long long>(s + 1), static_cast<long long>(o.steps), st.loss, st.grad_norm, st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
+    if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+      fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
+                       st.grad_norm));
     if (last && !o.dump.empty()) {
       golden::StateDump d;
       d.config = cfg.to_json();
