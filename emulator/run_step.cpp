@@ -108,6 +108,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.record_trace = spec.record_trace;
   so.watchdog = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
   so.stack_bytes = 1 << 20;
+  if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   SpawnResult sr = spawn(
       W,

@@ -1,7 +1,7 @@
 // bench_step: one full emulated FSDP x CP x EP step (3 optimizer steps, reported separately) on the 256-rank
 // mesh (4,1,64)x(4,64) and on a 1,024-rank mesh, with exact reductions (the contract) and with plain sums (a
 // benchmark-only switch), printing wall time per step, CPU time, peak RSS and the exact/plain cost ratio.
-// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain]
+// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -25,6 +25,7 @@ struct Conf {
   std::string name;
   parallel::MeshShape mesh;
   int64_t seqs, seq_len, tile, chunks;
+  bool recompute;
 };
 
 struct Out {  // written by the child through a pipe
@@ -33,6 +34,8 @@ struct Out {  // written by the child through a pipe
   int64_t tracked_max = 0;
   double wall = 0;
 };
+
+size_t eager = 0;
 
 Out run_child(const Conf& c, int64_t steps, bool plain, double& user, double& sys, long& rss_kb) {
   int fd[2];
@@ -48,10 +51,12 @@ Out run_child(const Conf& c, int64_t steps, bool plain, double& user, double& sy
     s.run.sequences = c.seqs;
     s.run.seq_len = c.seq_len;
     s.run.steps = steps;
+    s.run.recompute = c.recompute;
     s.mesh = c.mesh;
     s.ep_chunks = c.chunks;
     s.keep_tensors = false;
     s.plain_reductions = plain;
+    s.eager_bytes = eager;
     auto last = std::chrono::steady_clock::now();
     s.progress = [&](int64_t k, const parallel::RankStepStats&) {
       const auto now = std::chrono::steady_clock::now();
@@ -83,26 +88,29 @@ Out run_child(const Conf& c, int64_t steps, bool plain, double& user, double& sy
 int main(int argc, char** argv) {
   int64_t steps = 3;
   std::string only;
-  bool plain = true;
+  bool plain = true, tune_malloc = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-plain")) plain = false;
+    else if (!std::strcmp(argv[i], "--default-malloc")) tune_malloc = false;
+    else if (!std::strcmp(argv[i], "--eager-bytes") && i + 1 < argc) eager = static_cast<size_t>(std::atoll(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain]\n");
+      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]\n");
       return 2;
     }
   }
   steps = std::min<int64_t>(std::max<int64_t>(steps, 1), 8);
-  // Big per-rank buffers (accumulators, gathered units) are allocated and freed every layer: keep them in the
-  // malloc arenas instead of fresh mmaps (each mmap costs page faults on 1,024 threads).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // Big per-rank buffers (gradient accumulators, gathered units) are allocated and freed tensor by tensor.
+  // A fixed mmap threshold returns each one to the OS when freed, so 1,024 threads do not fragment the malloc
+  // arenas (peak RSS ~ the sum of the ranks' tracked peaks); it costs page faults (sys time).
+  // --default-malloc keeps glibc's dynamic threshold (less sys time, more RSS).
+  if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
   const std::vector<Conf> confs = {
-      {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 1},
-      {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 1},
+      {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
+      {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
   };
-  std::printf("bench_step: tiny-e64 (V 512, d 64, 3 layers, 64 experts top-4), fp32, EP chunks 1, no recompute; "
+  std::printf("bench_step: tiny-e64 (V 512, d 64, 3 layers, 64 experts top-4), fp32, EP chunks 2, full recompute; "
               "%u hardware threads\n",
               std::thread::hardware_concurrency());
   std::printf("%-5s %-24s %-22s %-6s %-28s %8s %8s %9s %10s\n", "ranks", "mesh", "batch", "merge", "wall s/step",
