@@ -30,7 +30,7 @@ struct SpawnOptions {
   // Collectives that read at most this many bytes per rank use the eager protocol (inputs staged in the
   // rendezvous, no completion barrier); larger ones copy directly between the ranks' buffers. A parameter so
   // tests run both paths (0: always direct).
-  size_t eager_bytes = 64 * 1024;
+  size_t eager_bytes = 32 * 1024;  // staging memory per rank and communicator is at most 2x this
 };
 
 struct World;
