@@ -368,16 +368,11 @@ struct RankStep<T>::Impl {
     K.attn_out_forward(pol, cfg, w, N, st.attn, y);
   }
 
-  void attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph) {
+  // CP attention core backward per local sequence: dq of the local queries, and the key-side payload gradient
+  // (exact, over the full sequence) reduce-scattered over cp to the keys' owners, rounded once into dpay.
+  void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
     const md::CoreDims cd = md::CoreDims::from(cfg);
     const int64_t P = cd.P;
-    const bool gqa = cfg.attn == md::AttnKind::gqa;
-    std::vector<T> dO(sz(N * cd.H * cd.Dv)), dqc(sz(N * cd.H * cd.Dq)), dpay(sz(N * P));
-    const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
-    alloc_grads(out_g);
-    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data());
-    reduce_grads(out_g, ph);
-    {
     std::vector<Acc> kacc(sz(S * P)), blk(sz(ch * P)), mine(sz(2 * ch * P));
     const int64_t kb = vbytes(kacc) + vbytes(blk) + vbytes(mine);
     mem.add(kb);
@@ -387,8 +382,8 @@ struct RankStep<T>::Impl {
       const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
       K.attn_core_backward(pol, cd, st.attn.qc.data() + r0 * cd.H * cd.Dq, rows.pos.data() + r0, 2 * ch,
                            st.kv[sz(j)].data(), S, st.attn.o.data() + r0 * cd.H * cd.Dv,
-                           st.attn.stats.data() + r0 * cd.H * 2, dO.data() + r0 * cd.H * cd.Dv, qsegs,
-                           dqc.data() + r0 * cd.H * cd.Dq, kacc.data());
+                           st.attn.stats.data() + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv, qsegs,
+                           dqc + r0 * cd.H * cd.Dq, kacc.data());
       // Position order -> gather order, in place (cycles of the block permutation), then the exact
       // reduce-scatter: each cp rank receives the key-side sums of its own rows, unrounded.
       std::vector<bool> done(sz(2 * cp), false);
@@ -406,16 +401,27 @@ struct RankStep<T>::Impl {
       if (sh.plain_reductions) {  // benchmark-only: round locally, plain sum across cp
         std::vector<T> loc(kacc.size());
         K.exact_round(kacc.data(), loc.data(), static_cast<int64_t>(loc.size()));
-        mc.cp->reduce_scatter(loc.data(), dpay.data() + r0 * P, sz(2 * ch * P), dt<T>(), ReduceOp::sum);
+        mc.cp->reduce_scatter(loc.data(), dpay + r0 * P, sz(2 * ch * P), dt<T>(), ReduceOp::sum);
         note(ph, *mc.cp, CollOp::reduce_scatter);
         continue;
       }
       mc.cp->reduce_scatter(kacc.data(), mine.data(), sz(2 * ch * P), dt_exact<T>(), ReduceOp::exact_sum);
       note(ph, *mc.cp, CollOp::reduce_scatter);
-      K.exact_round(mine.data(), dpay.data() + r0 * P, 2 * ch * P);  // the single rounding of the key side
+      K.exact_round(mine.data(), dpay + r0 * P, 2 * ch * P);  // the single rounding of the key side
     }
     mem.sub(kb);
-    }  // the key-side accumulators are freed here
+  }
+
+  void attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph) {
+    const md::CoreDims cd = md::CoreDims::from(cfg);
+    const int64_t P = cd.P;
+    const bool gqa = cfg.attn == md::AttnKind::gqa;
+    std::vector<T> dO(sz(N * cd.H * cd.Dv)), dqc(sz(N * cd.H * cd.Dq)), dpay(sz(N * P));
+    const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
+    alloc_grads(out_g);
+    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data());
+    reduce_grads(out_g, ph);
+    core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), ph);  // key-side accumulators freed inside
     const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
                                           : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
     alloc_grads(qkv_g);
