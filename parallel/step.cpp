@@ -3,6 +3,7 @@
 #include "parallel/step.h"
 
 #include <algorithm>
+#include <span>
 #include <cmath>
 #include <type_traits>
 
@@ -83,7 +84,38 @@ struct RankStep<T>::Impl {
   std::vector<PState> ps;
   std::vector<std::vector<size_t>> unit_params;  // per unit: indices into ps (trainable only)
   std::vector<std::vector<T>> full;               // gathered (padded) parameters by ps index; empty when freed
-  std::vector<std::vector<Acc>> acc;              // gradient accumulators by ps index; empty when freed
+  // Gradient accumulators live in one per-rank arena of ExactAcc (grown between groups, never freed): a group of
+  // tensors whose gradients complete together is carved from it, reduced, and the arena is reused by the next
+  // group (groups never overlap), so the big full-shape accumulators cost no allocation or page faults per use.
+  struct AccView {
+    Acc* p = nullptr;
+    size_t n = 0;
+    bool empty() const { return p == nullptr; }
+    Acc* data() const { return p; }
+    size_t size() const { return n; }
+  };
+  std::vector<AccView> acc;  // by ps index; empty when not live
+  std::vector<Acc> arena;
+  size_t arena_used = 0, arena_live = 0;
+  // Takes n zeroed accumulators from the arena; growing it is only allowed while nothing is live.
+  Acc* arena_take(size_t n) {
+    if (arena_used + n > arena.size()) {
+      TD_CHECK(arena_live == 0, "accumulator arena must grow while {} views are live", arena_live);
+      mem.sub(vbytes(arena));
+      std::vector<Acc>().swap(arena);
+      arena.resize(arena_used + n);
+      mem.add(vbytes(arena));
+    }
+    Acc* p = arena.data() + arena_used;
+    std::fill_n(p, n, Acc());
+    arena_used += n;
+    ++arena_live;
+    return p;
+  }
+  void arena_give() {
+    TD_CHECK(arena_live > 0, "accumulator arena: nothing live");
+    if (--arena_live == 0) arena_used = 0;
+  }
   std::vector<bool> gathered;                     // per unit
   std::vector<Event> ev_gather;                   // per unit
   std::vector<Event> ev_disp, ev_comp, ev_comb;   // per EP chunk
@@ -205,11 +237,20 @@ struct RankStep<T>::Impl {
     gathered[sz(u)] = false;
   }
   void alloc_grads(const std::vector<size_t>& list) {
+    TD_CHECK(arena_live == 0, "gradient groups overlap");
+    size_t total = 0;
+    for (size_t i : list) total += sz(ps[i].expert ? Eloc * ps[i].full_elems() : ps[i].full_elems());
+    if (total > arena.size()) {  // grow once for the whole group (nothing live)
+      mem.sub(vbytes(arena));
+      std::vector<Acc>().swap(arena);
+      arena.resize(total);
+      mem.add(vbytes(arena));
+    }
     for (size_t i : list) {
       const PState& st = ps[i];
       TD_CHECK(acc[i].empty(), "gradient accumulator of {} allocated twice", sh.init->info[i].name);
-      acc[i].assign(sz(st.expert ? Eloc * st.full_elems() : st.full_elems()), Acc());
-      mem.add(vbytes(acc[i]));
+      const size_t n = sz(st.expert ? Eloc * st.full_elems() : st.full_elems());
+      acc[i] = AccView{arena_take(n), n};
     }
   }
   void alloc_grads(int64_t u) { alloc_grads(unit_params[sz(u)]); }
@@ -244,8 +285,8 @@ struct RankStep<T>::Impl {
           }
         }
         mem.sub(vbytes(sh_acc));
-        mem.sub(vbytes(acc[i]));
-        std::vector<Acc>().swap(acc[i]);
+        acc[i] = AccView();
+        arena_give();
         continue;
       }
       if (!st.expert) {
@@ -263,8 +304,8 @@ struct RankStep<T>::Impl {
       }
       K.exact_round(sh_acc.data(), st.g.data(), st.nsh);
       mem.sub(vbytes(sh_acc));
-      mem.sub(vbytes(acc[i]));
-      std::vector<Acc>().swap(acc[i]);
+      acc[i] = AccView();
+      arena_give();
     }
   }
   // Pointers into the gathered / accumulating buffers by parameter name suffix of unit u.
@@ -373,12 +414,18 @@ struct RankStep<T>::Impl {
   void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
     const md::CoreDims cd = md::CoreDims::from(cfg);
     const int64_t P = cd.P;
-    std::vector<Acc> kacc(sz(S * P)), blk(sz(ch * P)), mine(sz(2 * ch * P));
-    const int64_t kb = vbytes(kacc) + vbytes(blk) + vbytes(mine);
-    mem.add(kb);
+    TD_CHECK(arena_live == 0, "key-side accumulators overlap a gradient group");
+    const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P);
+    if (nk + nb + nm > arena.size()) {
+      mem.sub(vbytes(arena));
+      std::vector<Acc>().swap(arena);
+      arena.resize(nk + nb + nm);
+      mem.add(vbytes(arena));
+    }
+    std::span<Acc> kacc(arena_take(nk), nk), blk(arena_take(nb), nb), mine(arena_take(nm), nm);
     for (int64_t j = 0; j < nseq; ++j) {
       const int64_t r0 = j * 2 * ch;
-      std::fill(kacc.begin(), kacc.end(), Acc());
+      if (j > 0) std::fill(kacc.begin(), kacc.end(), Acc());
       const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
       K.attn_core_backward(pol, cd, st.attn.qc.data() + r0 * cd.H * cd.Dq, rows.pos.data() + r0, 2 * ch,
                            st.kv[sz(j)].data(), S, st.attn.o.data() + r0 * cd.H * cd.Dv,
@@ -409,7 +456,9 @@ struct RankStep<T>::Impl {
       note(ph, *mc.cp, CollOp::reduce_scatter);
       K.exact_round(mine.data(), dpay + r0 * P, 2 * ch * P);  // the single rounding of the key side
     }
-    mem.sub(kb);
+    arena_give();
+    arena_give();
+    arena_give();
   }
 
   void attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph) {
