@@ -25,7 +25,7 @@ class Gpu : public ::testing::Test {
 template <class T>
 T* to_device(const std::vector<T>& h) {
   T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T) + 1), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), h.size() * sizeof(T) + 1), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   return d;
 }
