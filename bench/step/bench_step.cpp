@@ -107,10 +107,12 @@ int main(int argc, char** argv) {
   // --default-malloc keeps glibc's dynamic threshold (less sys time, more RSS).
   if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
   const std::vector<Conf> confs = {
+      {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, false},
       {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
+      {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, false},
       {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
   };
-  std::printf("bench_step: tiny-e64 (V 512, d 64, 3 layers, 64 experts top-4), fp32, EP chunks 2, full recompute; "
+  std::printf("bench_step: tiny-e64 (V 512, d 64, 3 layers, 64 experts top-4), fp32, EP chunks 2; "
               "%u hardware threads\n",
               std::thread::hardware_concurrency());
   std::printf("%-5s %-24s %-22s %-6s %-28s %8s %8s %9s %10s\n", "ranks", "mesh", "batch", "merge", "wall s/step",
@@ -128,8 +130,8 @@ int main(int argc, char** argv) {
         per += fmt::format("{}{:.2f}", k ? " " : "", o.step_s[k]);
         tot += o.step_s[k];
       }
-      const std::string mesh = fmt::format("({},{},{})x({},{})", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp, c.mesh.e_fsdp,
-                                           c.mesh.ep);
+      const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
+                                           c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
       std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", c.name.c_str(), mesh.c_str(),
                   fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
                   per.c_str(), user, sys, static_cast<double>(rss) / 1024.0,
