@@ -8,6 +8,7 @@
 #include <toml.hpp>
 
 #include "planner/plan.h"
+#include "reference/toml_json.h"
 #include "reference/check.h"
 
 namespace trident::planner {
@@ -116,27 +117,6 @@ class Section {
   bool present_ = true;
   std::set<std::string> used_;
 };
-
-json toml_to_json(const toml::value& v) {
-  switch (v.type()) {
-    case toml::value_t::boolean: return v.as_boolean();
-    case toml::value_t::integer: return static_cast<int64_t>(v.as_integer());
-    case toml::value_t::floating: return static_cast<double>(v.as_floating());
-    case toml::value_t::string: return static_cast<std::string>(v.as_string());
-    case toml::value_t::array: {
-      json a = json::array();
-      for (const auto& e : v.as_array()) a.push_back(toml_to_json(e));
-      return a;
-    }
-    case toml::value_t::table: {
-      json o = json::object();
-      for (const auto& [k, e] : v.as_table()) o[k] = toml_to_json(e);
-      return o;
-    }
-    default:  // dates and times have no meaning here; keep them as text so the error names the key
-      return fmt::format("<toml date/time>");
-  }
-}
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <toml.hpp>
 
 #include "reference/check.h"
+#include "reference/toml_json.h"
 
 namespace trident::model {
 
@@ -182,28 +183,6 @@ Config Config::from_json(const json& j) {
   c.validate();
   return c;
 }
-
-namespace {
-json toml_to_json(const toml::value& v) {
-  switch (v.type()) {
-    case toml::value_t::boolean: return v.as_boolean();
-    case toml::value_t::integer: return static_cast<int64_t>(v.as_integer());
-    case toml::value_t::floating: return static_cast<double>(v.as_floating());
-    case toml::value_t::string: return static_cast<std::string>(v.as_string());
-    case toml::value_t::array: {
-      json a = json::array();
-      for (const auto& e : v.as_array()) a.push_back(toml_to_json(e));
-      return a;
-    }
-    case toml::value_t::table: {
-      json o = json::object();
-      for (const auto& [k, e] : v.as_table()) o[k] = toml_to_json(e);
-      return o;
-    }
-    default: fail("TOML dates and times are not valid in a Trident config");
-  }
-}
-}  // namespace
 
 json toml_file_to_json(const std::string& path) {
   try {
