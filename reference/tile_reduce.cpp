@@ -56,12 +56,19 @@ void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc
 template <class T>
 void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                     std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc, M, true);
+}
+
+template <class T>
+void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc, bool parallel) {
   check_segs(segs);
   if (K <= 0 || M <= 0) return;
+  TD_CHECK_GE(ld_acc, M, "tile_wgrad_acc: accumulator row stride below the block width");
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
   const int64_t n_blocks = bk * bm;
-  const bool par = n_blocks > 1 && (segs.back() - segs.front()) * K * M >= 262144;
+  const bool par = parallel && n_blocks > 1 && (segs.back() - segs.front()) * K * M >= 262144;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
@@ -82,7 +89,7 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
         ++n_live;
       }
       for (int64_t i = 0; i < kb; ++i) {
-        ExactAcc<T>* a = acc + (k0 + i) * M + m0;
+        ExactAcc<T>* a = acc + (k0 + i) * ld_acc + m0;
         for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
         for (int64_t u = 0; u < n_live; ++u) {
           const T* p = P + (u * kb + i) * mb;
@@ -118,6 +125,10 @@ template void tile_wgrad_acc<float>(const float*, int64_t, const float*, int64_t
                                     std::span<const int64_t>, ExactAcc<float>*);
 template void tile_wgrad_acc<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
                                      std::span<const int64_t>, ExactAcc<double>*);
+template void tile_wgrad_acc<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                    std::span<const int64_t>, ExactAcc<float>*, int64_t, bool);
+template void tile_wgrad_acc<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
+                                     std::span<const int64_t>, ExactAcc<double>*, int64_t, bool);
 template void tile_wgrad<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
                                 std::span<const int64_t>, float*);
 template void tile_wgrad<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,

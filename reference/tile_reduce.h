@@ -30,6 +30,12 @@ template <class T>
 void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                     std::span<const int64_t> segs, ExactAcc<T>* acc);
 
+// Same, into a (K, M) block of a wider accumulator matrix whose rows have stride ld_acc. parallel = false keeps
+// the work on the calling thread (for callers already inside an OpenMP region). Same bits either way.
+template <class T>
+void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc, bool parallel = true);
+
 // Convenience: zeroed accumulators, tile_wgrad_acc, round into dW (K, M).
 template <class T>
 void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,

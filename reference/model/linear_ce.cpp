@@ -203,35 +203,6 @@ void dhidden_acc(const T* DL, int64_t ldl, int64_t rows, int64_t w, const WChunk
   }
 }
 
-// acc (K, M) row stride ld_acc += tile sums of X^T dY: tile_wgrad_acc's definition (in-tile in-order sum from
-// +0 of round(X[r,k] * dY[r,m]), exact add of each tile partial) for an accumulator block of a wider matrix.
-template <class T>
-void wgrad_acc_strided(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
-                       std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc, bool parallel) {
-  if (ld_acc == M && parallel) {
-    tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc);
-    return;
-  }
-  constexpr int64_t kKB = 96, kMB = 64;  // output block; any blocking gives the same bits
-  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
-  const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
-#pragma omp parallel for schedule(static) if (parallel && bk * bm > 1 && (segs.back() - segs.front()) * K * M >= 262144)
-  for (int64_t b = 0; b < bk * bm; ++b) {
-    const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
-    const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
-    T P[kKB * kMB];
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
-      if (len == 0) continue;
-      gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false, P, mb, false);
-      for (int64_t i = 0; i < kb; ++i) {
-        ExactAcc<T>* a = acc + (k0 + i) * ld_acc + m0;
-        for (int64_t j = 0; j < mb; ++j) a[j].add(P[i * mb + j]);
-      }
-    }
-  }
-}
-
 // Segments of tiles [t0, t1) rebased to row segs[t0].
 std::vector<int64_t> rebased(std::span<const int64_t> segs, size_t t0, size_t t1) {
   std::vector<int64_t> s(segs.begin() + static_cast<ptrdiff_t>(t0), segs.begin() + static_cast<ptrdiff_t>(t1) + 1);
@@ -343,7 +314,7 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
                          /*accumulate=*/j0 > 0);
         }
         const std::vector<int64_t> s = rebased(my, cuts[q], cuts[q + 1]);
-        wgrad_acc_strided<T>(A, d, dl.data(), w, d, w, s, acc, ld_acc, /*parallel=*/false);
+        tile_wgrad_acc<T>(A, d, dl.data(), w, d, w, s, acc, ld_acc, /*parallel=*/false);
       }
       if (nth > 1) {
 #pragma omp critical(trident_linear_ce_dw)

@@ -108,6 +108,12 @@ void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, co
 template <class T>
 void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  wgrad_acc_block<T>(pol, X, ldx, dY, ldy, K, M, segs, acc, M);
+}
+
+template <class T>
+void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                     std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
   if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
   ReductionSection timer;
   if constexpr (std::is_same_v<T, float>) {
@@ -116,21 +122,11 @@ void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, in
       std::vector<float> x, dy;
       copy_round(X, ldx, rows, K, x);
       copy_round(dY, ldy, rows, M, dy);
-      tile_wgrad_acc<float>(x.data(), K, dy.data(), M, K, M, segs, acc);
+      tile_wgrad_acc<float>(x.data(), K, dy.data(), M, K, M, segs, acc, ld_acc);
       return;
     }
   }
-  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc);
-}
-
-template <class T>
-void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
-                     std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
-  if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
-  ReductionSection timer;
-  std::vector<ExactAcc<T>> tmp(static_cast<size_t>(K * M));
-  wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, segs, tmp.data());
-  for (int64_t k = 0; k < K; ++k) exact_merge<T>(acc + k * ld_acc, tmp.data() + k * M, M);
+  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc, ld_acc);
 }
 
 template <class T>
