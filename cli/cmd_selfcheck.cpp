@@ -203,10 +203,10 @@ void check_dmath(Report& rep) {
 
 }  // namespace
 
-TRIDENT_COMMAND({"selfcheck", "Demonstrate the numerics contract in a few seconds (bf16, exact sums, GEMM and tile invariance, dm::)",
+TRIDENT_COMMAND({"selfcheck", "check the numerics contract on this machine in a few seconds (bf16, exact sums, GEMM, tiles, dm::)",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto opts = std::make_shared<Opts>();
-                   sub.description(
+                   sub.footer(
                        "Runs the numerics self-check: bf16 rounding boundary cases, exact accumulation, GEMM batch "
                        "and thread invariance, tile-partition invariance of the weight gradient and the "
                        "deterministic elementary functions. Prints one PASS/FAIL line per check; exits 1 if any "
