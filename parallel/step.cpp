@@ -351,35 +351,13 @@ struct RankStep<T>::Impl {
   };
 
   md::AttnW<T> attn_w(int64_t i) const {
-    auto n = [&](const char* s) { return fmt::format("layers.{}.{}", i, s); };
     md::AttnW<T> w;
-    w.wq = W(n("attn.wq"));
-    w.wo = W(n("attn.wo"));
-    if (cfg.attn == md::AttnKind::gqa) {
-      w.wk = W(n("attn.wk"));
-      w.wv = W(n("attn.wv"));
-    } else {
-      w.wdkv = W(n("attn.wdkv"));
-      w.kv_norm = W(n("attn.kv_norm"));
-      w.wuk = W(n("attn.wuk"));
-      w.wuv = W(n("attn.wuv"));
-    }
+    md::attn_view(cfg, i, [&](const std::string& n) { return W(n); }, w);
     return w;
   }
   md::AttnG<T> attn_g(int64_t i) {
-    auto n = [&](const char* s) { return fmt::format("layers.{}.{}", i, s); };
     md::AttnG<T> g;
-    g.wq = G(n("attn.wq"));
-    g.wo = G(n("attn.wo"));
-    if (cfg.attn == md::AttnKind::gqa) {
-      g.wk = G(n("attn.wk"));
-      g.wv = G(n("attn.wv"));
-    } else {
-      g.wdkv = G(n("attn.wdkv"));
-      g.kv_norm = G(n("attn.kv_norm"));
-      g.wuk = G(n("attn.wuk"));
-      g.wuv = G(n("attn.wuv"));
-    }
+    md::attn_view(cfg, i, [&](const std::string& n) { return G(n); }, g);
     return g;
   }
 

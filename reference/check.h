@@ -1,5 +1,5 @@
 // Error handling for all of Trident's library code: checks throw trident::Error with both sides printed.
-// Library code never calls exit(): one failing fake rank must not take the process down.
+// Library code never ends the process: one failing fake rank must not take the others down.
 #pragma once
 #include <fmt/format.h>
 #include <fmt/ranges.h>

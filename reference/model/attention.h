@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "reference/exact_acc.h"
@@ -60,6 +61,24 @@ struct AttnG {  // gradient accumulators, same layout as the weights
   ExactAcc<T> *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
   ExactAcc<T> *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;
 };
+
+// Points the fields of an attention view (AttnW<T> or AttnG<T>) of layer i at `at(name)` for each of the layer's
+// attention parameters ("layers.{i}.attn.wq", ...): one place that knows which tensors each kind has.
+template <class View, class At>
+void attn_view(const Config& cfg, int64_t i, At&& at, View& v) {
+  const std::string pre = "layers." + std::to_string(i) + ".attn.";
+  v.wq = at(pre + "wq");
+  v.wo = at(pre + "wo");
+  if (cfg.attn == AttnKind::gqa) {
+    v.wk = at(pre + "wk");
+    v.wv = at(pre + "wv");
+  } else {
+    v.wdkv = at(pre + "wdkv");
+    v.kv_norm = at(pre + "kv_norm");
+    v.wuk = at(pre + "wuk");
+    v.wuv = at(pre + "wuv");
+  }
+}
 
 template <class T>
 struct AttnActs {

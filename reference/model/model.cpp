@@ -18,17 +18,7 @@ LayerW<T> layer_weights(const Config& cfg, const ParamSet<T>& p, int64_t i) {
   w.moe = cfg.is_moe_layer(i);
   w.attn_norm = P("attn_norm");
   w.ffn_norm = P("ffn_norm");
-  w.attn.wq = P("attn.wq");
-  w.attn.wo = P("attn.wo");
-  if (cfg.attn == AttnKind::gqa) {
-    w.attn.wk = P("attn.wk");
-    w.attn.wv = P("attn.wv");
-  } else {
-    w.attn.wdkv = P("attn.wdkv");
-    w.attn.kv_norm = P("attn.kv_norm");
-    w.attn.wuk = P("attn.wuk");
-    w.attn.wuv = P("attn.wuv");
-  }
+  attn_view(cfg, i, [&](const std::string& n) { return p[n].ptr(); }, w.attn);
   if (!w.moe) {
     w.mlp_wg = P("mlp.wg");
     w.mlp_wu = P("mlp.wu");
@@ -54,17 +44,7 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
   auto P = [&](const char* s) { return g.ptr(p.find(lname(i, s))); };
   w.attn_norm = P("attn_norm");
   w.ffn_norm = P("ffn_norm");
-  w.attn.wq = P("attn.wq");
-  w.attn.wo = P("attn.wo");
-  if (cfg.attn == AttnKind::gqa) {
-    w.attn.wk = P("attn.wk");
-    w.attn.wv = P("attn.wv");
-  } else {
-    w.attn.wdkv = P("attn.wdkv");
-    w.attn.kv_norm = P("attn.kv_norm");
-    w.attn.wuk = P("attn.wuk");
-    w.attn.wuv = P("attn.wuv");
-  }
+  attn_view(cfg, i, [&](const std::string& n) { return g.ptr(p.find(n)); }, w.attn);
   if (!cfg.is_moe_layer(i)) {
     w.mlp_wg = P("mlp.wg");
     w.mlp_wu = P("mlp.wu");
