@@ -55,11 +55,21 @@ inline T dot(const T* a, const T* b, int64_t n) {  // ascending, each product ro
 // one query can run as vector loops across keys (each dot still sums ascending c from +0: same bits).
 template <class T>
 void transpose_kv(const CoreDims& cd, const T* kr, int64_t S, std::vector<T>& kT, std::vector<T>& vT) {
-  kT.resize(static_cast<size_t>(cd.G * cd.Dq * S));
-  vT.resize(static_cast<size_t>(cd.G * cd.Dv * S));
-  for (int64_t j = 0; j < S; ++j) {
-    for (int64_t c = 0; c < cd.G * cd.Dq; ++c) kT[static_cast<size_t>(c * S + j)] = kr[j * cd.P + c];
-    for (int64_t c = 0; c < cd.G * cd.Dv; ++c) vT[static_cast<size_t>(c * S + j)] = kr[j * cd.P + cd.val_base + c];
+  const int64_t nkc = cd.G * cd.Dq, nvc = cd.G * cd.Dv;
+  kT.resize(static_cast<size_t>(nkc * S));
+  vT.resize(static_cast<size_t>(nvc * S));
+  // Blocked over keys (a cache line of outputs per column), so the writes are not one line per element.
+  constexpr int64_t JB = 16;
+  for (int64_t j0 = 0; j0 < S; j0 += JB) {
+    const int64_t j1 = std::min(S, j0 + JB);
+    for (int64_t c = 0; c < nkc; ++c) {
+      T* out = kT.data() + c * S;
+      for (int64_t j = j0; j < j1; ++j) out[j] = kr[j * cd.P + c];
+    }
+    for (int64_t c = 0; c < nvc; ++c) {
+      T* out = vT.data() + c * S;
+      for (int64_t j = j0; j < j1; ++j) out[j] = kr[j * cd.P + cd.val_base + c];
+    }
   }
 }
 
@@ -89,10 +99,12 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
   std::vector<T> kT, vT;
   transpose_kv(cd, kr, S, kT, vT);
   const bool par = Nq * H * S * Dq >= (int64_t{1} << 18);  // parallel regions only where they pay off
-#pragma omp parallel for schedule(dynamic, 4) if (par)
+#pragma omp parallel if (par)
+  {
+  std::vector<T> s(static_cast<size_t>(S));  // per thread, reused by every row (rows use s[0, np))
+#pragma omp for schedule(dynamic, 4)
   for (int64_t r = 0; r < Nq; ++r) {
     const int64_t np = qpos[r] + 1;
-    std::vector<T> s(static_cast<size_t>(np));
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / hpg;
       const T* qh = qr + (r * H + h) * Dq;
@@ -117,6 +129,7 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
       stats[(r * H + h) * 2 + 0] = m;
       stats[(r * H + h) * 2 + 1] = l;
     }
+  }
   }
 }
 
@@ -146,10 +159,12 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     dsbuf.assign(static_cast<size_t>(nr * H * nk), T(0));  // (nr, H, nk) dsc_j (bf16: rounded)
     // Per (row, head): probabilities, dsc, and dq (per-query reduction over keys, ascending).
     const bool par = nr * H * nk * (Dq + Dv) >= (int64_t{1} << 17);
-#pragma omp parallel for schedule(dynamic, 1) if (par)
+#pragma omp parallel if (par)
+    {
+    std::vector<T> sv(static_cast<size_t>(nk)), dpv(static_cast<size_t>(nk));  // per thread; rows use [0, np)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t np = qpos[r] + 1;
-      std::vector<T> sv(static_cast<size_t>(np)), dpv(static_cast<size_t>(np));
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / hpg;
         const T* qh = qr + (r * H + h) * Dq;
@@ -176,11 +191,15 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
         }
       }
     }
+    }
     // Key side: per key, in-tile partial over (row, head) in order, then one exact add per element.
     ReductionSection timer;
-#pragma omp parallel for schedule(static) if (par)
+#pragma omp parallel if (par)
+    {
+    std::vector<T> part(static_cast<size_t>(P));  // per thread, zeroed per key
+#pragma omp for schedule(static)
     for (int64_t j = 0; j < nk; ++j) {
-      std::vector<T> part(static_cast<size_t>(P), T(0));
+      std::fill(part.begin(), part.end(), T(0));
       for (int64_t r = r0; r < r1; ++r) {
         if (j > qpos[r]) continue;  // masked: no term
         for (int64_t h = 0; h < H; ++h) {
@@ -197,6 +216,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
       }
       ExactAcc<T>* a = dkv + j * P;
       for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
+    }
     }
   }
 }
