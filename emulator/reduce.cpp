@@ -81,13 +81,18 @@ void reduce_exact(void* dst, const void* const* srcs, int n, size_t count) {
   using A = ExactAcc<T>;
   // Block of accumulators kept in L1 while every source is merged into it in rank order (per element the same
   // merge sequence as an exact_merge per source, so the same bytes); merge() is inlined here, no call per block.
-  constexpr size_t B = 32;
+  // The next source's block is prefetched while one is merged (the loads from the other ranks' buffers miss).
+  constexpr size_t B = 64;
   A acc[B];
   for (size_t b0 = 0; b0 < count; b0 += B) {
     const size_t len = count - b0 < B ? count - b0 : B;
     std::memcpy(static_cast<void*>(acc), static_cast<const A*>(srcs[0]) + b0, len * sizeof(A));
     for (int j = 1; j < n; ++j) {
       const A* s = static_cast<const A*>(srcs[j]) + b0;
+      if (j + 1 < n) {
+        const char* nx = reinterpret_cast<const char*>(static_cast<const A*>(srcs[j + 1]) + b0);
+        for (size_t off = 0; off < len * sizeof(A); off += 64) __builtin_prefetch(nx + off);
+      }
       for (size_t i = 0; i < len; ++i) acc[i].merge(s[i]);
     }
     std::memcpy(static_cast<void*>(static_cast<A*>(dst) + b0), acc, len * sizeof(A));

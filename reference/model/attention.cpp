@@ -73,6 +73,17 @@ void transpose_kv(const CoreDims& cd, const T* kr, int64_t S, std::vector<T>& kT
   }
 }
 
+// y[i] = y[i] + a * x[i] for i < n (elementwise, each element's operations unchanged). Full blocks of 8 have a
+// compile-time length and restrict pointers, so -O2's cheap vectoriser takes them (a runtime-length loop needs
+// an epilogue and is left scalar).
+template <class T>
+inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int64_t k = 0; k < 8; ++k) y[i + k] = y[i + k] + a * x[i + k];
+  for (; i < n; ++i) y[i] = y[i] + a * x[i];
+}
+
 // out[j] = dot(x, column j of XT) for j < n: s = +0; for c ascending: s = s + x[c]*XT[c, j].
 template <class T>
 inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t n) {
@@ -80,7 +91,7 @@ inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_
   for (int64_t c = 0; c < D; ++c) {
     const T xc = x[c];
     const T* row = XT + c * S;
-    for (int64_t j = 0; j < n; ++j) out[j] = out[j] + xc * row[j];
+    axpy(out, xc, row, n);
   }
 }
 
@@ -124,7 +135,7 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
       for (int64_t j = 0; j < np; ++j) {
         const T p = op1(pol, s[j] / l);
         const T* v = kr + j * P + cd.val_base + g * Dv;
-        for (int64_t c = 0; c < Dv; ++c) oh[c] = oh[c] + p * v[c];
+        axpy(oh, p, v, Dv);
       }
       stats[(r * H + h) * 2 + 0] = m;
       stats[(r * H + h) * 2 + 1] = l;
@@ -187,7 +198,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
         for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
         for (int64_t j = 0; j < np; ++j) {
           const T* k = kr + j * P + g * Dq;
-          for (int64_t c = 0; c < Dq; ++c) dqh[c] = dqh[c] + dd[j] * k[c];
+          axpy(dqh, dd[j], k, Dq);
         }
       }
     }
@@ -209,9 +220,9 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
           const T* qh = qr + (r * H + h) * Dq;
           const T* doh = dOr + (r * H + h) * Dv;
           T* kp = part.data() + g * Dq;
-          for (int64_t c = 0; c < Dq; ++c) kp[c] = kp[c] + ds * qh[c];
+          axpy(kp, ds, qh, Dq);
           T* vp = part.data() + cd.val_base + g * Dv;
-          for (int64_t c = 0; c < Dv; ++c) vp[c] = vp[c] + p * doh[c];
+          axpy(vp, p, doh, Dv);
         }
       }
       ExactAcc<T>* a = dkv + j * P;
