@@ -3,15 +3,24 @@
 
 namespace trident {
 
+// Short arrays take a plain loop: an OpenMP region with a false if-clause still sets up (allocates) a team.
 template <class T>
 void exact_merge(ExactAcc<T>* dst, const ExactAcc<T>* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= 4096)
+  if (n < 4096) {
+    for (int64_t i = 0; i < n; ++i) dst[i].merge(src[i]);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i].merge(src[i]);
 }
 
 template <class T>
 void exact_round(const ExactAcc<T>* acc, T* out, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= 4096)
+  if (n < 4096) {
+    for (int64_t i = 0; i < n; ++i) out[i] = acc[i].round();
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = acc[i].round();
 }
 
