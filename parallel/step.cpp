@@ -470,6 +470,25 @@ struct RankStep<T>::Impl {
   // Dispatch of chunk c (on stream s): counts per (peer, local expert, tile) with all_to_all, the input rows with
   // all_to_allv. Rows to each peer in (local expert, tile, row) order; the owner appends them per expert in
   // (source, tile, row) order. Fills the chunk's bookkeeping and the owner's x rows.
+  // One AlltoAllv of rows of width d over ep with a chunk's row counts: to_owners sends the source rows to the
+  // expert owners (send scnt/sdis, receive rcnt/rdis); otherwise the owners' rows go back to their sources.
+  void exchange_rows(const EpChunk& C, bool to_owners, const T* send, T* recv, Stream s, const std::string& ph) {
+    const auto& snd_c = to_owners ? C.scnt : C.rcnt;
+    const auto& snd_d = to_owners ? C.sdis : C.rdis;
+    const auto& rcv_c = to_owners ? C.rcnt : C.scnt;
+    const auto& rcv_d = to_owners ? C.rdis : C.sdis;
+    const int64_t ep = sh.mesh.ep;
+    std::vector<size_t> sc(sz(ep)), sd(sz(ep)), rc(sz(ep)), rd(sz(ep));
+    for (int64_t q = 0; q < ep; ++q) {
+      sc[sz(q)] = snd_c[sz(q)] * sz(d);
+      sd[sz(q)] = snd_d[sz(q)] * sz(d);
+      rc[sz(q)] = rcv_c[sz(q)] * sz(d);
+      rd[sz(q)] = rcv_d[sz(q)] * sz(d);
+    }
+    mc.ep->all_to_allv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), dt<T>(), s);
+    note(ph, *mc.ep, CollOp::all_to_allv);
+  }
+
   void ep_dispatch(int64_t c, LayerState& st, Stream s, const std::string& ph) {
     const int64_t ep = sh.mesh.ep, t0 = chunk_tile[sz(c)], t1 = chunk_tile[sz(c + 1)], nt = t1 - t0;
     EpChunk& C = st.chunks[sz(c)];
@@ -504,16 +523,8 @@ struct RankStep<T>::Impl {
     std::vector<T> sbuf(C.send_tk.size() * sz(d)), rbuf(nr * sz(d));
     for (size_t j = 0; j < C.send_tk.size(); ++j)
       std::copy_n(st.a2.data() + (C.send_tk[j] / Kt) * d, d, sbuf.data() + j * sz(d));
-    std::vector<size_t> sc(sz(ep)), sd(sz(ep)), rc(sz(ep)), rd(sz(ep));
-    for (int64_t q = 0; q < ep; ++q) {
-      sc[sz(q)] = C.scnt[sz(q)] * sz(d);
-      sd[sz(q)] = C.sdis[sz(q)] * sz(d);
-      rc[sz(q)] = C.rcnt[sz(q)] * sz(d);
-      rd[sz(q)] = C.rdis[sz(q)] * sz(d);
-    }
     mem.add(vbytes(sbuf) + vbytes(rbuf));
-    mc.ep->all_to_allv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), dt<T>(), s);
-    note(ph, *mc.ep, CollOp::all_to_allv);
+    exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
     // Owner: append per local expert in (source, tile, row) order; tile segments per (source, tile).
     C.recv_at.assign(nr, {0, 0});
     for (int64_t el = 0; el < Eloc; ++el) st.ex[sz(el)].chunk_begin.push_back(
@@ -561,7 +572,6 @@ struct RankStep<T>::Impl {
 
   // Return of chunk c's outputs (reverse all_to_allv) into yk (row*K + k, d) at the source.
   void ep_combine(int64_t c, LayerState& st, Stream s, const std::string& ph) {
-    const int64_t ep = sh.mesh.ep;
     EpChunk& C = st.chunks[sz(c)];
     const size_t nr = C.recv_at.size();
     std::vector<T> sbuf(nr * sz(d)), rbuf(C.send_tk.size() * sz(d));
@@ -570,16 +580,8 @@ struct RankStep<T>::Impl {
       const int64_t b = st.ex[sz(el)].chunk_begin[sz(c)];
       std::copy_n(ybuf[sz(el)].data() + (at - b) * d, d, sbuf.data() + j * sz(d));
     }
-    std::vector<size_t> sc(sz(ep)), sd(sz(ep)), rc(sz(ep)), rd(sz(ep));
-    for (int64_t q = 0; q < ep; ++q) {
-      sc[sz(q)] = C.rcnt[sz(q)] * sz(d);
-      sd[sz(q)] = C.rdis[sz(q)] * sz(d);
-      rc[sz(q)] = C.scnt[sz(q)] * sz(d);
-      rd[sz(q)] = C.sdis[sz(q)] * sz(d);
-    }
     mem.add(vbytes(sbuf) + vbytes(rbuf));
-    mc.ep->all_to_allv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), dt<T>(), s);
-    note(ph, *mc.ep, CollOp::all_to_allv);
+    exchange_rows(C, /*to_owners=*/false, sbuf.data(), rbuf.data(), s, ph);
     for (size_t j = 0; j < C.send_tk.size(); ++j)
       std::copy_n(rbuf.data() + j * sz(d), d, st.yk.data() + C.send_tk[j] * d);
     mem.sub(vbytes(sbuf) + vbytes(rbuf));
@@ -639,7 +641,7 @@ struct RankStep<T>::Impl {
   }
 
   void moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const std::string& ph) {
-    const int64_t Fs = cfg.shared_ffn, F = cfg.expert_ffn, n = sh.ep_chunks, ep = sh.mesh.ep;
+    const int64_t Fs = cfg.shared_ffn, F = cfg.expert_ffn, n = sh.ep_chunks;
     auto nm = [&](const char* s) { return fmt::format("layers.{}.moe.{}", i, s); };
     std::vector<T> dgates(sz(N * Kt), T(0)), dxk(sz(N * Kt * d), T(0));
     for (auto& X : st.ex) {
@@ -665,16 +667,8 @@ struct RankStep<T>::Impl {
         }
         dgates[sz(tk)] = s;
       }
-      std::vector<size_t> sc(sz(ep)), sd(sz(ep)), rc(sz(ep)), rd(sz(ep));
-      for (int64_t q = 0; q < ep; ++q) {
-        sc[sz(q)] = C.scnt[sz(q)] * sz(d);
-        sd[sz(q)] = C.sdis[sz(q)] * sz(d);
-        rc[sz(q)] = C.rcnt[sz(q)] * sz(d);
-        rd[sz(q)] = C.rdis[sz(q)] * sz(d);
-      }
       mem.add(2 * (vbytes(sbuf) + vbytes(rbuf)));
-      mc.ep->all_to_allv(sbuf.data(), sc.data(), sd.data(), rbuf.data(), rc.data(), rd.data(), dt<T>(), xs);
-      note(ph, *mc.ep, CollOp::all_to_allv);
+      exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), xs, ph);
       dev.record(ev_disp[sz(c)], xs);
       dev.wait(cs, ev_disp[sz(c)]);
       for (size_t j = 0; j < C.recv_at.size(); ++j) {
@@ -703,8 +697,7 @@ struct RankStep<T>::Impl {
         const int64_t b = st.ex[sz(el)].chunk_begin[sz(c)];
         std::copy_n(dx[sz(el)].data() + (at - b) * d, d, s2.data() + j * sz(d));
       }
-      mc.ep->all_to_allv(s2.data(), rc.data(), rd.data(), r2.data(), sc.data(), sd.data(), dt<T>(), xs);
-      note(ph, *mc.ep, CollOp::all_to_allv);
+      exchange_rows(C, /*to_owners=*/false, s2.data(), r2.data(), xs, ph);
       dev.record(ev_comb[sz(c)], xs);
       dev.wait(cs, ev_comb[sz(c)]);
       for (size_t j = 0; j < C.send_tk.size(); ++j)
