@@ -22,6 +22,7 @@ struct Opts {
   std::string policy;
   int64_t steps = 3;
   int64_t chunks = 1;
+  int64_t vocab_slices = 0;
   bool recompute = false;
   bool check = false;
   bool verbose = false;
@@ -53,6 +54,13 @@ int run(const Opts& o, emu::EmulateSpec spec) {
               static_cast<long long>(spec.run.seq_len), static_cast<long long>(m.cp),
               static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1) * spec.run.seq_len / m.cp),
               static_cast<long long>(spec.ep_chunks), spec.run.recompute ? ", full recompute" : "");
+  const parallel::VocabSlices vs =
+      parallel::vocab_slices(c.vocab, c.vocab_chunk, m.fsdp * m.cp, spec.vocab_slices);
+  int64_t hw = 0, er = 0;
+  for (const parallel::Range& r : vs.head_cols) hw = std::max(hw, r.end - r.begin);
+  for (const parallel::Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
+  std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
+              vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const parallel::RankStepStats& st) {
@@ -138,6 +146,10 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
                    sub.add_option("--chunks", o->chunks, "EP chunks per MoE layer (tile-aligned)")
                        ->capture_default_str();
+                   sub.add_option("--vocab-slices", o->vocab_slices,
+                                  "slices the lm_head and embedding gradients are merged and freed in (less "
+                                  "memory per rank, more reduce-scatters; bits unchanged); 0: one per vocab chunk")
+                       ->capture_default_str();
                    sub.add_flag("--recompute", o->recompute, "full recompute (re-run each layer in backward)");
                    sub.add_flag("--check-reference", o->check,
                                 "run the single-rank reference too and compare loss, every gradient and every "
@@ -176,6 +188,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.run.validate();
                      spec.mesh = parallel::parse_mesh(o->mesh);
                      spec.ep_chunks = o->chunks;
+                     spec.vocab_slices = o->vocab_slices;
+                     (void)parallel::vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
+                                                  spec.vocab_slices);
                      parallel::validate_layout(spec.mesh, spec.cfg.experts, spec.run.sequences, spec.run.seq_len,
                                                spec.cfg.tile, spec.ep_chunks);
                      if (spec.cfg.policy == Policy::fp64) return run<double>(*o, spec);

@@ -29,6 +29,7 @@ std::string EmulateSpec::repro() const {
   if (cfg.top_k != base.top_k) s += fmt::format(" --top-k {}", cfg.top_k);
   if (cfg.tile != base.tile) s += fmt::format(" --tile {}", cfg.tile);
   if (cfg.layers != base.layers) s += fmt::format(" --layers {}", cfg.layers);
+  if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
   if (run.recompute) s += " --recompute";
   s += " --check-reference";
   return s;
@@ -76,6 +77,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.run = spec.run;
   sh.mesh = spec.mesh;
   sh.ep_chunks = spec.ep_chunks;
+  sh.vocab_slices = spec.vocab_slices;
   sh.plain_reductions = spec.plain_reductions;
   const md::ParamSet<T> init = spec_init<T>(spec);
   sh.init = &init;

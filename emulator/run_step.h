@@ -24,6 +24,7 @@ struct EmulateSpec {
   model::RunConfig run;         // sequences, seq_len, steps, token_chunk, recompute, optimizer, data_seed
   parallel::MeshShape mesh;
   int64_t ep_chunks = 1;
+  int64_t vocab_slices = 0;     // see parallel::StepShared::vocab_slices (0: one per vocab chunk)
   std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, step)
   // Initial values replacing ParamSet::init's for named tensors (e.g. router biases that force routing);
   // applied to the emulated run and to the reference alike.

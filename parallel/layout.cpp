@@ -70,6 +70,20 @@ std::vector<TokenRange> local_tokens(const MeshShape& m, int64_t rank, int64_t s
 int64_t ShardSpec::begin_row(int64_t i) const { return std::min(i * rows_per_shard(), rows); }
 int64_t ShardSpec::end_row(int64_t i) const { return std::min((i + 1) * rows_per_shard(), rows); }
 
+VocabSlices vocab_slices(int64_t vocab, int64_t vocab_chunk, int64_t fsdp_cp, int64_t requested) {
+  TD_CHECK(vocab > 0 && vocab_chunk > 0 && fsdp_cp > 0, "vocab_slices: V {}, vocab_chunk {}, fsdp*cp {}", vocab,
+           vocab_chunk, fsdp_cp);
+  if (requested < 0) fail(fmt::format("vocabulary slices must be >= 0 (0: one per vocab chunk), got {}", requested));
+  const int64_t n_vc = (vocab + vocab_chunk - 1) / vocab_chunk, rps = (vocab + fsdp_cp - 1) / fsdp_cp;
+  const int64_t s = requested == 0 ? n_vc : requested;
+  VocabSlices out;
+  const int64_t nh = std::min(s, n_vc), ne = std::min(s, rps);
+  for (int64_t k = 0; k < nh; ++k)
+    out.head_cols.push_back({k * n_vc / nh * vocab_chunk, std::min((k + 1) * n_vc / nh * vocab_chunk, vocab)});
+  for (int64_t k = 0; k < ne; ++k) out.embed_rows.push_back({k * rps / ne, (k + 1) * rps / ne});
+  return out;
+}
+
 void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int64_t seq_len, int64_t tile,
                      int64_t ep_chunks) {
   const int64_t w = m.world();

@@ -47,6 +47,24 @@ struct ShardSpec {
   int64_t valid_elems(int64_t i) const { return (end_row(i) - begin_row(i)) * row_elems; }
 };
 
+// ---- Vocabulary slices: the (d, V) lm_head and (V, d) embedding gradients in pieces --------------------------
+// The two vocabulary-sized gradients are produced, merged across ranks, rounded and freed one slice at a time,
+// so a rank never holds a whole (d, V) or (V, d) accumulator. `requested` slices (0: one per vocab chunk):
+//   head : n_h = min(s, n_vc) column ranges of whole vocab chunks, n_vc = ceil(V / vocab_chunk); slice k holds
+//          chunks [k n_vc / n_h, (k+1) n_vc / n_h), ascending (the order of dhidden's in-order sum);
+//   embed: n_e = min(s, rps) row ranges of every fsdp*cp shard, rps = ceil(V / (fsdp cp)); slice k holds
+//          shard-local rows [k rps / n_e, (k+1) rps / n_e) of every shard;
+// s = requested, or n_vc when requested == 0. Slicing never changes a bit (docs/parallel.md section 4).
+struct Range {
+  int64_t begin, end;
+};
+struct VocabSlices {
+  std::vector<Range> head_cols;   // lm_head columns [begin, end)
+  std::vector<Range> embed_rows;  // embedding shard-local rows [begin, end) (every shard)
+};
+// Throws trident::Error for requested < 0.
+VocabSlices vocab_slices(int64_t vocab, int64_t vocab_chunk, int64_t fsdp_cp, int64_t requested);
+
 // ---- Experts -------------------------------------------------------------------------------------------------
 // Expert e lives on ep rank e / (E / ep).
 inline int64_t expert_owner(int64_t e, int64_t experts, int64_t ep) { return e / (experts / ep); }

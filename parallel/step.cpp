@@ -24,6 +24,7 @@ void StepShared<T>::validate() const {
     fail(fmt::format("step: policy {} needs {} parameters", to_string(cfg.policy),
                      cfg.policy == Policy::fp64 ? "double" : "float"));
   validate_layout(mesh, cfg.experts, run.sequences, run.seq_len, cfg.tile, ep_chunks);
+  (void)parallel::vocab_slices(cfg.vocab, cfg.vocab_chunk, mesh.fsdp * mesh.cp, vocab_slices);
   TD_CHECK(rope.max_pos >= run.seq_len, "StepShared: rope table of {} positions for seq_len {}", rope.max_pos,
            run.seq_len);
 }
@@ -68,6 +69,7 @@ struct RankStep<T>::Impl {
   int64_t nfc;                      // fsdp*cp
   MemTracker mem;
   PhaseCounts counts;
+  VocabSlices vslices;
 
   // ---- parameters -------------------------------------------------------------------------------------------
   struct PState {
@@ -143,6 +145,7 @@ struct RankStep<T>::Impl {
     Eloc = E / sh.mesh.ep;
     e0 = ec.p * Eloc;
     nfc = sh.mesh.fsdp * sh.mesh.cp;
+    vslices = vocab_slices(V, cfg.vocab_chunk, nfc, sh.vocab_slices);
     TD_CHECK_EQ(static_cast<int64_t>(mc.fsdp_cp->rank()), dc.f * sh.mesh.cp + dc.c, "fsdp*cp communicator rank");
     TD_CHECK_EQ(static_cast<int64_t>(mc.cp->rank()), dc.c, "cp communicator rank");
     TD_CHECK_EQ(static_cast<int64_t>(mc.ep->rank()), ec.p, "ep communicator rank");
@@ -267,46 +270,93 @@ struct RankStep<T>::Impl {
       PState& st = ps[i];
       reduced[i]++;
       const int64_t se = st.spec.shard_elems();
-      std::vector<Acc> sh_acc(sz(st.nsh));
-      mem.add(vbytes(sh_acc));
-      if (sh.plain_reductions) {  // benchmark-only: round locally, plain sums across ranks
-        std::vector<T> loc(acc[i].size()), out(sz(st.nsh));
-        K.exact_round(acc[i].data(), loc.data(), static_cast<int64_t>(loc.size()));
-        if (!st.expert) {
-          mc.fsdp_cp->reduce_scatter(loc.data(), out.data(), sz(se), dt<T>(), ReduceOp::sum);
-          note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
-          mc.d_rep->all_reduce(out.data(), st.g.data(), sz(se), dt<T>(), ReduceOp::sum);
-          note(ph, *mc.d_rep, CollOp::all_reduce);
-        } else {
-          for (int64_t el = 0; el < Eloc; ++el) {
-            mc.e_fsdp->reduce_scatter(loc.data() + el * st.full_elems(), st.g.data() + el * se, sz(se), dt<T>(),
-                                      ReduceOp::sum);
-            note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
-          }
-        }
-        mem.sub(vbytes(sh_acc));
-        acc[i] = AccView();
-        arena_give();
-        continue;
-      }
       if (!st.expert) {
-        mc.fsdp_cp->reduce_scatter(acc[i].data(), sh_acc.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
-        note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
-        mc.d_rep->all_reduce(sh_acc.data(), sh_acc.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
-        note(ph, *mc.d_rep, CollOp::all_reduce);
+        merge_dense(acc[i].data(), se, st.g.data(), ph);
       } else {
         const int64_t stride = st.full_elems();
-        for (int64_t el = 0; el < Eloc; ++el) {
-          mc.e_fsdp->reduce_scatter(acc[i].data() + el * stride, sh_acc.data() + el * se, sz(se), dt_exact<T>(),
-                                    ReduceOp::exact_sum);
-          note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
-        }
+        for (int64_t el = 0; el < Eloc; ++el) merge_expert(acc[i].data() + el * stride, se, st.g.data() + el * se, ph);
       }
-      K.exact_round(sh_acc.data(), st.g.data(), st.nsh);
-      mem.sub(vbytes(sh_acc));
       acc[i] = AccView();
       arena_give();
     }
+  }
+  // A dense accumulator laid out as fsdp*cp blocks of `se` values (block s belongs to fsdp*cp rank s): exact
+  // reduce-scatter over fsdp*cp, exact all-reduce over d_rep, this rank's block rounded into out (se values).
+  void merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph) {
+    if (sh.plain_reductions) {  // benchmark-only: round locally, plain sums across ranks
+      std::vector<T> loc(sz(nfc * se)), part(sz(se));
+      K.exact_round(a, loc.data(), nfc * se);
+      mc.fsdp_cp->reduce_scatter(loc.data(), part.data(), sz(se), dt<T>(), ReduceOp::sum);
+      note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
+      mc.d_rep->all_reduce(part.data(), out, sz(se), dt<T>(), ReduceOp::sum);
+      note(ph, *mc.d_rep, CollOp::all_reduce);
+      return;
+    }
+    std::vector<Acc> part(sz(se));
+    mem.add(vbytes(part));
+    mc.fsdp_cp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
+    note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
+    mc.d_rep->all_reduce(part.data(), part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
+    note(ph, *mc.d_rep, CollOp::all_reduce);
+    K.exact_round(part.data(), out, se);
+    mem.sub(vbytes(part));
+  }
+  // One local expert's accumulator (e_fsdp blocks of se): reduce-scatter over e_fsdp, rounded into out.
+  void merge_expert(const Acc* a, int64_t se, T* out, const std::string& ph) {
+    if (sh.plain_reductions) {
+      std::vector<T> loc(sz(sh.mesh.e_fsdp * se));
+      K.exact_round(a, loc.data(), static_cast<int64_t>(loc.size()));
+      mc.e_fsdp->reduce_scatter(loc.data(), out, sz(se), dt<T>(), ReduceOp::sum);
+      note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
+      return;
+    }
+    std::vector<Acc> part(sz(se));
+    mem.add(vbytes(part));
+    mc.e_fsdp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
+    note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
+    K.exact_round(part.data(), out, se);
+    mem.sub(vbytes(part));
+  }
+  // Vocabulary slices (layout.h vocab_slices, docs/parallel.md section 4): each slice's accumulator is taken
+  // from the arena, filled by `fill`, merged like a dense tensor, rounded into the shard and given back.
+  // lm_head (d, V): columns [j0, j1) of every row; the accumulator is (padded rows, j1 - j0).
+  template <class Fill>
+  void reduce_head_slices(const std::string& ph, Fill&& fill) {
+    const size_t i = idx("lm_head");
+    PState& st = ps[i];
+    const int64_t rps = st.spec.rows_per_shard(), vr = st.spec.end_row(st.shard) - st.spec.begin_row(st.shard);
+    for (const Range& r : vslices.head_cols) {
+      const int64_t w = r.end - r.begin;
+      Acc* a = arena_take(sz(nfc * rps * w));
+      fill(r, a);
+      std::vector<T> part(sz(rps * w));
+      merge_dense(a, rps * w, part.data(), ph);
+      arena_give();
+      for (int64_t k = 0; k < vr; ++k) std::copy_n(part.data() + k * w, w, st.g.data() + k * V + r.begin);
+    }
+    reduced[i]++;
+  }
+  // embed (V, d): shard-local rows [a, b) of every fsdp*cp shard; token rows outside the slice get slot -1.
+  void reduce_embed_slices(const std::string& ph, const T* dx) {
+    const size_t i = idx("embed");
+    PState& st = ps[i];
+    const int64_t rps = st.spec.rows_per_shard(), vr = st.spec.end_row(st.shard) - st.spec.begin_row(st.shard);
+    std::vector<int32_t> slot(sz(N));
+    for (const Range& r : vslices.embed_rows) {
+      const int64_t h = r.end - r.begin;
+      for (int64_t t = 0; t < N; ++t) {
+        const int64_t v = tokens[sz(t)], o = v % rps;
+        slot[sz(t)] = o >= r.begin && o < r.end ? static_cast<int32_t>(v / rps * h + (o - r.begin)) : -1;
+      }
+      Acc* a = arena_take(sz(nfc * h * d));
+      K.embedding_backward(a, slot.data(), dx, N, d, rows.segs);
+      std::vector<T> part(sz(h * d));
+      merge_dense(a, h * d, part.data(), ph);
+      arena_give();
+      for (int64_t k = r.begin; k < std::min(r.end, vr); ++k)
+        std::copy_n(part.data() + (k - r.begin) * d, d, st.g.data() + k * d);
+    }
+    reduced[i]++;
   }
   // Pointers into the gathered / accumulating buffers by parameter name suffix of unit u.
   size_t idx(const std::string& name) const { return sh.init->find(name); }
@@ -895,13 +945,13 @@ struct RankStep<T>::Impl {
 
     // ---- backward: head (kept gathered), layers (re-gathered, prefetched one ahead), embedding
     gather(L, xs, bwd(L));  // prefetch the last layer while the head runs
-    const std::vector<size_t> lm_g{idx("lm_head")}, fn_g{idx("final_norm")};
-    alloc_grads(lm_g);
+    const std::vector<size_t> fn_g{idx("final_norm")};
     std::vector<T> dhidden(sz(N * d)), dx(sz(N * d)), dprev(sz(N * d));
     mem.add(3 * vbytes(dx));
-    K.linear_ce_backward(hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
-                         sh.run.token_chunk, scale, rows.segs, dhidden.data(), G("lm_head"));
-    reduce_grads(lm_g, "bwd.head");
+    reduce_head_slices("bwd.head", [&](const Range& r, Acc* a) {  // ascending: dhidden's in-order sum continues
+      K.linear_ce_backward(hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
+                           sh.run.token_chunk, scale, rows.segs, r.begin, r.end, dhidden.data(), a);
+    });
     alloc_grads(fn_g);
     K.rmsnorm_backward(dhidden.data(), d, xsave[sz(L)].data(), d, rinvf.data(), W("final_norm"), N, d, rows.segs,
                        dx.data(), d, G("final_norm"));
@@ -927,9 +977,7 @@ struct RankStep<T>::Impl {
       mem.sub(vbytes(xsave[sz(i + 1)]));
       std::vector<T>().swap(xsave[sz(i + 1)]);
     }
-    alloc_grads(0);
-    K.embedding_backward(G("embed"), tokens.data(), dx.data(), N, d, rows.segs);
-    reduce_grads(0, "bwd.embed");
+    reduce_embed_slices("bwd.embed", dx.data());
     mem.sub(3 * vbytes(dx) + vbytes(xsave[0]));
 
     for (size_t j = 0; j < ps.size(); ++j)  // every trainable tensor reduced exactly once

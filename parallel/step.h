@@ -48,6 +48,7 @@ struct StepShared {
   model::RunConfig run;       // sequences, seq_len, token_chunk, recompute, optimizer hyper-parameters
   MeshShape mesh;
   int64_t ep_chunks = 1;      // chunked EP: tile-aligned token chunks per MoE layer
+  int64_t vocab_slices = 0;   // lm_head / embedding gradients in slices (layout.h vocab_slices; 0: per vocab chunk)
   const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
   model::RopeTable<T> rope;   // (seq_len, rope width)
   // BENCHMARK ONLY (breaks the bit-identity contract): cross-rank merges of gradients, of the KV gradient and of

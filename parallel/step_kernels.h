@@ -90,9 +90,11 @@ class Kernels {
   virtual void linear_ce_forward(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                                  int64_t V, int64_t vocab_chunk, Policy pol, int64_t token_chunk, T* token_loss,
                                  T* lse) = 0;
+  // The columns [j_begin, j_end) of the backward (linear_ce_backward_cols): dW (d, j_end - j_begin).
   virtual void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
                                   int64_t d, int64_t V, int64_t vocab_chunk, Policy pol, int64_t token_chunk,
-                                  T grad_scale, std::span<const int64_t> segs, T* dhidden, ExactAcc<T>* dW) = 0;
+                                  T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
+                                  T* dhidden, ExactAcc<T>* dW) = 0;
   virtual void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) = 0;
   virtual void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper,
                           int64_t step, double clip, bool decay) = 0;
@@ -150,7 +152,8 @@ class CpuKernels : public Kernels<T> {
                          int64_t vocab_chunk, Policy pol, int64_t token_chunk, T* token_loss, T* lse) override;
   void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
                           int64_t V, int64_t vocab_chunk, Policy pol, int64_t token_chunk, T grad_scale,
-                          std::span<const int64_t> segs, T* dhidden, ExactAcc<T>* dW) override;
+                          std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
+                          ExactAcc<T>* dW) override;
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) override;
   void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step,
                   double clip, bool decay) override;

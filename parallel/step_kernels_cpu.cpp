@@ -112,9 +112,10 @@ void CpuKernels<T>::linear_ce_forward(const T* hidden, const T* W, const int32_t
 template <class T>
 void CpuKernels<T>::linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
                                        int64_t d, int64_t V, int64_t vocab_chunk, Policy pol, int64_t token_chunk,
-                                       T grad_scale, std::span<const int64_t> segs, T* dhidden, ExactAcc<T>* dW) {
-  m::linear_ce_backward<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk, grad_scale, segs, dhidden,
-                           dW);
+                                       T grad_scale, std::span<const int64_t> segs, int64_t j_begin,
+                                       int64_t j_end, T* dhidden, ExactAcc<T>* dW) {
+  m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk, grad_scale, segs,
+                                j_begin, j_end, dhidden, dW);
 }
 template <class T>
 void CpuKernels<T>::grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) {

@@ -266,12 +266,26 @@ template <class T>
 void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
                         int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                         std::span<const int64_t> segs, T* dhidden, ExactAcc<T>* dW_acc) {
+  linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, policy, token_chunk, grad_scale, segs, 0,
+                             V, dhidden, dW_acc);
+}
+
+template <class T>
+void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
+                             int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                             std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
+                             ExactAcc<T>* dW_acc) {
   check_common<T>("linear_ce_backward", N, d, V, vocab_chunk, policy, token_chunk);
+  TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
+           "linear_ce_backward: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", j_begin, j_end, V);
+  TD_CHECK(j_begin % vocab_chunk == 0 && (j_end % vocab_chunk == 0 || j_end == V),
+           "linear_ce_backward: vocabulary columns [{}, {}) do not consist of whole vocab chunks of {}", j_begin, j_end,
+           vocab_chunk);
   check_targets("linear_ce_backward", targets, N, V);
   check_segs("linear_ce_backward", segs, N);
   if (N == 0) return;
   const bool bf16 = policy == Policy::bf16;
-  const int64_t vc = std::min(vocab_chunk, V);
+  const int64_t vc = std::min(vocab_chunk, V), ldw = j_end - j_begin;
   const size_t n_tiles = segs.size() - 1;
   // One OpenMP region, no barriers: thread t owns a contiguous range of whole tiles (about N/threads rows) and
   // runs vocab chunks outer, its token chunks inner. dW tile sums go into a thread-local (d, chunk) accumulator
@@ -294,11 +308,11 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
     std::vector<T> dl(static_cast<size_t>(max_rows * vc));
     std::vector<T> hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0), wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
     std::vector<ExactAcc<T>> local(nth > 1 && my_rows > 0 ? static_cast<size_t>(d * vc) : 0);
-    for (int64_t j0 = 0; j0 < V && my_rows > 0; j0 += vc) {  // ascending: dhidden's in-order sum continues
-      const int64_t w = std::min(vc, V - j0);
+    for (int64_t j0 = j_begin; j0 < j_end && my_rows > 0; j0 += vc) {  // ascending: dhidden's sum continues
+      const int64_t w = std::min(vc, j_end - j0);
       const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
-      ExactAcc<T>* acc = nth > 1 ? local.data() : dW_acc + j0;
-      const int64_t ld_acc = nth > 1 ? w : V;
+      ExactAcc<T>* acc = nth > 1 ? local.data() : dW_acc + (j0 - j_begin);
+      const int64_t ld_acc = nth > 1 ? w : ldw;
       if (nth > 1) std::fill(local.begin(), local.begin() + d * w, ExactAcc<T>{});
       for (size_t q = 0; q + 1 < cuts.size(); ++q) {
         const int64_t r0 = base + my[cuts[q]], rows = my[cuts[q + 1]] - my[cuts[q]];
@@ -318,11 +332,11 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
       }
       if (nth > 1) {
 #pragma omp critical(trident_linear_ce_dw)
-        for (int64_t k = 0; k < d; ++k) exact_merge<T>(dW_acc + k * V + j0, local.data() + k * w, w);
+        for (int64_t k = 0; k < d; ++k) exact_merge<T>(dW_acc + k * ldw + (j0 - j_begin), local.data() + k * w, w);
       }
     }
   }
-  zero_ignored_rows(targets, N, d, dhidden);
+  if (j_end == V) zero_ignored_rows(targets, N, d, dhidden);
 }
 
 template <class T>
@@ -375,6 +389,9 @@ void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_
                                      Policy, int64_t, T*, T*);                                                     \
   template void linear_ce_backward<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t,     \
                                       int64_t, Policy, int64_t, T, std::span<const int64_t>, T*, ExactAcc<T>*);    \
+  template void linear_ce_backward_cols<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t,        \
+                                           int64_t, int64_t, Policy, int64_t, T, std::span<const int64_t>, int64_t, \
+                                           int64_t, T*, ExactAcc<T>*);                                             \
   template void linear_ce_fused<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, Policy, \
                                    int64_t, T, std::span<const int64_t>, T*, T*, T*, ExactAcc<T>*);
 TD_LINEAR_CE(float)

@@ -52,6 +52,19 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
                         int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                         std::span<const int64_t> segs, T* dhidden /*(N,d)*/, ExactAcc<T>* dW_acc /*(d,V)*/);
 
+// The backward restricted to the vocabulary columns [j_begin, j_end), made of whole vocab chunks (j_begin a
+// multiple of vocab_chunk; j_end one too, or V). ADDS the columns' dW tile sums into dW_acc (d, j_end - j_begin)
+// (row stride j_end - j_begin) and continues dhidden's in-order sum over j: from the first product when
+// j_begin == 0, else accumulating onto the dhidden the call for the preceding columns left; ignored rows are
+// zeroed by the call whose j_end == V. Calls for consecutive column ranges covering [0, V) in ascending order
+// give exactly linear_ce_backward's bits (which is this call with [0, V)), so a caller can merge, round and
+// free the dW of one range before computing the next (the distributed step's vocabulary slices).
+template <class T>
+void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
+                             int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                             std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden /*(N,d)*/,
+                             ExactAcc<T>* dW_acc /*(d, j_end - j_begin)*/);
+
 // Forward and backward in one pass over the vocabulary per token chunk (3 GEMMs instead of 4: the logits of
 // a token chunk are kept for all V columns, token_chunk x V values, then turned into dlogit in place).
 // Bitwise identical to linear_ce_forward followed by linear_ce_backward with the same arguments (tested).

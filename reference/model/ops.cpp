@@ -157,6 +157,7 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
     part.clear();
     for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // row order inside the tile
       const int32_t id = tokens[r];
+      if (id < 0) continue;  // outside the caller's row slice
       size_t u = std::find(ids.begin(), ids.end(), id) - ids.begin();
       if (u == ids.size()) {
         ids.push_back(id);

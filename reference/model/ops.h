@@ -70,7 +70,9 @@ struct ReductionSection {
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V);
 // dembed (V,d) += per tile: in-order (row order) scatter-add of dout rows by token id in T, then each
-// touched id's partial row added exactly.
+// touched id's partial row added exactly. A row whose id is negative contributes nothing: a caller that
+// produces the table's gradient in row slices passes, per slice, each row's slot in the slice's accumulator
+// (or -1), and gets each id's bits unchanged (an id's partial only ever sums that id's rows).
 template <class T>
 void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                         std::span<const int64_t> segs);

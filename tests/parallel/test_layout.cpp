@@ -74,6 +74,41 @@ TEST(Layout, ShardsPartitionRowsWithPadding) {
   }
 }
 
+// Vocabulary slices: head slices are whole vocab chunks covering [0, V) in order; embedding slices partition the
+// rows of a shard; counts are min(s, n_vc) and min(s, rps); negative requests are rejected.
+TEST(Layout, VocabSlicesPartition) {
+  for (int64_t V : {1, 7, 512, 1000}) {
+    for (int64_t vc : {1, 100, 128, 4096}) {
+      for (int64_t nfc : {1, 3, 64}) {
+        for (int64_t req : {0, 1, 2, 3, 5, 10000}) {
+          const VocabSlices s = vocab_slices(V, vc, nfc, req);
+          const int64_t n_vc = (V + vc - 1) / vc, rps = (V + nfc - 1) / nfc, want = req == 0 ? n_vc : req;
+          const std::string at = fmt::format("V {} vc {} nfc {} req {}", V, vc, nfc, req);
+          ASSERT_EQ(static_cast<int64_t>(s.head_cols.size()), std::min(want, n_vc)) << at;
+          ASSERT_EQ(static_cast<int64_t>(s.embed_rows.size()), std::min(want, rps)) << at;
+          int64_t j = 0;
+          for (const Range& r : s.head_cols) {
+            EXPECT_EQ(r.begin, j) << at;
+            EXPECT_GT(r.end, r.begin) << at;
+            EXPECT_EQ(r.begin % vc, 0) << at;
+            EXPECT_TRUE(r.end % vc == 0 || r.end == V) << at;
+            j = r.end;
+          }
+          EXPECT_EQ(j, V) << at;
+          int64_t row = 0;
+          for (const Range& r : s.embed_rows) {
+            EXPECT_EQ(r.begin, row) << at;
+            EXPECT_GT(r.end, r.begin) << at;
+            row = r.end;
+          }
+          EXPECT_EQ(row, rps) << at;
+        }
+      }
+    }
+  }
+  EXPECT_THROW(vocab_slices(512, 128, 4, -1), Error);
+}
+
 TEST(Layout, ValidateNamesTheRule) {
   auto msg = [](auto fn) {
     try {

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "emulator/run_step.h"
@@ -16,6 +17,7 @@ struct Case {
   std::string preset = "tiny";
   MeshShape mesh;
   int64_t chunks = 1;
+  int64_t vocab_slices = 0;  // 0: one per vocab chunk
   bool recompute = false;
   std::string policy = "fp32";
   int64_t seqs = 4, seq_len = 32, steps = 3;
@@ -39,6 +41,7 @@ inline emu::EmulateSpec make_spec(const Case& c) {
   s.run.recompute = c.recompute;
   s.mesh = c.mesh;
   s.ep_chunks = c.chunks;
+  s.vocab_slices = c.vocab_slices;
   return s;
 }
 
@@ -68,8 +71,11 @@ using Counts = parallel::PhaseCounts;
 inline void add(Counts& c, const std::string& ph, const std::string& comm, CollOp op, int64_t n) {
   if (n > 0) c[ph][comm][static_cast<size_t>(op)] += n;
 }
-inline Counts expected_schedule(const model::Config& cfg, const MeshShape& m, int64_t sequences, int64_t chunks,
-                                bool recompute) {
+inline Counts expected_schedule(const emu::EmulateSpec& s) {
+  const model::Config& cfg = s.cfg;
+  const MeshShape& m = s.mesh;
+  const int64_t sequences = s.run.sequences, chunks = s.ep_chunks;
+  const bool recompute = s.run.recompute;
   const auto info = model::param_layout(cfg);
   auto dense_params = [&](const std::string& prefix) {
     int64_t n = 0;
@@ -109,10 +115,14 @@ inline Counts expected_schedule(const model::Config& cfg, const MeshShape& m, in
   }
   add(c, "fwd.head", "fsdp*cp", AG, 2);
   add(c, "loss", "world", AR, 2);
-  add(c, "bwd.head", "fsdp*cp", RS, 2);
-  add(c, "bwd.head", "d_rep", AR, 2);
-  add(c, "bwd.embed", "fsdp*cp", RS, 1);
-  add(c, "bwd.embed", "d_rep", AR, 1);
+  // vocabulary slices: lm_head in n_h column slices of whole vocab chunks, embed in n_e row slices per shard
+  const int64_t n_vc = (cfg.vocab + cfg.vocab_chunk - 1) / cfg.vocab_chunk;
+  const int64_t sl = s.vocab_slices == 0 ? n_vc : s.vocab_slices;
+  const int64_t n_h = std::min(sl, n_vc), n_e = std::min(sl, (cfg.vocab + m.fsdp * m.cp - 1) / (m.fsdp * m.cp));
+  add(c, "bwd.head", "fsdp*cp", RS, n_h + 1);  // lm_head slices, final_norm
+  add(c, "bwd.head", "d_rep", AR, n_h + 1);
+  add(c, "bwd.embed", "fsdp*cp", RS, n_e);
+  add(c, "bwd.embed", "d_rep", AR, n_e);
   add(c, "opt", "world", AR, any_moe ? 2 : 1);
   return c;
 }

@@ -48,6 +48,14 @@ TEST(StepEquality, Fp64_Gqa_Fsdp2Cp2_Recompute) {
 }
 // more ranks than rows of some parameters (empty padded shards), 8 ranks, experts 1 per ep rank
 TEST(StepEquality, Fsdp8_Ep8) { run_case({.mesh = M(1, 8, 1, 1, 8), .seqs = 8}); }
+// Vocabulary slices (docs/parallel.md section 4): the lm_head / embedding gradients merged in 1 piece, in 3 uneven
+// pieces, and in the most pieces there are (4 head slices, 64 embedding rows of 64 per shard); the default (one per
+// vocab chunk) runs in every other case.
+TEST(StepEquality, VocabSlices1_Fsdp2Cp2) { run_case({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .vocab_slices = 1}); }
+TEST(StepEquality, VocabSlices3_Bf16_DRep2_Recompute) {
+  run_case({.mesh = M(2, 1, 2, 1, 4), .vocab_slices = 3, .recompute = true, .policy = "bf16"});
+}
+TEST(StepEquality, VocabSlicesMax_Fsdp8) { run_case({.mesh = M(1, 8, 1, 1, 8), .vocab_slices = 512, .seqs = 8}); }
 TEST(StepEquality, E64_DRep2Cp4_Ep8) {
   run_case({.preset = "tiny-e64", .mesh = M(2, 1, 4, 1, 8), .chunks = 2, .seq_len = 64, .steps = 2});
 }
@@ -67,6 +75,13 @@ TEST(StepLayout, TileSplitRejected) {
     FAIL() << "expected rejection";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("EP chunks"), std::string::npos) << e.what();
+  }
+  const emu::EmulateSpec s3 = make_spec({.mesh = M(1, 1, 2, 1, 2), .vocab_slices = -1});
+  try {
+    emu::emulate<float>(s3);
+    FAIL() << "expected rejection";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary slices must be >= 0"), std::string::npos) << e.what();
   }
 }
 
@@ -178,11 +193,14 @@ TEST(StepAccounting, MatchesDocumentedSchedule) {
   for (const Case& c : {Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 1, .steps = 2},
                         Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 3, .recompute = true, .steps = 2},
                         Case{.preset = "tiny-gqa", .mesh = M(2, 1, 2, 1, 4), .chunks = 2, .seqs = 8, .steps = 1},
-                        Case{.mesh = M(1, 1, 1, 1, 1), .recompute = true, .steps = 1}}) {
+                        Case{.mesh = M(1, 1, 1, 1, 1), .recompute = true, .steps = 1},
+                        Case{.mesh = M(2, 1, 2, 1, 4), .chunks = 2, .vocab_slices = 1, .steps = 1},
+                        Case{.mesh = M(1, 2, 2, 2, 2), .vocab_slices = 3, .steps = 1},
+                        Case{.mesh = M(1, 1, 2, 1, 2), .vocab_slices = 600, .steps = 1}}) {
     emu::EmulateSpec s = make_spec(c);
     s.keep_tensors = false;
     const auto r = emu::emulate<float>(s);
-    const Counts want = expected_schedule(s.cfg, s.mesh, s.run.sequences, s.ep_chunks, s.run.recompute);
+    const Counts want = expected_schedule(s);
     for (int64_t rank = 0; rank < s.mesh.world(); ++rank) {
       const Counts& got = r.phases[static_cast<size_t>(rank)];
       EXPECT_EQ(got, want) << "rank " << rank << " " << s.repro();

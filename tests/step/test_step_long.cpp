@@ -21,7 +21,7 @@ TEST(StepLong, Mesh256_E64) {
                                         .tile = 2});
   const auto r = expect_equal<float>(s);
   // every rank ran the documented schedule
-  const Counts want = expected_schedule(s.cfg, s.mesh, s.run.sequences, s.ep_chunks, s.run.recompute);
+  const Counts want = expected_schedule(s);
   for (size_t rank = 0; rank < r.phases.size(); ++rank) ASSERT_EQ(r.phases[rank], want) << "rank " << rank;
   std::printf("256 ranks, 3 steps: %.2f s emulated\n", r.seconds);
 }

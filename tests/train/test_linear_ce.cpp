@@ -95,6 +95,32 @@ Result<T> run_fused(const Problem<T>& p, int64_t token_chunk) {
   return r;
 }
 
+// The backward in column slices (cuts: vocab-chunk multiples, ascending, ending at V), each slice's dW in its own
+// (d, width) accumulator, rounded and placed into the full dW.
+template <class T>
+Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts) {
+  Result<T> r;
+  r.loss.assign(p.N, T(-1));
+  r.lse.assign(p.N, T(-1));
+  r.dhidden.assign(p.N * p.d, T(-7));
+  linear_ce_forward<T>(p.hidden.data(), p.W.data(), p.targets.data(), p.N, p.d, p.V, p.vocab_chunk, p.policy,
+                       token_chunk, r.loss.data(), r.lse.data());
+  r.dW.assign(p.d * p.V, T(-7));
+  int64_t j0 = 0;
+  for (int64_t j1 : cuts) {
+    const int64_t w = j1 - j0;
+    std::vector<ExactAcc<T>> acc(p.d * w);
+    linear_ce_backward_cols<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
+                               p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1, r.dhidden.data(),
+                               acc.data());
+    std::vector<T> part(p.d * w);
+    exact_round<T>(acc.data(), part.data(), p.d * w);
+    for (int64_t k = 0; k < p.d; ++k) std::copy_n(part.data() + k * w, w, r.dW.data() + k * p.V + j0);
+    j0 = j1;
+  }
+  return r;
+}
+
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
@@ -250,6 +276,56 @@ TEST(LinearCE, TokenChunkInvarianceBitwise) {
   check(small_problem<double>(Policy::fp64));
   check(small_problem<float>(Policy::fp32));
   check(small_problem<float>(Policy::bf16));
+}
+
+// Vocabulary column slices (the distributed step's lm_head slices): ascending slices of whole vocab chunks give
+// linear_ce_backward's bits, for one slice per chunk, uneven groupings and a short last chunk; 1 and 2 threads.
+TEST(LinearCE, ColumnSlicesBitwise) {
+  auto check = [](auto p) {
+    SCOPED_TRACE("repro: " + p.repro());
+    const auto ref = run_split(p, 5);
+    const int64_t vc = p.vocab_chunk, V = p.V;
+    ASSERT_GT(V % vc, 0);  // a short last chunk
+    std::vector<int64_t> every;
+    for (int64_t j = vc; j < V; j += vc) every.push_back(j);
+    every.push_back(V);
+    ASSERT_GE(every.size(), size_t{3});
+    const int saved = omp_get_max_threads();
+    for (int th : {1, 2}) {
+      omp_set_num_threads(th);
+      expect_same(run_sliced(p, 5, every), ref, fmt::format("one slice per chunk, {} threads", th));
+      expect_same(run_sliced(p, 3, {vc, V}), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
+      expect_same(run_sliced(p, 5, {V - V % vc, V}), ref, fmt::format("all but the short chunk, {} threads", th));
+    }
+    omp_set_num_threads(saved);
+    EXPECT_GT(l1(ref.dW), 0);
+  };
+  check(small_problem<double>(Policy::fp64));
+  check(small_problem<float>(Policy::fp32));
+  check(small_problem<float>(Policy::bf16));
+  Problem<float> big{.N = 300, .d = 64, .V = 1500, .vocab_chunk = 256, .tile = 32, .policy = Policy::fp32,
+                     .seed = kSeed + 2};  // large enough for the parallel regions
+  big.init();
+  check(big);
+}
+
+TEST(LinearCE, ColumnSliceMustBeWholeChunks) {
+  auto p = small_problem<float>(Policy::fp32);
+  std::vector<float> loss(p.N), lse(p.N), dh(p.N * p.d);
+  std::vector<ExactAcc<float>> acc(p.d * p.V);
+  auto msg = [&](int64_t j0, int64_t j1) {
+    try {
+      linear_ce_backward_cols<float>(p.hidden.data(), p.W.data(), p.targets.data(), lse.data(), p.N, p.d, p.V,
+                                     p.vocab_chunk, p.policy, 4, 1.0f, p.segs, j0, j1, dh.data(), acc.data());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(1, p.vocab_chunk).find("whole vocab chunks"), std::string::npos);
+  EXPECT_NE(msg(0, p.vocab_chunk + 1).find("whole vocab chunks"), std::string::npos);
+  EXPECT_NE(msg(p.vocab_chunk, p.vocab_chunk).find("non-empty range"), std::string::npos);
+  EXPECT_NE(msg(0, p.V + 1).find("non-empty range"), std::string::npos);
 }
 
 TEST(LinearCE, ThreadCountInvarianceBitwise) {
