@@ -78,7 +78,6 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.mesh = spec.mesh;
   sh.ep_chunks = spec.ep_chunks;
   sh.vocab_slices = spec.vocab_slices;
-  sh.plain_reductions = spec.plain_reductions;
   const md::ParamSet<T> init = spec_init<T>(spec);
   sh.init = &init;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);

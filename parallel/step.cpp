@@ -283,15 +283,6 @@ struct RankStep<T>::Impl {
   // A dense accumulator laid out as fsdp*cp blocks of `se` values (block s belongs to fsdp*cp rank s): exact
   // reduce-scatter over fsdp*cp, exact all-reduce over d_rep, this rank's block rounded into out (se values).
   void merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph) {
-    if (sh.plain_reductions) {  // benchmark-only: round locally, plain sums across ranks
-      std::vector<T> loc(sz(nfc * se)), part(sz(se));
-      K.exact_round(a, loc.data(), nfc * se);
-      mc.fsdp_cp->reduce_scatter(loc.data(), part.data(), sz(se), dt<T>(), ReduceOp::sum);
-      note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
-      mc.d_rep->all_reduce(part.data(), out, sz(se), dt<T>(), ReduceOp::sum);
-      note(ph, *mc.d_rep, CollOp::all_reduce);
-      return;
-    }
     std::vector<Acc> part(sz(se));
     mem.add(vbytes(part));
     mc.fsdp_cp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
@@ -303,13 +294,6 @@ struct RankStep<T>::Impl {
   }
   // One local expert's accumulator (e_fsdp blocks of se): reduce-scatter over e_fsdp, rounded into out.
   void merge_expert(const Acc* a, int64_t se, T* out, const std::string& ph) {
-    if (sh.plain_reductions) {
-      std::vector<T> loc(sz(sh.mesh.e_fsdp * se));
-      K.exact_round(a, loc.data(), static_cast<int64_t>(loc.size()));
-      mc.e_fsdp->reduce_scatter(loc.data(), out, sz(se), dt<T>(), ReduceOp::sum);
-      note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
-      return;
-    }
     std::vector<Acc> part(sz(se));
     mem.add(vbytes(part));
     mc.e_fsdp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
@@ -472,13 +456,6 @@ struct RankStep<T>::Impl {
           done[sz(nb)] = true;
           b = nb;
         } while (b != b0);
-      }
-      if (sh.plain_reductions) {  // benchmark-only: round locally, plain sum across cp
-        std::vector<T> loc(kacc.size());
-        K.exact_round(kacc.data(), loc.data(), static_cast<int64_t>(loc.size()));
-        mc.cp->reduce_scatter(loc.data(), dpay + r0 * P, sz(2 * ch * P), dt<T>(), ReduceOp::sum);
-        note(ph, *mc.cp, CollOp::reduce_scatter);
-        continue;
       }
       mc.cp->reduce_scatter(kacc.data(), mine.data(), sz(2 * ch * P), dt_exact<T>(), ReduceOp::exact_sum);
       note(ph, *mc.cp, CollOp::reduce_scatter);

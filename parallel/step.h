@@ -51,10 +51,6 @@ struct StepShared {
   int64_t vocab_slices = 0;   // lm_head / embedding gradients in slices (layout.h vocab_slices; 0: per vocab chunk)
   const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
   model::RopeTable<T> rope;   // (seq_len, rope width)
-  // BENCHMARK ONLY (breaks the bit-identity contract): cross-rank merges of gradients, of the KV gradient and of
-  // the loss become plain sums (each rank rounds its accumulators locally, then f32/f64 sum collectives over
-  // 4/8-byte values instead of exact_sum over 88/552-byte accumulators). bench_step measures the cost ratio.
-  bool plain_reductions = false;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

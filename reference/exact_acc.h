@@ -24,7 +24,11 @@ class ExactAcc;  // specialised for float and double in reference/exact_acc_impl
 
 }  // namespace trident
 
+#ifdef TRIDENT_PLAIN_ACC  // benchmark twins only (bench/step): plain sums, see reference/plain_acc_impl.h
+#include "reference/plain_acc_impl.h"
+#else
 #include "reference/exact_acc_impl.h"
+#endif
 
 namespace trident {
 

@@ -1,6 +1,13 @@
 // bench_step: one full emulated FSDP x CP x EP step (3 optimizer steps, reported separately) on the 256-rank
-// mesh (4,1,64)x(4,64) and on a 1,024-rank mesh, with exact reductions (the contract) and with plain sums (a
-// benchmark-only switch), printing wall time per step, CPU time, peak RSS and the exact/plain cost ratio.
+// mesh (4,1,64)x(4,64) and on a 1,024-rank mesh, with exact reductions (the contract) and with plain sums,
+// printing wall time per step, CPU time, peak RSS and the exact/plain cost ratio.
+//
+// The plain rows run bench_step_plain: this same program linked against the benchmark twins of the libraries
+// in which ExactAcc<T> is a plain running sum (reference/plain_acc_impl.h) - every tile partial, every
+// cross-rank merge (gradients, the KV gradient, the loss) and every accumulator is a plain fp32 sum / 4-byte
+// value, with the step's code unchanged. Each row runs in its own child process (fork + exec of this binary or
+// of the twin), so its peak RSS is its own.
+//
 // Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]
 #include <malloc.h>
 #include <sys/resource.h>
@@ -9,10 +16,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "emulator/run_step.h"
@@ -21,58 +29,100 @@ using namespace trident;
 
 namespace {
 
+#ifdef TRIDENT_PLAIN_ACC
+constexpr bool kPlainBuild = true;
+#else
+constexpr bool kPlainBuild = false;
+#endif
+
 struct Conf {
-  std::string name;
+  std::string name;  // "256" or "1024", plus "r" with full recompute
   parallel::MeshShape mesh;
   int64_t seqs, seq_len, tile, chunks;
   bool recompute;
 };
+const std::vector<Conf> kConfs = {
+    {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, false},
+    {"256r", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
+    {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, false},
+    {"1024r", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
+};
 
-struct Out {  // written by the child through a pipe
+struct Out {  // written by the child to the fd it is given
   double step_s[8] = {};
   int64_t steps = 0;
   int64_t tracked_max = 0;
   double wall = 0;
+  double loss_last = 0, norm_last = 0;  // of the last step: the plain run's are close to, not equal to, exact's
+  int ok = 0;
 };
 
-size_t eager = 0;
-
-Out run_child(const Conf& c, int64_t steps, bool plain, double& user, double& sys, long& rss_kb) {
-  int fd[2];
-  if (pipe(fd) != 0) std::perror("pipe");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
-    Out o;
-    emu::EmulateSpec s;
-    s.preset = "tiny-e64";
-    s.cfg = model::Config::preset("tiny-e64");
-    s.cfg.tile = c.tile;
-    s.run.sequences = c.seqs;
-    s.run.seq_len = c.seq_len;
-    s.run.steps = steps;
-    s.run.recompute = c.recompute;
-    s.mesh = c.mesh;
-    s.ep_chunks = c.chunks;
-    s.keep_tensors = false;
-    s.plain_reductions = plain;
-    s.eager_bytes = eager;
-    auto last = std::chrono::steady_clock::now();
-    s.progress = [&](int64_t k, const parallel::RankStepStats&) {
-      const auto now = std::chrono::steady_clock::now();
-      if (k < 8) o.step_s[k] = std::chrono::duration<double>(now - last).count();
-      last = now;
-    };
+// Child: runs one configuration and writes Out to fd.
+int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size_t eager) {
+  // Big per-rank buffers (gradient accumulators, gathered units) are allocated and freed tensor by tensor.
+  // A fixed mmap threshold returns each one to the OS when freed, so 1,024 threads do not fragment the malloc
+  // arenas (peak RSS ~ the sum of the ranks' tracked peaks); it costs page faults (sys time).
+  if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  const auto it = std::find_if(kConfs.begin(), kConfs.end(), [&](const Conf& c) { return c.name == name; });
+  if (it == kConfs.end()) return 2;
+  const Conf& c = *it;
+  Out o;
+  emu::EmulateSpec s;
+  s.preset = "tiny-e64";
+  s.cfg = model::Config::preset("tiny-e64");
+  s.cfg.tile = c.tile;
+  s.run.sequences = c.seqs;
+  s.run.seq_len = c.seq_len;
+  s.run.steps = steps;
+  s.run.recompute = c.recompute;
+  s.mesh = c.mesh;
+  s.ep_chunks = c.chunks;
+  s.keep_tensors = false;
+  s.eager_bytes = eager;
+  auto last = std::chrono::steady_clock::now();
+  s.progress = [&](int64_t k, const parallel::RankStepStats& st) {
+    const auto now = std::chrono::steady_clock::now();
+    if (k < 8) o.step_s[k] = std::chrono::duration<double>(now - last).count();
+    last = now;
+    o.loss_last = st.loss;
+    o.norm_last = st.grad_norm;
+  };
+  try {
     const auto r = emu::emulate<float>(s);
     o.steps = steps;
     o.wall = r.seconds;
     for (int64_t b : r.peak_bytes) o.tracked_max = std::max(o.tracked_max, b);
-    if (write(fd[1], &o, sizeof o) != static_cast<ssize_t>(sizeof o)) std::perror("write");
-    _exit(0);
+    o.ok = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_step child %s: %s\n", name.c_str(), e.what());
+  }
+  if (write(fd, &o, sizeof o) != static_cast<ssize_t>(sizeof o)) std::perror("write");
+  return o.ok ? 0 : 1;
+}
+
+// Parent: fork + exec `exe --child NAME STEPS --fd N [...]`; returns false when the child failed.
+bool run_child(const std::string& exe, const Conf& c, int64_t steps, bool tune_malloc, size_t eager, Out& o,
+               double& user, double& sys, long& rss_kb) {
+  int fd[2];
+  if (pipe(fd) != 0) {
+    std::perror("pipe");
+    return false;
+  }
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    const std::string st = std::to_string(steps), f = std::to_string(fd[1]), eg = std::to_string(eager);
+    std::vector<const char*> args = {exe.c_str(), "--child", c.name.c_str(), st.c_str(), "--fd", f.c_str(),
+                                     "--eager-bytes", eg.c_str()};
+    if (!tune_malloc) args.push_back("--default-malloc");
+    args.push_back(nullptr);
+    execv(exe.c_str(), const_cast<char* const*>(args.data()));
+    std::perror(("exec " + exe).c_str());
+    _exit(127);
   }
   close(fd[1]);
-  Out o;
-  if (read(fd[0], &o, sizeof o) != static_cast<ssize_t>(sizeof o)) std::fprintf(stderr, "child failed\n");
+  const bool got = read(fd[0], &o, sizeof o) == static_cast<ssize_t>(sizeof o);
   close(fd[0]);
   int status = 0;
   struct rusage ru {};
@@ -80,50 +130,68 @@ Out run_child(const Conf& c, int64_t steps, bool plain, double& user, double& sy
   user = static_cast<double>(ru.ru_utime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec);
   sys = static_cast<double>(ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_stime.tv_usec);
   rss_kb = ru.ru_maxrss;
-  return o;
+  return got && o.ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t steps = 3;
-  std::string only;
+  std::string only, child_name;
   bool plain = true, tune_malloc = true;
+  int child_fd = -1;
+  size_t eager = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-plain")) plain = false;
     else if (!std::strcmp(argv[i], "--default-malloc")) tune_malloc = false;
     else if (!std::strcmp(argv[i], "--eager-bytes") && i + 1 < argc) eager = static_cast<size_t>(std::atoll(argv[++i]));
+    else if (!std::strcmp(argv[i], "--child") && i + 2 < argc) {
+      child_name = argv[++i];
+      steps = std::atoll(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--fd") && i + 1 < argc) child_fd = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]\n");
       return 2;
     }
   }
   steps = std::min<int64_t>(std::max<int64_t>(steps, 1), 8);
-  // Big per-rank buffers (gradient accumulators, gathered units) are allocated and freed tensor by tensor.
-  // A fixed mmap threshold returns each one to the OS when freed, so 1,024 threads do not fragment the malloc
-  // arenas (peak RSS ~ the sum of the ranks' tracked peaks); it costs page faults (sys time).
-  // --default-malloc keeps glibc's dynamic threshold (less sys time, more RSS).
-  if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
-  const std::vector<Conf> confs = {
-      {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, false},
-      {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
-      {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, false},
-      {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
-  };
+  if (!child_name.empty()) return child(child_name, steps, child_fd < 0 ? 1 : child_fd, tune_malloc, eager);
+  if (kPlainBuild) {
+    std::fprintf(stderr, "bench_step_plain is the plain-sum child of bench_step; run bench_step\n");
+    return 2;
+  }
+  if (only != "" && only != "256" && only != "1024") {
+    std::fprintf(stderr, "bench_step: --only takes 256 or 1024\n");
+    return 2;
+  }
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string exact_exe = self.string(), plain_exe = (self.parent_path() / "bench_step_plain").string();
+  if (plain && !std::filesystem::exists(plain_exe)) {
+    std::printf("(no %s: plain rows skipped; build the bench_step_plain target)\n", plain_exe.c_str());
+    plain = false;
+  }
   std::printf("bench_step: tiny-e64 (V 512, d 64, 3 layers, 64 experts top-4), fp32, EP chunks 2; "
               "%u hardware threads\n",
               std::thread::hardware_concurrency());
-  std::printf("%-5s %-24s %-22s %-6s %-28s %8s %8s %9s %10s\n", "ranks", "mesh", "batch", "merge", "wall s/step",
+  std::printf("%-5s %-24s %-22s %-6s %-28s %8s %8s %9s %10s\n", "ranks", "mesh", "batch", "sums", "wall s/step",
               "user s", "sys s", "RSS MiB", "track/rk");
-  for (const Conf& c : confs) {
-    if (!only.empty() && only != c.name) continue;
-    double wall_exact = 0, cpu_exact = 0;
+  int failures = 0;
+  for (const Conf& c : kConfs) {
+    const std::string ranks = std::to_string(c.mesh.world());
+    if (!only.empty() && only != ranks) continue;
+    double wall_exact = 0, cpu_exact = 0, loss_exact = 0, norm_exact = 0;
     for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
       double user = 0, sys = 0;
       long rss = 0;
-      const Out o = run_child(c, steps, mode == 1, user, sys, rss);
+      Out o;
+      if (!run_child(mode ? plain_exe : exact_exe, c, steps, tune_malloc, eager, o, user, sys, rss)) {
+        std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
+                    mode ? "plain" : "exact");
+        ++failures;
+        break;
+      }
       std::string per;
       double tot = 0;
       for (int64_t k = 0; k < o.steps; ++k) {
@@ -132,7 +200,7 @@ int main(int argc, char** argv) {
       }
       const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
                                            c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
-      std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", c.name.c_str(), mesh.c_str(),
+      std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", ranks.c_str(), mesh.c_str(),
                   fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
                   per.c_str(), user, sys, static_cast<double>(rss) / 1024.0,
                   static_cast<double>(o.tracked_max) / (1024.0 * 1024.0));
@@ -140,14 +208,17 @@ int main(int argc, char** argv) {
       if (mode == 0) {
         wall_exact = tot;
         cpu_exact = user + sys;
+        loss_exact = o.loss_last;
+        norm_exact = o.norm_last;
       } else {
-        std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain = local rounding + fp32 sum "
-                    "collectives; in-kernel tile partials stay exact)\n",
-                    wall_exact / tot, cpu_exact / (user + sys));
+        std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain: every accumulator a plain fp32 "
+                    "running sum, 4 B instead of 88 B, in-kernel and across ranks); last step's loss %.9g vs "
+                    "%.9g, grad norm %.9g vs %.9g\n",
+                    wall_exact / tot, cpu_exact / (user + sys), loss_exact, o.loss_last, norm_exact, o.norm_last);
       }
     }
   }
   std::printf("targets (2-core machine): 256 ranks <= 5 s/step, 1,024 ranks <= 30 s/step, RSS <= 4 GB. Wall time "
               "depends on other load on the machine; user+sys is the CPU work.\n");
-  return 0;
+  return failures ? 1 : 0;
 }
