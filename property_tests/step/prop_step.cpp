@@ -1,5 +1,5 @@
-// Property: for random valid meshes of up to 64 ranks, random EP chunk counts and recompute flags, the emulated
-// step is bit-identical to the single-rank reference (docs/parallel.md). Generated numbers are raw choices
+// Property: for random valid meshes of up to 64 ranks, random EP chunk counts, vocabulary slices and recompute
+// flags, the emulated step is bit-identical to the single-rank reference (docs/parallel.md). Generated numbers are raw choices
 // mapped onto a valid layout, so shrinking moves toward small meshes; a failure logs the repro command.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -40,6 +40,8 @@ emu::EmulateSpec random_spec() {
   s.run.recompute = *rc::gen::arbitrary<bool>();
   const int64_t local_tiles = per * 2 * m;
   s.ep_chunks = std::min<int64_t>(*rc::gen::inRange(1, 5), local_tiles);
+  // vocabulary slices: 0 (default: one per vocab chunk), or 1..6 (beyond tiny's 4 vocab chunks: clamped)
+  s.vocab_slices = *rc::gen::inRange(0, 7);
   return s;
 }
 
