@@ -342,6 +342,30 @@ struct RankStep<T>::Impl {
     }
     reduced[i]++;
   }
+  // The three weight gradients of SwiGLU blocks (the dense MLP, the shared expert, or the local experts: one block
+  // of rows each), one tensor at a time. The reference's swiglu_backward_wgrad is exactly wgrad_acc(x, dug) -> wg,
+  // wgrad_acc(x, duu) -> wu, wgrad_acc(h, dy) -> wd, so producing, merging and freeing each tensor before the next
+  // changes no bit and no collective count, and keeps one tensor's accumulator live instead of three.
+  struct SwigluRows {
+    const T *x, *h, *dy, *dug, *duu;  // (n, d), (n, F), (n, d), (n, F), (n, F)
+    std::span<const int64_t> segs;
+  };
+  void swiglu_wgrad(const std::string& prefix, int64_t F, const std::string& ph,
+                    const std::vector<SwigluRows>& blocks) {
+    for (const char* w : {"wg", "wu", "wd"}) {
+      const std::string name = prefix + w;
+      const std::vector<size_t> g{idx(name)};
+      alloc_grads(g);
+      for (size_t el = 0; el < blocks.size(); ++el) {  // local expert el (one block for dense tensors)
+        const SwigluRows& b = blocks[el];
+        Acc* a = G(name) + static_cast<int64_t>(el) * expert_stride(name);
+        if (w[1] == 'g') K.wgrad_acc(pol, b.x, d, b.dug, F, d, F, b.segs, a);
+        else if (w[1] == 'u') K.wgrad_acc(pol, b.x, d, b.duu, F, d, F, b.segs, a);
+        else K.wgrad_acc(pol, b.h, F, b.dy, d, F, d, b.segs, a);
+      }
+      reduce_grads(g, ph);
+    }
+  }
   // Pointers into the gathered / accumulating buffers by parameter name suffix of unit u.
   size_t idx(const std::string& name) const { return sh.init->find(name); }
   const T* W(const std::string& name) const {
@@ -732,16 +756,12 @@ struct RankStep<T>::Impl {
       mem.sub(2 * (vbytes(sbuf) + vbytes(rbuf)));
     }
     // Delayed wgrad: one pass per local expert over all chunks' rows (tiles never split by a chunk).
-    auto en = [&](const char* s) { return fmt::format("layers.{}.moe.experts.{}", i, s); };
-    const std::vector<size_t> ex_g = names(i, {"moe.experts.wg", "moe.experts.wu", "moe.experts.wd"});
-    alloc_grads(ex_g);
+    std::vector<SwigluRows> owned;
     for (int64_t el = 0; el < Eloc; ++el) {
-      OwnerExpert& X = st.ex[sz(el)];
-      K.swiglu_backward_wgrad(pol, X.x.data(), X.h.data(), X.dy.data(), X.dug.data(), X.duu.data(), d, F, X.segs,
-                              G(en("wg")) + el * expert_stride(en("wg")), G(en("wu")) + el * expert_stride(en("wu")),
-                              G(en("wd")) + el * expert_stride(en("wd")));
+      const OwnerExpert& X = st.ex[sz(el)];
+      owned.push_back({X.x.data(), X.h.data(), X.dy.data(), X.dug.data(), X.duu.data(), X.segs});
     }
-    reduce_grads(ex_g, ph);
+    swiglu_wgrad(nm("experts."), F, ph, owned);
     // da = +0, += expert dx (selected e ascending), += shared dx, += router dx (as moe_backward)
     for (int64_t t = 0; t < N; ++t) {
       T* o = da + t * d;
@@ -756,11 +776,7 @@ struct RankStep<T>::Impl {
       std::vector<T> dug(sz(N * Fs)), duu(sz(N * Fs));
       K.swiglu_backward_dgrad(pol, dout, W(nm("shared.wg")), W(nm("shared.wu")), W(nm("shared.wd")), st.sug.data(),
                               st.suu.data(), N, d, Fs, dug.data(), duu.data(), tmp.data());
-      const std::vector<size_t> sg = names(i, {"moe.shared.wg", "moe.shared.wu", "moe.shared.wd"});
-      alloc_grads(sg);
-      K.swiglu_backward_wgrad(pol, st.a2.data(), st.sh.data(), dout, dug.data(), duu.data(), d, Fs, rows.segs,
-                              G(nm("shared.wg")), G(nm("shared.wu")), G(nm("shared.wd")));
-      reduce_grads(sg, ph);
+      swiglu_wgrad(nm("shared."), Fs, ph, {{st.a2.data(), st.sh.data(), dout, dug.data(), duu.data(), rows.segs}});
       for (int64_t j = 0; j < N * d; ++j) da[j] = da[j] + tmp[sz(j)];
     }
     std::vector<T> dlogits(sz(N * E));
@@ -808,11 +824,7 @@ struct RankStep<T>::Impl {
       std::vector<T> dug(sz(N * F)), duu(sz(N * F));
       K.swiglu_backward_dgrad(pol, dout, W(nm("mlp.wg")), W(nm("mlp.wu")), W(nm("mlp.wd")), st.ug.data(),
                               st.uu.data(), N, d, F, dug.data(), duu.data(), da.data());
-      const std::vector<size_t> mg = names(i, {"mlp.wg", "mlp.wu", "mlp.wd"});
-      alloc_grads(mg);
-      K.swiglu_backward_wgrad(pol, st.a2.data(), st.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs,
-                              G(nm("mlp.wg")), G(nm("mlp.wu")), G(nm("mlp.wd")));
-      reduce_grads(mg, ph);
+      swiglu_wgrad(nm("mlp."), F, ph, {{st.a2.data(), st.hh.data(), dout, dug.data(), duu.data(), rows.segs}});
     } else {
       moe_bwd(i, st, dout, da.data(), ph);
     }

@@ -52,9 +52,8 @@ class Kernels {
                               int64_t F, T* ug, T* uu, T* h, T* y) = 0;
   virtual void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
                                      const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx) = 0;
-  virtual void swiglu_backward_wgrad(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu,
-                                     int64_t d, int64_t F, std::span<const int64_t> segs, ExactAcc<T>* dwg,
-                                     ExactAcc<T>* dwu, ExactAcc<T>* dwd) = 0;
+  // (SwiGLU weight gradients: the step issues the reference's swiglu_backward_wgrad as its three wgrad_acc calls,
+  // one tensor at a time, so one accumulator is live at a time.)
   // A routed expert on a row list: x (n, d) -> y (n, d) with its SwiGLU activations. The default is the
   // SwiGLU; the identity-expert test hook overrides it (y = x).
   virtual void expert_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t n, int64_t d,
@@ -128,9 +127,6 @@ class CpuKernels : public Kernels<T> {
                       T* ug, T* uu, T* h, T* y) override;
   void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug, const T* uu,
                              int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx) override;
-  void swiglu_backward_wgrad(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu, int64_t d,
-                             int64_t F, std::span<const int64_t> segs, ExactAcc<T>* dwg, ExactAcc<T>* dwu,
-                             ExactAcc<T>* dwd) override;
   void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E, int64_t K,
                       double alpha, T* logits, T* scores, int32_t* sel, T* gates) override;
   void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,

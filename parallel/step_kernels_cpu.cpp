@@ -57,12 +57,6 @@ void CpuKernels<T>::swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, 
   m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx);
 }
 template <class T>
-void CpuKernels<T>::swiglu_backward_wgrad(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu,
-                                          int64_t d, int64_t F, std::span<const int64_t> segs, ExactAcc<T>* dwg,
-                                          ExactAcc<T>* dwu, ExactAcc<T>* dwd) {
-  m::swiglu_backward_wgrad<T>(pol, x, h, dy, dug, duu, d, F, segs, dwg, dwu, dwd);
-}
-template <class T>
 void CpuKernels<T>::router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E,
                                    int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates) {
   m::router_forward<T>(pol, a, wr, bias, N, d, E, K, alpha, logits, scores, sel, gates);
