@@ -31,7 +31,7 @@ struct Opts {
   double lr = 3e-3;
   int64_t data_seed = 7;
   int64_t token_chunk = 64;
-  int64_t experts = 0, top_k = 0, tile = 0, layers = 0;
+  int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
 };
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
@@ -163,10 +163,16 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
                    sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
                        ->capture_default_str();
-                   sub.add_option("--experts", o->experts, "override the config's routed experts");
-                   sub.add_option("--top-k", o->top_k, "override the config's top-k");
-                   sub.add_option("--tile", o->tile, "override the config's reduction tile T");
-                   sub.add_option("--layers", o->layers, "override the config's layer count");
+                   sub.add_option("--experts", o->experts, "override the config's routed experts")
+                       ->check(CLI::PositiveNumber);
+                   sub.add_option("--top-k", o->top_k, "override the config's top-k")
+                       ->check(CLI::PositiveNumber);
+                   sub.add_option("--tile", o->tile, "override the config's reduction tile T")
+                       ->check(CLI::PositiveNumber);
+                   sub.add_option("--layers", o->layers, "override the config's layer count")
+                       ->check(CLI::PositiveNumber);
+                   sub.add_option("--vocab-chunk", o->vocab_chunk, "override the config's linear-CE vocab chunk")
+                       ->check(CLI::PositiveNumber);
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->preset;
@@ -176,6 +182,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      if (o->top_k > 0) spec.cfg.top_k = o->top_k;
                      if (o->tile > 0) spec.cfg.tile = o->tile;
                      if (o->layers > 0) spec.cfg.layers = o->layers;
+                     if (o->vocab_chunk > 0) spec.cfg.vocab_chunk = o->vocab_chunk;
                      spec.cfg.validate();
                      spec.run.sequences = o->seqs;
                      spec.run.seq_len = o->seq_len;

@@ -29,6 +29,7 @@ std::string EmulateSpec::repro() const {
   if (cfg.top_k != base.top_k) s += fmt::format(" --top-k {}", cfg.top_k);
   if (cfg.tile != base.tile) s += fmt::format(" --tile {}", cfg.tile);
   if (cfg.layers != base.layers) s += fmt::format(" --layers {}", cfg.layers);
+  if (cfg.vocab_chunk != base.vocab_chunk) s += fmt::format(" --vocab-chunk {}", cfg.vocab_chunk);
   if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
   if (run.recompute) s += " --recompute";
   s += " --check-reference";
@@ -85,6 +86,9 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   const std::vector<md::Batch> batches = spec_batches(spec);
   for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
 
+  if (spec.mesh.world() > kMaxEmulatedRanks)
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
   const int W = static_cast<int>(spec.mesh.world());
   const int64_t steps = spec.run.steps;
   EmulateResult<T> res;

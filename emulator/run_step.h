@@ -18,6 +18,9 @@
 
 namespace trident::emu {
 
+// One thread per rank: emulate() rejects larger meshes (docs/emulator.md gives the memory per rank).
+inline constexpr int64_t kMaxEmulatedRanks = 65536;
+
 struct EmulateSpec {
   model::Config cfg;
   std::string preset = "tiny";  // for repro(): the preset cfg came from

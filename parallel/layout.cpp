@@ -1,6 +1,7 @@
 #include "parallel/layout.h"
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include "reference/check.h"
@@ -15,6 +16,7 @@ MeshShape parse_mesh(const std::string& spec) {
   MeshShape m;
   std::stringstream ss(spec);
   std::string item;
+  std::set<std::string> seen;
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
     auto eq = item.find('=');
@@ -29,6 +31,8 @@ MeshShape parse_mesh(const std::string& spec) {
       fail(fmt::format("mesh: value of '{}' is not an integer: '{}'", key, val));
     }
     if (v < 1) fail(fmt::format("mesh: {} must be >= 1, got {}", key, v));
+    if (v > kMaxMeshDim) fail(fmt::format("mesh: {} = {} exceeds {}", key, v, kMaxMeshDim));
+    if (!seen.insert(key).second) fail(fmt::format("mesh: '{}' given twice", key));
     if (key == "d_rep") m.d_rep = v;
     else if (key == "fsdp") m.fsdp = v;
     else if (key == "cp") m.cp = v;
@@ -36,6 +40,9 @@ MeshShape parse_mesh(const std::string& spec) {
     else if (key == "ep") m.ep = v;
     else fail(fmt::format("mesh: unknown key '{}' (expected d_rep, fsdp, cp, e_fsdp, ep)", key));
   }
+  if (m.d_rep * m.fsdp * m.cp > kMaxMeshDim || m.e_fsdp * m.ep > kMaxMeshDim)
+    fail(fmt::format("mesh: world size {} exceeds {}", std::max(m.d_rep * m.fsdp * m.cp, m.e_fsdp * m.ep),
+                     kMaxMeshDim));
   if (m.d_rep * m.fsdp * m.cp != m.e_fsdp * m.ep)
     fail(fmt::format("mesh: d_rep*fsdp*cp = {} but e_fsdp*ep = {}; both must equal the world size",
                      m.d_rep * m.fsdp * m.cp, m.e_fsdp * m.ep));

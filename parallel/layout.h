@@ -15,7 +15,9 @@ struct MeshShape {
   std::string str() const;              // "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)"
 };
 
-// Parses "d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64" (missing keys default to 1; unknown keys rejected).
+// Parses "d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64" (missing keys default to 1; unknown or repeated keys, values
+// < 1 and worlds larger than kMaxMeshDim ranks are rejected).
+inline constexpr int64_t kMaxMeshDim = int64_t{1} << 20;
 MeshShape parse_mesh(const std::string& spec);
 
 struct DenseCoord { int64_t d, f, c; };

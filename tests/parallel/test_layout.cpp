@@ -22,6 +22,10 @@ TEST(Layout, ParseMesh) {
   EXPECT_THROW(parse_mesh("cp=two"), Error);
   EXPECT_THROW(parse_mesh("tp=2,ep=2"), Error);
   EXPECT_THROW(parse_mesh("cp=0"), Error);
+  EXPECT_THROW(parse_mesh("cp=2,cp=2,ep=4"), Error);                       // repeated key
+  EXPECT_THROW(parse_mesh("d_rep=1048577,e_fsdp=1048577"), Error);         // one dimension too large
+  EXPECT_THROW(parse_mesh("d_rep=65536,fsdp=65536,e_fsdp=65536,ep=65536"), Error);  // world too large
+  EXPECT_NO_THROW(parse_mesh("d_rep=1048576,e_fsdp=1048576"));
 }
 
 TEST(Layout, CoordinatesRoundTrip) {

@@ -21,7 +21,7 @@ struct Case {
   bool recompute = false;
   std::string policy = "fp32";
   int64_t seqs = 4, seq_len = 32, steps = 3;
-  int64_t experts = 0, top_k = 0, tile = 0;  // overrides (0: the preset's)
+  int64_t experts = 0, top_k = 0, tile = 0, vocab_chunk = 0;  // overrides (0: the preset's)
 };
 
 inline MeshShape M(int64_t dr, int64_t f, int64_t cp, int64_t ef, int64_t ep) { return MeshShape{dr, f, cp, ef, ep}; }
@@ -34,6 +34,7 @@ inline emu::EmulateSpec make_spec(const Case& c) {
   if (c.experts) s.cfg.experts = c.experts;
   if (c.top_k) s.cfg.top_k = c.top_k;
   if (c.tile) s.cfg.tile = c.tile;
+  if (c.vocab_chunk) s.cfg.vocab_chunk = c.vocab_chunk;
   s.cfg.validate();
   s.run.sequences = c.seqs;
   s.run.seq_len = c.seq_len;

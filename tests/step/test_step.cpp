@@ -55,6 +55,9 @@ TEST(StepEquality, VocabSlices1_Fsdp2Cp2) { run_case({.mesh = M(1, 2, 2, 2, 2), 
 TEST(StepEquality, VocabSlices3_Bf16_DRep2_Recompute) {
   run_case({.mesh = M(2, 1, 2, 1, 4), .vocab_slices = 3, .recompute = true, .policy = "bf16"});
 }
+TEST(StepEquality, VocabSlices4_ShortLastChunk) {  // V 512 in chunks of 100: 6 chunks, the last of 12 columns
+  run_case({.mesh = M(1, 2, 2, 1, 4), .chunks = 2, .vocab_slices = 4, .steps = 2, .vocab_chunk = 100});
+}
 TEST(StepEquality, VocabSlicesMax_Fsdp8) { run_case({.mesh = M(1, 8, 1, 1, 8), .vocab_slices = 512, .seqs = 8}); }
 TEST(StepEquality, E64_DRep2Cp4_Ep8) {
   run_case({.preset = "tiny-e64", .mesh = M(2, 1, 4, 1, 8), .chunks = 2, .seq_len = 64, .steps = 2});
