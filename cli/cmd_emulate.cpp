@@ -164,15 +164,15 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
                        ->capture_default_str();
                    sub.add_option("--experts", o->experts, "override the config's routed experts")
-                       ->check(CLI::PositiveNumber);
+                       ->check(cli::positive_int());
                    sub.add_option("--top-k", o->top_k, "override the config's top-k")
-                       ->check(CLI::PositiveNumber);
+                       ->check(cli::positive_int());
                    sub.add_option("--tile", o->tile, "override the config's reduction tile T")
-                       ->check(CLI::PositiveNumber);
+                       ->check(cli::positive_int());
                    sub.add_option("--layers", o->layers, "override the config's layer count")
-                       ->check(CLI::PositiveNumber);
+                       ->check(cli::positive_int());
                    sub.add_option("--vocab-chunk", o->vocab_chunk, "override the config's linear-CE vocab chunk")
-                       ->check(CLI::PositiveNumber);
+                       ->check(cli::positive_int());
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->preset;

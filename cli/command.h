@@ -18,6 +18,21 @@ struct Command {
 
 bool register_command(Command cmd);
 
+// Option check: an integer >= 1 ("must be a positive integer, got X").
+inline CLI::Validator positive_int() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 1) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be a positive integer, got " + v;
+      },
+      "INT>=1");
+}
+
 }  // namespace trident::cli
 
 #define TRIDENT_CONCAT_(a, b) a##b

@@ -73,6 +73,9 @@ CommStats EmulateResult<T>::total() const {
 
 template <class T>
 EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels) {
+  if (spec.mesh.world() > kMaxEmulatedRanks)
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
   par::StepShared<T> sh;
   sh.cfg = spec.cfg;
   sh.run = spec.run;
@@ -86,9 +89,6 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   const std::vector<md::Batch> batches = spec_batches(spec);
   for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
 
-  if (spec.mesh.world() > kMaxEmulatedRanks)
-    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
-                     spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
   const int W = static_cast<int>(spec.mesh.world());
   const int64_t steps = spec.run.steps;
   EmulateResult<T> res;
