@@ -256,14 +256,12 @@ struct RankStep<T>::Impl {
       acc[i] = AccView{arena_take(n), n};
     }
   }
-  void alloc_grads(int64_t u) { alloc_grads(unit_params[sz(u)]); }
   std::vector<size_t> names(int64_t i, std::initializer_list<const char*> suffixes) const {
     std::vector<size_t> out;
     for (const char* s : suffixes) out.push_back(idx(fmt::format("layers.{}.{}", i, s)));
     return out;
   }
   std::vector<int> reduced;  // per ps index: reductions this step (each trainable tensor exactly once)
-  void reduce_grads(int64_t u, const std::string& ph) { reduce_grads(unit_params[sz(u)], ph); }
   // As soon as a tensor's gradient is complete: its accumulator is merged across ranks, rounded, freed.
   void reduce_grads(const std::vector<size_t>& list, const std::string& ph) {
     for (size_t i : list) {
