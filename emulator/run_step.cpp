@@ -137,7 +137,10 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
       },
       so);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (auto& rr : sr.ranks) res.rank_stats.push_back(std::move(rr.stats));
+  for (auto& rr : sr.ranks) {
+    res.rank_stats.push_back(std::move(rr.stats));
+    if (spec.record_trace) res.traces.push_back(std::move(rr.trace));
+  }
   for (int64_t s = 0; s < steps; ++s) {
     const par::RankStepStats& a = per_rank[0][static_cast<size_t>(s)];
     for (int r = 1; r < W; ++r) {

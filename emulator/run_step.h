@@ -12,6 +12,7 @@
 #include "parallel/layout.h"
 #include "parallel/step.h"
 #include "parallel/step_kernels.h"
+#include "parallel/trace.h"
 #include "reference/model/config.h"
 #include "reference/model/model.h"
 #include "reference/model/params.h"
@@ -50,6 +51,7 @@ struct EmulateResult {
   std::vector<int64_t> peak_bytes;             // per rank: peak of the step's tracked buffers
   std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
   std::vector<parallel::PhaseCounts> phases;   // per rank: collectives per phase of the last step
+  std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
 };

@@ -700,10 +700,17 @@ struct RankStep<T>::Impl {
       X.duu.assign(nr * sz(F), T(0));
     }
     const Stream cs = dev.compute_stream(), xs = dev.comm_stream();
-    for (int64_t c = 0; c < n; ++c) {
+    // Chunked EP backward, overlapped like the forward: chunk c+1's dy dispatch is issued on the comm stream before
+    // chunk c's dgrad runs on the compute stream; chunk c's dx combine waits only for that dgrad, and the compute
+    // stream waits for the combines once, after the last chunk.
+    // Per chunk, alive until the layer's backward ends (a stream may still read a send buffer after the call is
+    // issued): dy sent / received, dx sent / returned.
+    std::vector<std::vector<T>> dy_send(sz(n)), dy_recv(sz(n)), dx_send(sz(n)), dx_recv(sz(n));
+    auto send_dy = [&](int64_t c) {  // source: dgate = dout . y (ascending c), dy = gate * dout, forward's order
       EpChunk& C = st.chunks[sz(c)];
-      // source: dgate = dout . y (ascending c), dy = gate * dout, sent in the forward's order
-      std::vector<T> sbuf(C.send_tk.size() * sz(d)), rbuf(C.recv_at.size() * sz(d));
+      std::vector<T>& sbuf = dy_send[sz(c)];
+      sbuf.assign(C.send_tk.size() * sz(d), T(0));
+      dy_recv[sz(c)].assign(C.recv_at.size() * sz(d), T(0));
       for (size_t j = 0; j < C.send_tk.size(); ++j) {
         const int64_t tk = C.send_tk[j], t = tk / Kt;
         const T g = st.gates[sz(tk)];
@@ -716,14 +723,19 @@ struct RankStep<T>::Impl {
         }
         dgates[sz(tk)] = s;
       }
-      mem.add(2 * (vbytes(sbuf) + vbytes(rbuf)));
-      exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), xs, ph);
+      mem.add(vbytes(sbuf) + vbytes(dy_recv[sz(c)]));
+      exchange_rows(C, /*to_owners=*/true, sbuf.data(), dy_recv[sz(c)].data(), xs, ph);
       dev.record(ev_disp[sz(c)], xs);
+    };
+    send_dy(0);
+    for (int64_t c = 0; c < n; ++c) {
+      EpChunk& C = st.chunks[sz(c)];
       dev.wait(cs, ev_disp[sz(c)]);
       for (size_t j = 0; j < C.recv_at.size(); ++j) {
         const auto [el, at] = C.recv_at[j];
-        std::copy_n(rbuf.data() + j * sz(d), d, st.ex[sz(el)].dy.data() + at * d);
+        std::copy_n(dy_recv[sz(c)].data() + j * sz(d), d, st.ex[sz(el)].dy.data() + at * d);
       }
+      if (c + 1 < n) send_dy(c + 1);
       // owner: dgrad of this chunk's rows (wgrad delayed)
       std::vector<std::vector<T>> dx(sz(Eloc));
       dev.launch(cs, "expert_dgrad", 0, 0, [&] {
@@ -740,18 +752,24 @@ struct RankStep<T>::Impl {
       });
       dev.record(ev_comp[sz(c)], cs);
       dev.wait(xs, ev_comp[sz(c)]);
-      std::vector<T> s2(C.recv_at.size() * sz(d)), r2(C.send_tk.size() * sz(d));
+      std::vector<T>& s2 = dx_send[sz(c)];
+      s2.assign(C.recv_at.size() * sz(d), T(0));
+      dx_recv[sz(c)].assign(C.send_tk.size() * sz(d), T(0));
+      mem.add(vbytes(s2) + vbytes(dx_recv[sz(c)]));
       for (size_t j = 0; j < C.recv_at.size(); ++j) {
         const auto [el, at] = C.recv_at[j];
         const int64_t b = st.ex[sz(el)].chunk_begin[sz(c)];
         std::copy_n(dx[sz(el)].data() + (at - b) * d, d, s2.data() + j * sz(d));
       }
-      exchange_rows(C, /*to_owners=*/false, s2.data(), r2.data(), xs, ph);
+      exchange_rows(C, /*to_owners=*/false, s2.data(), dx_recv[sz(c)].data(), xs, ph);
       dev.record(ev_comb[sz(c)], xs);
-      dev.wait(cs, ev_comb[sz(c)]);
+    }
+    dev.wait(cs, ev_comb[sz(n - 1)]);  // the comm stream is in order: every chunk's combine is done
+    for (int64_t c = 0; c < n; ++c) {
+      const EpChunk& C = st.chunks[sz(c)];
       for (size_t j = 0; j < C.send_tk.size(); ++j)
-        std::copy_n(r2.data() + j * sz(d), d, dxk.data() + C.send_tk[j] * d);
-      mem.sub(2 * (vbytes(sbuf) + vbytes(rbuf)));
+        std::copy_n(dx_recv[sz(c)].data() + j * sz(d), d, dxk.data() + C.send_tk[j] * d);
+      mem.sub(vbytes(dy_send[sz(c)]) + vbytes(dy_recv[sz(c)]) + vbytes(dx_send[sz(c)]) + vbytes(dx_recv[sz(c)]));
     }
     // Delayed wgrad: one pass per local expert over all chunks' rows (tiles never split by a chunk).
     std::vector<SwigluRows> owned;

@@ -191,6 +191,41 @@ TEST(StepEdge, AllTargetsIgnoredOnSomeRanks) {
   EXPECT_EQ(r.steps[0].n_valid, 2 * 32 - (2 * 32 + 2) / 3);
 }
 
+// ---- streams: chunked EP overlaps communication with compute (docs/parallel.md section 6) ----------------------------
+// The comm stream runs in order, so what it may overlap is fixed by where its waits sit. Per MoE layer and rank,
+// its EP entries must read (A = all_to_all, V = all_to_allv, W = wait for a compute event), for n = 3 chunks:
+//   forward : AV | AV W V | AV W V | W V   - dispatch c+1 (counts + rows) before the wait for chunk c's GEMMs
+//   backward: V  | V W V  | V W V  | W V   - dy of chunk c+1 before the wait for chunk c's dgrad
+// and the compute stream waits for the combines once per layer, after the last chunk.
+TEST(StepStreams, ChunkedEpOverlapsCommunicationWithCompute) {
+  for (const bool rec : {false, true}) {
+    emu::EmulateSpec s = make_spec({.mesh = M(1, 1, 2, 1, 2), .chunks = 3, .recompute = rec, .steps = 1});
+    s.record_trace = true;
+    s.keep_tensors = false;
+    const auto r = emu::emulate<float>(s);
+    ASSERT_EQ(r.traces.size(), size_t{2});
+    const std::string fwd = "AVAVWVAVWVWV", bwd = "VVWVVWVWV";
+    int moe = 0;
+    for (int64_t i = 0; i < s.cfg.layers; ++i) moe += s.cfg.is_moe_layer(i) ? 1 : 0;
+    ASSERT_EQ(moe, 2);
+    const std::string want = fwd + fwd + (rec ? fwd + bwd + fwd + bwd : bwd + bwd);
+    for (size_t rank = 0; rank < r.traces.size(); ++rank) {
+      const RankTrace& t = r.traces[rank];
+      ASSERT_EQ(t.size(), size_t{2}) << "compute and comm streams";
+      std::string comm;
+      for (const TraceEntry& e : t[1].entries) {
+        if (e.kind == TraceEntry::Kind::wait) comm += 'W';
+        else if (e.kind == TraceEntry::Kind::collective && e.comm == "ep")
+          comm += e.op == CollOp::all_to_all ? 'A' : e.op == CollOp::all_to_allv ? 'V' : '?';
+      }
+      EXPECT_EQ(comm, want) << "rank " << rank << " recompute " << rec << " " << s.repro();
+      int64_t launches = 0;
+      for (const TraceEntry& e : t[0].entries) launches += e.kind == TraceEntry::Kind::compute ? 1 : 0;
+      EXPECT_EQ(launches, 2 * 3 * (rec ? 3 : 2)) << "expert_forward / expert_dgrad per chunk and MoE layer";
+    }
+  }
+}
+
 // ---- collective accounting: the documented schedule, per phase and in total ----------------------------------------
 TEST(StepAccounting, MatchesDocumentedSchedule) {
   for (const Case& c : {Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 1, .steps = 2},
