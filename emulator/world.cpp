@@ -436,6 +436,7 @@ class EmuDevice final : public Device {
     t.event_index = ev.index;
     t.file = loc.file_name();
     t.line = loc.line();
+    t.issue = issue_++;
     r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));  // always kept: wait() refers to it
   }
   void wait(Stream s, Event e, std::source_location loc) override {
@@ -452,6 +453,7 @@ class EmuDevice final : public Device {
     t.event_index = ev.index;
     t.file = loc.file_name();
     t.line = loc.line();
+    t.issue = issue_++;
     r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
   }
   void launch(Stream s, std::string_view name, int64_t bytes, double flops, const std::function<void()>& fn,
@@ -466,6 +468,7 @@ class EmuDevice final : public Device {
     t.flops = flops;
     t.file = loc.file_name();
     t.line = loc.line();
+    t.issue = issue_++;
     r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
   }
   void synchronize(Stream s, std::source_location loc) override { check_stream(s, loc); }
@@ -495,10 +498,12 @@ class EmuDevice final : public Device {
     t.bytes = bytes;
     t.file = c.file;
     t.line = c.line;
+    t.issue = issue_++;
     r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
   }
 
  private:
+  int64_t issue_ = 0;  // next TraceEntry::issue
   struct Ev {
     int stream = -1;
     int64_t index = -1;

@@ -31,6 +31,7 @@ struct TraceEntry {
   int event = -1;
   int event_stream = -1;
   int64_t event_index = -1;  // index of the record entry in event_stream's list
+  int64_t issue = -1;       // the rank's issue order across all its streams (0, 1, ...): cross-stream "before"
   // call site
   const char* file = "";
   unsigned line = 0;

@@ -226,6 +226,57 @@ TEST(StepStreams, ChunkedEpOverlapsCommunicationWithCompute) {
   }
 }
 
+// FSDP prefetch: unit u+1's all-gather (forward) and unit u-1's (backward) are issued on the comm stream before
+// anything of unit u's compute reaches the compute stream, i.e. before the first compute-stream entry that
+// follows the compute stream's wait for unit u's own gather.
+TEST(StepStreams, FsdpPrefetchesTheNextUnit) {
+  for (const bool rec : {false, true}) {
+    emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = rec, .steps = 1});
+    s.record_trace = true;
+    s.keep_tensors = false;
+    const auto r = emu::emulate<float>(s);
+    const int64_t L = s.cfg.layers;
+    for (size_t rank = 0; rank < r.traces.size(); ++rank) {
+      const auto& comp = r.traces[rank][0].entries;
+      const auto& comm = r.traces[rank][1].entries;
+      // unit gathers: records on the comm stream right after an FSDP all-gather (fsdp*cp or e_fsdp)
+      std::vector<size_t> recs;
+      for (size_t k = 1; k < comm.size(); ++k)
+        if (comm[k].kind == TraceEntry::Kind::record && comm[k - 1].kind == TraceEntry::Kind::collective &&
+            comm[k - 1].op == CollOp::all_gather && (comm[k - 1].comm == "fsdp*cp" || comm[k - 1].comm == "e_fsdp"))
+          recs.push_back(k);
+      ASSERT_EQ(static_cast<int64_t>(recs.size()), 2 * L + 2) << "forward units 0..L+1, backward units L..1";
+      // the compute-stream entry right after the wait for a gather record
+      auto after_wait = [&](size_t rec_index) -> const TraceEntry* {
+        for (size_t k = 0; k + 1 < comp.size(); ++k)
+          if (comp[k].kind == TraceEntry::Kind::wait && comp[k].event_stream == 1 &&
+              comp[k].event_index == static_cast<int64_t>(rec_index))
+            return &comp[k + 1];
+        return nullptr;
+      };
+      const auto gather_issue = [&](size_t rec) {  // first all-gather of the unit that this record closes
+        size_t k = rec;
+        while (k > 0 && comm[k - 1].kind == TraceEntry::Kind::collective && comm[k - 1].op == CollOp::all_gather)
+          --k;
+        return comm[k].issue;
+      };
+      for (int64_t u = 1; u <= L; ++u) {  // forward: layer units 1..L, next unit u+1 (the head after the last)
+        const TraceEntry* first = after_wait(recs[static_cast<size_t>(u)]);
+        ASSERT_NE(first, nullptr) << "forward unit " << u;
+        EXPECT_LT(gather_issue(recs[static_cast<size_t>(u + 1)]), first->issue)
+            << "rank " << rank << " forward unit " << u << " recompute " << rec;
+      }
+      for (int64_t k = 0; k + 1 < L; ++k) {  // backward: record k of the backward is unit L-k, the next is L-k-1
+        const size_t cur = recs[static_cast<size_t>(L + 2 + k)], next = recs[static_cast<size_t>(L + 3 + k)];
+        const TraceEntry* first = after_wait(cur);
+        ASSERT_NE(first, nullptr) << "backward unit " << L - k;
+        EXPECT_LT(gather_issue(next), first->issue)
+            << "rank " << rank << " backward unit " << L - k << " recompute " << rec;
+      }
+    }
+  }
+}
+
 // ---- collective accounting: the documented schedule, per phase and in total ----------------------------------------
 TEST(StepAccounting, MatchesDocumentedSchedule) {
   for (const Case& c : {Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 1, .steps = 2},
