@@ -197,12 +197,16 @@ TEST(StepEdge, AllTargetsIgnoredOnSomeRanks) {
 //   forward : AV | AV W V | AV W V | W V   - dispatch c+1 (counts + rows) before the wait for chunk c's GEMMs
 //   backward: V  | V W V  | V W V  | W V   - dy of chunk c+1 before the wait for chunk c's dgrad
 // and the compute stream waits for the combines once per layer, after the last chunk.
+emu::EmulateResult<float> traced_run(emu::EmulateSpec s) {
+  s.record_trace = true;
+  s.keep_tensors = false;
+  return emu::emulate<float>(s);
+}
+
 TEST(StepStreams, ChunkedEpOverlapsCommunicationWithCompute) {
   for (const bool rec : {false, true}) {
-    emu::EmulateSpec s = make_spec({.mesh = M(1, 1, 2, 1, 2), .chunks = 3, .recompute = rec, .steps = 1});
-    s.record_trace = true;
-    s.keep_tensors = false;
-    const auto r = emu::emulate<float>(s);
+    const emu::EmulateSpec s = make_spec({.mesh = M(1, 1, 2, 1, 2), .chunks = 3, .recompute = rec, .steps = 1});
+    const auto r = traced_run(s);
     ASSERT_EQ(r.traces.size(), size_t{2});
     const std::string fwd = "AVAVWVAVWVWV", bwd = "VVWVVWVWV";
     int moe = 0;
@@ -231,10 +235,8 @@ TEST(StepStreams, ChunkedEpOverlapsCommunicationWithCompute) {
 // follows the compute stream's wait for unit u's own gather.
 TEST(StepStreams, FsdpPrefetchesTheNextUnit) {
   for (const bool rec : {false, true}) {
-    emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = rec, .steps = 1});
-    s.record_trace = true;
-    s.keep_tensors = false;
-    const auto r = emu::emulate<float>(s);
+    const emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = rec, .steps = 1});
+    const auto r = traced_run(s);
     const int64_t L = s.cfg.layers;
     for (size_t rank = 0; rank < r.traces.size(); ++rank) {
       const auto& comp = r.traces[rank][0].entries;

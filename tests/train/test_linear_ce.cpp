@@ -65,14 +65,21 @@ struct Result {
   std::vector<T> loss, lse, dhidden, dW;
 };
 
+// The forward into a fresh Result (outputs pre-filled with junk, so an unwritten value shows).
 template <class T>
-Result<T> run_split(const Problem<T>& p, int64_t token_chunk) {
+Result<T> run_forward(const Problem<T>& p, int64_t token_chunk) {
   Result<T> r;
   r.loss.assign(p.N, T(-1));
   r.lse.assign(p.N, T(-1));
   r.dhidden.assign(p.N * p.d, T(-7));
   linear_ce_forward<T>(p.hidden.data(), p.W.data(), p.targets.data(), p.N, p.d, p.V, p.vocab_chunk, p.policy,
                        token_chunk, r.loss.data(), r.lse.data());
+  return r;
+}
+
+template <class T>
+Result<T> run_split(const Problem<T>& p, int64_t token_chunk) {
+  Result<T> r = run_forward(p, token_chunk);
   std::vector<ExactAcc<T>> acc(p.d * p.V);
   linear_ce_backward<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V, p.vocab_chunk,
                         p.policy, token_chunk, p.grad_scale(), p.segs, r.dhidden.data(), acc.data());
@@ -99,12 +106,7 @@ Result<T> run_fused(const Problem<T>& p, int64_t token_chunk) {
 // (d, width) accumulator, rounded and placed into the full dW.
 template <class T>
 Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts) {
-  Result<T> r;
-  r.loss.assign(p.N, T(-1));
-  r.lse.assign(p.N, T(-1));
-  r.dhidden.assign(p.N * p.d, T(-7));
-  linear_ce_forward<T>(p.hidden.data(), p.W.data(), p.targets.data(), p.N, p.d, p.V, p.vocab_chunk, p.policy,
-                       token_chunk, r.loss.data(), r.lse.data());
+  Result<T> r = run_forward(p, token_chunk);
   r.dW.assign(p.d * p.V, T(-7));
   int64_t j0 = 0;
   for (int64_t j1 : cuts) {
