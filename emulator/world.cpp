@@ -436,8 +436,7 @@ class EmuDevice final : public Device {
     t.event_index = ev.index;
     t.file = loc.file_name();
     t.line = loc.line();
-    t.issue = issue_++;
-    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));  // always kept: wait() refers to it
+    push(s, std::move(t));  // always kept: wait() refers to it
   }
   void wait(Stream s, Event e, std::source_location loc) override {
     check_stream(s, loc);
@@ -453,8 +452,7 @@ class EmuDevice final : public Device {
     t.event_index = ev.index;
     t.file = loc.file_name();
     t.line = loc.line();
-    t.issue = issue_++;
-    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+    push(s, std::move(t));
   }
   void launch(Stream s, std::string_view name, int64_t bytes, double flops, const std::function<void()>& fn,
               std::source_location loc) override {
@@ -468,8 +466,7 @@ class EmuDevice final : public Device {
     t.flops = flops;
     t.file = loc.file_name();
     t.line = loc.line();
-    t.issue = issue_++;
-    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+    push(s, std::move(t));
   }
   void synchronize(Stream s, std::source_location loc) override { check_stream(s, loc); }
 
@@ -498,11 +495,15 @@ class EmuDevice final : public Device {
     t.bytes = bytes;
     t.file = c.file;
     t.line = c.line;
-    t.issue = issue_++;
-    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+    push(s, std::move(t));
   }
 
  private:
+  // Appends an entry to stream s's trace, stamped with the rank's issue order across streams.
+  void push(Stream s, TraceEntry&& t) {
+    t.issue = issue_++;
+    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
+  }
   int64_t issue_ = 0;  // next TraceEntry::issue
   struct Ev {
     int stream = -1;

@@ -65,13 +65,20 @@ struct Result {
   std::vector<T> loss, lse, dhidden, dW;
 };
 
-// The forward into a fresh Result (outputs pre-filled with junk, so an unwritten value shows).
+// A fresh Result, outputs pre-filled with junk so an unwritten value shows.
 template <class T>
-Result<T> run_forward(const Problem<T>& p, int64_t token_chunk) {
+Result<T> fresh_result(const Problem<T>& p) {
   Result<T> r;
   r.loss.assign(p.N, T(-1));
   r.lse.assign(p.N, T(-1));
   r.dhidden.assign(p.N * p.d, T(-7));
+  return r;
+}
+
+// The forward into a fresh Result.
+template <class T>
+Result<T> run_forward(const Problem<T>& p, int64_t token_chunk) {
+  Result<T> r = fresh_result(p);
   linear_ce_forward<T>(p.hidden.data(), p.W.data(), p.targets.data(), p.N, p.d, p.V, p.vocab_chunk, p.policy,
                        token_chunk, r.loss.data(), r.lse.data());
   return r;
@@ -90,10 +97,7 @@ Result<T> run_split(const Problem<T>& p, int64_t token_chunk) {
 
 template <class T>
 Result<T> run_fused(const Problem<T>& p, int64_t token_chunk) {
-  Result<T> r;
-  r.loss.assign(p.N, T(-1));
-  r.lse.assign(p.N, T(-1));
-  r.dhidden.assign(p.N * p.d, T(-7));
+  Result<T> r = fresh_result(p);
   std::vector<ExactAcc<T>> acc(p.d * p.V);
   linear_ce_fused<T>(p.hidden.data(), p.W.data(), p.targets.data(), p.N, p.d, p.V, p.vocab_chunk, p.policy,
                      token_chunk, p.grad_scale(), p.segs, r.loss.data(), r.lse.data(), r.dhidden.data(), acc.data());
