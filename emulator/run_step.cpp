@@ -84,6 +84,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.vocab_slices = spec.vocab_slices;
   const md::ParamSet<T> init = spec_init<T>(spec);
   sh.init = &init;
+  sh.skip_wait = spec.skip_wait;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
   const std::vector<md::Batch> batches = spec_batches(spec);
@@ -111,6 +112,10 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
 
   SpawnOptions so;
   so.record_trace = spec.record_trace;
+  so.device = spec.device;
+  TD_CHECK(spec.device.mode == DeviceMode::eager,
+           "emulate: the distributed step does not run on a deferred device yet (its EP row packing and attention "
+           "activations are host-side; docs/architecture.md); use eager mode with device.check_hazards");
   so.watchdog = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
@@ -121,7 +126,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
         omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
         const int r = ctx.rank();
         MeshComms mc = make_mesh_comms(ctx.world(), mcfg);
-        std::unique_ptr<par::Kernels<T>> k = kernels ? kernels(r) : std::make_unique<par::CpuKernels<T>>();
+        std::unique_ptr<par::Kernels<T>> k = kernels ? kernels(r, ctx.device()) : std::make_unique<par::CpuKernels<T>>(ctx.device());
         par::RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
         for (int64_t s = 0; s < steps; ++s) {
           const par::RankStepStats st = step.step(batches[static_cast<size_t>(s)]);

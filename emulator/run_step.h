@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "emulator/device.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "parallel/step.h"
@@ -36,6 +37,12 @@ struct EmulateSpec {
   bool keep_tensors = true;     // assemble full gradients and parameters after every step
   bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
   int watchdog_s = 600;
+  // Each rank's Device (emulator/device.h): device.check_hazards runs the stream-hazard checker over the step's
+  // device buffers (eager execution, same bits). Deferred execution is rejected by the step for now
+  // (docs/architecture.md "The device seam": the EP row packing and attention activations are host-side).
+  DeviceOptions device;
+  // Test hook: drop one event wait of the step (parallel::StepShared::skip_wait), to see the checker catch it.
+  std::string skip_wait;
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
   // Called by rank 0 after each step (progress display).
@@ -56,9 +63,9 @@ struct EmulateResult {
   double seconds = 0;                          // wall time of the steps (spawn included)
 };
 
-// kernels: one kernel set per rank (nullptr factory: CpuKernels).
+// kernels: one kernel set per rank, launching on that rank's device (nullptr factory: CpuKernels).
 template <class T>
-using KernelFactory = std::function<std::unique_ptr<parallel::Kernels<T>>(int rank)>;
+using KernelFactory = std::function<std::unique_ptr<parallel::Kernels<T>>(int rank, Device& dev)>;
 
 template <class T>
 EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr);

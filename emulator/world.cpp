@@ -30,6 +30,7 @@
 #include <set>
 #include <thread>
 
+#include "emulator/device.h"
 #include "emulator/reduce.h"
 
 namespace trident::emu {
@@ -404,115 +405,25 @@ struct World {
 };
 
 // ------------------------------------------------------------------------------------------------------------
-// Device: streams, events, trace.
-
-class EmuDevice final : public Device {
- public:
-  EmuDevice(RankState& r, bool record) : r_(r), record_(record) {
-    r_.trace.push_back({"compute", {}});
-    r_.trace.push_back({"comm", {}});
-  }
-  Stream compute_stream() override { return Stream{0}; }
-  Stream comm_stream() override { return Stream{1}; }
-  Stream create_stream(std::string name) override {
-    r_.trace.push_back({std::move(name), {}});
-    return Stream{static_cast<int>(r_.trace.size()) - 1};
-  }
-  Event create_event() override {
-    events_.push_back({});
-    return Event{static_cast<int>(events_.size()) - 1};
-  }
-  void record(Event e, Stream s, std::source_location loc) override {
-    check_stream(s, loc);
-    check_event(e, loc);
-    auto& ev = events_[static_cast<size_t>(e.id)];
-    ev.stream = s.id;
-    ev.index = static_cast<int64_t>(r_.trace[static_cast<size_t>(s.id)].entries.size());
-    TraceEntry t;
-    t.kind = TraceEntry::Kind::record;
-    t.name = "record";
-    t.event = e.id;
-    t.event_stream = s.id;
-    t.event_index = ev.index;
-    t.file = loc.file_name();
-    t.line = loc.line();
-    push(s, std::move(t));  // always kept: wait() refers to it
-  }
-  void wait(Stream s, Event e, std::source_location loc) override {
-    check_stream(s, loc);
-    check_event(e, loc);
-    auto& ev = events_[static_cast<size_t>(e.id)];
-    TD_CHECK(ev.stream >= 0, "rank {}: wait on event {} that was never recorded (at {}:{})", r_.rank, e.id,
-             loc.file_name(), loc.line());
-    TraceEntry t;
-    t.kind = TraceEntry::Kind::wait;
-    t.name = "wait";
-    t.event = e.id;
-    t.event_stream = ev.stream;
-    t.event_index = ev.index;
-    t.file = loc.file_name();
-    t.line = loc.line();
-    push(s, std::move(t));
-  }
-  void launch(Stream s, std::string_view name, int64_t bytes, double flops, const std::function<void()>& fn,
-              std::source_location loc) override {
-    check_stream(s, loc);
-    fn();  // eager: everything issued before on any stream has completed
-    if (!record_) return;
-    TraceEntry t;
-    t.kind = TraceEntry::Kind::compute;
-    t.name = std::string(name);
-    t.bytes = bytes;
-    t.flops = flops;
-    t.file = loc.file_name();
-    t.line = loc.line();
-    push(s, std::move(t));
-  }
-  void synchronize(Stream s, std::source_location loc) override { check_stream(s, loc); }
-
-  void check_stream(Stream s, std::source_location loc) const {
-    TD_CHECK(s.id >= 0 && static_cast<size_t>(s.id) < r_.trace.size(), "rank {}: unknown stream {} at {}:{}",
-             r_.rank, s.id, loc.file_name(), loc.line());
-  }
-  void check_event(Event e, std::source_location loc) const {
-    TD_CHECK(e.id >= 0 && static_cast<size_t>(e.id) < events_.size(),
-             "rank {}: unknown event {} (create it with create_event) at {}:{}", r_.rank, e.id, loc.file_name(),
-             loc.line());
-  }
-  void trace_comm(Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes) {
-    if (!record_) return;
-    TraceEntry t;
-    t.kind = kind;
-    t.name = std::string(to_string(c.op));
-    t.comm = g.name;
-    t.comm_id = g.id;
-    t.seq = c.seq;
-    t.op = c.op;
-    t.dtype = c.dtype;
-    t.redop = c.redop;
-    t.count = c.count;
-    t.peer = c.root;
-    t.bytes = bytes;
-    t.file = c.file;
-    t.line = c.line;
-    push(s, std::move(t));
-  }
-
- private:
-  // Appends an entry to stream s's trace, stamped with the rank's issue order across streams.
-  void push(Stream s, TraceEntry&& t) {
-    t.issue = issue_++;
-    r_.trace[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
-  }
-  int64_t issue_ = 0;  // next TraceEntry::issue
-  struct Ev {
-    int stream = -1;
-    int64_t index = -1;
-  };
-  RankState& r_;
-  bool record_;
-  std::vector<Ev> events_;
-};
+// Device: emulator/device.h. The trace entry of a communication call:
+void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes) {
+  if (!dev.tracing()) return;
+  TraceEntry t;
+  t.kind = kind;
+  t.name = std::string(to_string(c.op));
+  t.comm = g.name;
+  t.comm_id = g.id;
+  t.seq = c.seq;
+  t.op = c.op;
+  t.dtype = c.dtype;
+  t.redop = c.redop;
+  t.count = c.count;
+  t.peer = c.root;
+  t.bytes = bytes;
+  t.file = c.file;
+  t.line = c.line;
+  dev.push_trace(s, std::move(t));
+}
 
 // ------------------------------------------------------------------------------------------------------------
 // Communicator.
@@ -557,9 +468,26 @@ class EmuComm final : public Communicator {
 
  protected:
   void do_collective(const CollArgs& a, Stream s, loc_t loc) override {
-    dev_.check_stream(s, loc);
     CallDesc c{a.op, a.count, a.dtype, a.redop, a.root, seq_, loc.file_name(), loc.line()};
     const size_t es = dtype_size(a.dtype), n = static_cast<size_t>(size());
+    {  // the device ranges it reads and writes (checked against the rank's other streams; deferred: runs s first)
+      const auto b = [](size_t x) { return static_cast<int64_t>(x); };
+      const size_t one = a.count * es, all = n * one;
+      Accesses acc;
+      switch (a.op) {
+        case CollOp::all_gather: acc = {Access{a.send, b(one), false}, Access{a.recv, b(all), true}}; break;
+        case CollOp::reduce_scatter: acc = {Access{a.send, b(all), false}, Access{a.recv, b(one), true}}; break;
+        case CollOp::broadcast:
+        case CollOp::reduce: {
+          const bool root = crank_ == a.root;
+          if (a.op == CollOp::reduce || root) acc.push_back(Access{a.send, b(one), false});
+          if (a.op == CollOp::broadcast || root) acc.push_back(Access{a.recv, b(one), true});
+          break;
+        }
+        default: acc = {Access{a.send, b(one), false}, Access{a.recv, b(one), true}}; break;
+      }
+      dev_.before_comm(s, to_string(a.op), acc, loc);
+    }
     // Eager protocol for small calls: each rank first copies its input into its slot's staging buffer (two,
     // alternating by sequence parity), then reads only staging after the rendezvous, so no rank waits for the
     // others to finish reading (no completion barrier). Safe because a rank can only reach call k+2 after
@@ -584,7 +512,7 @@ class EmuComm final : public Communicator {
     }
     const size_t bytes = (a.op == CollOp::all_gather || a.op == CollOp::reduce_scatter) ? n * a.count * es
                                                                                          : a.count * es;
-    dev_.trace_comm(s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
   }
 
   void do_send(const void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
@@ -596,7 +524,7 @@ class EmuComm final : public Communicator {
   void do_group_start(loc_t) override { ++depth_; }
   void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) override {
     CallDesc c{op, count, t, ReduceOp::sum, -1, helper_seq_++, loc.file_name(), loc.line()};
-    dev_.trace_comm(s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
   }
   void do_group_end(loc_t loc) override {
     --depth_;
@@ -805,7 +733,8 @@ class EmuComm final : public Communicator {
   // ---- send/recv
   void post_p2p(bool is_send, const void* sbuf, void* rbuf, size_t count, DataType t, int peer, Stream s,
                 loc_t loc) {
-    dev_.check_stream(s, loc);
+    dev_.before_comm(s, is_send ? "send" : "recv",
+                     {Access{is_send ? sbuf : rbuf, static_cast<int64_t>(count * dtype_size(t)), !is_send}}, loc);
     if (send_seq_.empty()) send_seq_.assign(static_cast<size_t>(size()), 0), recv_seq_.assign(static_cast<size_t>(size()), 0);
     P2POp op;
     op.is_send = is_send;
@@ -918,7 +847,7 @@ class EmuComm final : public Communicator {
     if (in_helper()) return;  // all_to_all(v): one trace entry, from on_helper_done
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& d = ops[i].desc;
-      dev_.trace_comm(streams[i], ops[i].is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
+      trace_comm(dev_, streams[i], ops[i].is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
                       static_cast<int64_t>(d.count * dtype_size(d.dtype)));
     }
   }
@@ -972,7 +901,9 @@ class EmuComm final : public Communicator {
 // RankContext, spawn.
 
 RankContext::RankContext(World& w, RankState& r) : w_(w), r_(r) {
-  auto dev = std::make_unique<EmuDevice>(r, w.opts.record_trace);
+  DeviceOptions o = w.opts.device;
+  o.record_trace = w.opts.record_trace;
+  auto dev = std::make_unique<EmuDevice>(r.rank, r.trace, o);
   auto* d = dev.get();
   dev_ = std::move(dev);
   world_ = std::make_unique<EmuComm>(w, r, *d, w.world_group, r.rank);
@@ -1026,6 +957,7 @@ void* rank_main(void* p) {
   try {
     RankContext ctx(w, r);
     (*a->fn)(ctx);
+    static_cast<EmuDevice&>(ctx.device()).finish();  // queued work runs; a hazard found in a free() is raised
   } catch (const std::exception& e) {
     w.on_rank_failed(r.rank, e.what());
   } catch (...) {

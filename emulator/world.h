@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "emulator/device.h"
 #include "parallel/comm.h"
 #include "parallel/trace.h"
 #include "reference/check.h"
@@ -31,6 +32,9 @@ struct SpawnOptions {
   // rendezvous, no completion barrier); larger ones copy directly between the ranks' buffers. A parameter so
   // tests run both paths (0: always direct).
   size_t eager_bytes = 32 * 1024;  // staging memory per rank and communicator is at most 2x this
+  // Each rank's Device: eager or deferred execution, hazard checking (emulator/device.h). record_trace above
+  // overrides device.record_trace.
+  DeviceOptions device;
 };
 
 struct World;

@@ -31,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include "parallel/device.h"
+
 namespace trident {
 
 enum class DataType : uint8_t { f64, f32, bf16, i32, i64, u8, exact_f32, exact_f64 };
@@ -51,40 +53,6 @@ std::string_view to_string(CollOp op);
 bool is_exact(DataType t);
 // Throws trident::Error when op is not valid for dtype (exact_sum <-> exact_* only).
 void check_reduce_op(DataType t, ReduceOp op, std::source_location loc);
-
-// A stream of one rank: an ordered queue of work. Handle only; the Device that created it gives it meaning
-// (the emulator: an ordered record; CUDA: a cudaStream_t). Stream{} is the rank's default (compute) stream.
-struct Stream {
-  int id = 0;
-  friend bool operator==(Stream, Stream) = default;
-};
-// An event: a point in a stream that other streams can wait for (cudaEvent_t semantics: wait() waits for the
-// most recent record()). Waiting for an event that was never recorded is an error.
-struct Event {
-  int id = -1;
-  friend bool operator==(Event, Event) = default;
-};
-
-// Per-rank execution context for streams and events. The emulator runs all work eagerly in issue order on the
-// rank's thread (a legal serialisation: every dependency is satisfied) and records, per stream, what ran.
-class Device {
- public:
-  virtual ~Device() = default;
-  virtual Stream compute_stream() = 0;  // id 0
-  virtual Stream comm_stream() = 0;     // id 1
-  virtual Stream create_stream(std::string name) = 0;
-  virtual Event create_event() = 0;
-  // Marks the current end of `s`.
-  virtual void record(Event e, Stream s, std::source_location loc = std::source_location::current()) = 0;
-  // Work issued to `s` after this call starts only after the last record() of `e` completed.
-  virtual void wait(Stream s, Event e, std::source_location loc = std::source_location::current()) = 0;
-  // Runs a piece of compute (a kernel, or a host function standing for one) on `s`. `bytes` and `flops` are
-  // the work's size for the recorded trace / timeline.
-  virtual void launch(Stream s, std::string_view name, int64_t bytes, double flops, const std::function<void()>& fn,
-                      std::source_location loc = std::source_location::current()) = 0;
-  // Host waits for all work on `s`.
-  virtual void synchronize(Stream s, std::source_location loc = std::source_location::current()) = 0;
-};
 
 // Calls and bytes of one operation. Bytes: the size of the call's largest buffer on this rank (the nccl-tests
 // "size"): all_gather size()*count, reduce_scatter size()*recvcount, all_reduce/broadcast/reduce count,

@@ -61,6 +61,7 @@ struct RankStep<T>::Impl {
   MeshComms& mc;
   Device& dev;
   Kernels<T>& K;
+  Stream CS, XS;  // the compute and the communication stream
   Policy pol;
   int rank;
   DenseCoord dc;
@@ -85,7 +86,7 @@ struct RankStep<T>::Impl {
   };
   std::vector<PState> ps;
   std::vector<std::vector<size_t>> unit_params;  // per unit: indices into ps (trainable only)
-  std::vector<std::vector<T>> full;               // gathered (padded) parameters by ps index; empty when freed
+  std::vector<DeviceBuffer<T>> full;              // gathered (padded) parameters by ps index; empty when freed
   // Gradient accumulators live in one per-rank arena of ExactAcc (grown between groups, never freed): a group of
   // tensors whose gradients complete together is carved from it, reduced, and the arena is reused by the next
   // group (groups never overlap), so the big full-shape accumulators cost no allocation or page faults per use.
@@ -132,8 +133,10 @@ struct RankStep<T>::Impl {
   std::string phase;
 
   Impl(const StepShared<T>& s, Communicator& w, MeshComms& c, Device& dv, Kernels<T>& k)
-      : sh(s), cfg(s.cfg), world(w), mc(c), dev(dv), K(k), pol(s.cfg.policy), rank(w.rank()) {
+      : sh(s), cfg(s.cfg), world(w), mc(c), dev(dv), K(k), CS(dv.compute_stream()), XS(dv.comm_stream()),
+        pol(s.cfg.policy), rank(w.rank()) {
     sh.validate();
+    TD_CHECK(sh.skip_wait.empty() || sh.skip_wait == "fsdp_gather", "step: unknown skip_wait '{}'", sh.skip_wait);
     TD_CHECK_EQ(static_cast<int64_t>(world.size()), sh.mesh.world(), "RankStep: world size vs mesh");
     dc = dense_coord(sh.mesh, rank);
     ec = expert_coord(sh.mesh, rank);
@@ -193,7 +196,8 @@ struct RankStep<T>::Impl {
       mem.add(vbytes(s.w) + vbytes(s.m) + vbytes(s.v) + vbytes(s.g));
       ps.push_back(std::move(s));
     }
-    full.assign(ps.size(), {});
+    full.clear();
+    full.resize(ps.size());
     acc.assign(ps.size(), {});
     gathered.assign(sz(L + 2), false);
     for (int64_t u = 0; u < L + 2; ++u) ev_gather.push_back(dev.create_event());
@@ -214,28 +218,32 @@ struct RankStep<T>::Impl {
     TD_CHECK(!gathered[sz(u)], "FSDP: unit {} gathered twice", u);
     for (size_t i : unit_params[sz(u)]) {
       PState& st = ps[i];
-      std::vector<T>& f = full[i];
+      DeviceBuffer<T>& f = full[i];  // allocated on the gathering stream, freed on the compute stream
       if (!st.expert) {
-        f.assign(sz(st.full_elems()), T(0));
+        f = DeviceBuffer<T>(dev, st.full_elems(), s);
         mc.fsdp_cp->all_gather(st.w.data(), f.data(), sz(st.spec.shard_elems()), dt<T>(), s);
         note(ph, *mc.fsdp_cp, CollOp::all_gather);
       } else {
         const int64_t stride = st.full_elems(), se = st.spec.shard_elems();
-        f.assign(sz(Eloc * stride), T(0));
+        f = DeviceBuffer<T>(dev, Eloc * stride, s);
         for (int64_t el = 0; el < Eloc; ++el) {
           mc.e_fsdp->all_gather(st.w.data() + el * se, f.data() + el * stride, sz(se), dt<T>(), s);
           note(ph, *mc.e_fsdp, CollOp::all_gather);
         }
       }
-      mem.add(vbytes(f));
+      mem.add(f.bytes());
     }
     gathered[sz(u)] = true;
     dev.record(ev_gather[sz(u)], s);
   }
+  // The compute stream waits for unit u's gathered parameters.
+  void wait_gather(int64_t u) {
+    if (sh.skip_wait != "fsdp_gather") dev.wait(CS, ev_gather[sz(u)]);
+  }
   void release(int64_t u) {
     for (size_t i : unit_params[sz(u)]) {
-      mem.sub(vbytes(full[i]));
-      std::vector<T>().swap(full[i]);
+      mem.sub(full[i].bytes());
+      full[i].reset(CS);
     }
     gathered[sz(u)] = false;
   }
@@ -287,7 +295,7 @@ struct RankStep<T>::Impl {
     note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
     mc.d_rep->all_reduce(part.data(), part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
     note(ph, *mc.d_rep, CollOp::all_reduce);
-    K.exact_round(part.data(), out, se);
+    K.exact_round(part.data(), out, se, CS);
     mem.sub(vbytes(part));
   }
   // One local expert's accumulator (e_fsdp blocks of se): reduce-scatter over e_fsdp, rounded into out.
@@ -296,7 +304,7 @@ struct RankStep<T>::Impl {
     mem.add(vbytes(part));
     mc.e_fsdp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum);
     note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
-    K.exact_round(part.data(), out, se);
+    K.exact_round(part.data(), out, se, CS);
     mem.sub(vbytes(part));
   }
   // Vocabulary slices (layout.h vocab_slices, docs/parallel.md section 4): each slice's accumulator is taken
@@ -331,7 +339,7 @@ struct RankStep<T>::Impl {
         slot[sz(t)] = o >= r.begin && o < r.end ? static_cast<int32_t>(v / rps * h + (o - r.begin)) : -1;
       }
       Acc* a = arena_take(sz(nfc * h * d));
-      K.embedding_backward(a, slot.data(), dx, N, d, rows.segs);
+      K.embedding_backward(a, slot.data(), dx, N, d, rows.segs, CS);
       std::vector<T> part(sz(h * d));
       merge_dense(a, h * d, part.data(), ph);
       arena_give();
@@ -357,9 +365,9 @@ struct RankStep<T>::Impl {
       for (size_t el = 0; el < blocks.size(); ++el) {  // local expert el (one block for dense tensors)
         const SwigluRows& b = blocks[el];
         Acc* a = G(name) + static_cast<int64_t>(el) * expert_stride(name);
-        if (w[1] == 'g') K.wgrad_acc(pol, b.x, d, b.dug, F, d, F, b.segs, a);
-        else if (w[1] == 'u') K.wgrad_acc(pol, b.x, d, b.duu, F, d, F, b.segs, a);
-        else K.wgrad_acc(pol, b.h, F, b.dy, d, F, d, b.segs, a);
+        if (w[1] == 'g') K.wgrad_acc(pol, b.x, d, b.dug, F, d, F, b.segs, a, CS);
+        else if (w[1] == 'u') K.wgrad_acc(pol, b.x, d, b.duu, F, d, F, b.segs, a, CS);
+        else K.wgrad_acc(pol, b.h, F, b.dy, d, F, d, b.segs, a, CS);
       }
       reduce_grads(g, ph);
     }
@@ -417,14 +425,11 @@ struct RankStep<T>::Impl {
     return g;
   }
 
-  // Zig-zag block b (of 2cp position chunks) -> its slot in cp gather order (rank c holds chunks c, 2cp-1-c).
-  int64_t slot_of(int64_t b) const { return b < cp ? 2 * b : 2 * (2 * cp - 1 - b) + 1; }
-
   // CP attention forward on the local rows: payload all-gather per local sequence, core on local queries.
   void attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st, T* y, const std::string& ph) {
     const md::CoreDims cd = md::CoreDims::from(cfg);
     const int64_t P = cd.P;
-    K.attn_qkv_forward(pol, cfg, w, st.a1.data(), rows.pos.data(), N, sh.rope, st.attn);
+    K.attn_qkv_forward(pol, cfg, w, st.a1.data(), rows.pos.data(), N, sh.rope, st.attn, CS);
     st.attn.o.assign(sz(N * cd.H * cd.Dv), T(0));
     st.attn.stats.assign(sz(N * cd.H * 2), T(0));
     st.kv.assign(sz(nseq), {});
@@ -435,12 +440,11 @@ struct RankStep<T>::Impl {
       note(ph, *mc.cp, CollOp::all_gather);
       std::vector<T>& kv = st.kv[sz(j)];
       kv.assign(sz(S * P), T(0));
-      for (int64_t b = 0; b < 2 * cp; ++b)  // reorder gathered blocks into ascending positions
-        std::copy_n(gbuf.data() + slot_of(b) * ch * P, ch * P, kv.data() + b * ch * P);
+      K.kv_zigzag_reorder(kv.data(), gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
       K.attn_core_forward(pol, cd, st.attn.qc.data() + r0 * cd.H * cd.Dq, rows.pos.data() + r0, 2 * ch, kv.data(), S,
-                          st.attn.o.data() + r0 * cd.H * cd.Dv, st.attn.stats.data() + r0 * cd.H * 2);
+                          st.attn.o.data() + r0 * cd.H * cd.Dv, st.attn.stats.data() + r0 * cd.H * 2, CS);
     }
-    K.attn_out_forward(pol, cfg, w, N, st.attn, y);
+    K.attn_out_forward(pol, cfg, w, N, st.attn, y, CS);
   }
 
   // CP attention core backward per local sequence: dq of the local queries, and the key-side payload gradient
@@ -464,24 +468,13 @@ struct RankStep<T>::Impl {
       K.attn_core_backward(pol, cd, st.attn.qc.data() + r0 * cd.H * cd.Dq, rows.pos.data() + r0, 2 * ch,
                            st.kv[sz(j)].data(), S, st.attn.o.data() + r0 * cd.H * cd.Dv,
                            st.attn.stats.data() + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv, qsegs,
-                           dqc + r0 * cd.H * cd.Dq, kacc.data());
-      // Position order -> gather order, in place (cycles of the block permutation), then the exact
-      // reduce-scatter: each cp rank receives the key-side sums of its own rows, unrounded.
-      std::vector<bool> done(sz(2 * cp), false);
-      for (int64_t b0 = 0; b0 < 2 * cp; ++b0) {
-        if (done[sz(b0)] || slot_of(b0) == b0) continue;
-        std::copy_n(kacc.data() + b0 * ch * P, ch * P, blk.data());
-        int64_t b = b0;
-        do {
-          const int64_t nb = slot_of(b);
-          std::swap_ranges(blk.begin(), blk.end(), kacc.begin() + nb * ch * P);
-          done[sz(nb)] = true;
-          b = nb;
-        } while (b != b0);
-      }
+                           dqc + r0 * cd.H * cd.Dq, kacc.data(), CS);
+      // Position order -> gather order, in place, then the exact reduce-scatter: each cp rank receives the
+      // key-side sums of its own rows, unrounded.
+      K.kv_zigzag_to_gather_acc(kacc.data(), blk.data(), cp, ch * P, CS);
       mc.cp->reduce_scatter(kacc.data(), mine.data(), sz(2 * ch * P), dt_exact<T>(), ReduceOp::exact_sum);
       note(ph, *mc.cp, CollOp::reduce_scatter);
-      K.exact_round(mine.data(), dpay + r0 * P, 2 * ch * P);  // the single rounding of the key side
+      K.exact_round(mine.data(), dpay + r0 * P, 2 * ch * P, CS);  // the single rounding of the key side
     }
     arena_give();
     arena_give();
@@ -495,14 +488,14 @@ struct RankStep<T>::Impl {
     std::vector<T> dO(sz(N * cd.H * cd.Dv)), dqc(sz(N * cd.H * cd.Dq)), dpay(sz(N * P));
     const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
     alloc_grads(out_g);
-    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data());
+    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
     reduce_grads(out_g, ph);
     core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), ph);  // key-side accumulators freed inside
     const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
                                           : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
     alloc_grads(qkv_g);
     K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), rows.pos.data(), N, sh.rope, st.attn, dqc.data(),
-                        dpay.data(), rows.segs, da);
+                        dpay.data(), rows.segs, da, CS);
     reduce_grads(qkv_g, ph);
   }
 
@@ -570,8 +563,9 @@ struct RankStep<T>::Impl {
       C.rcnt[sz(q)] = nr - C.rdis[sz(q)];
     }
     std::vector<T> sbuf(C.send_tk.size() * sz(d)), rbuf(nr * sz(d));
-    for (size_t j = 0; j < C.send_tk.size(); ++j)
-      std::copy_n(st.a2.data() + (C.send_tk[j] / Kt) * d, d, sbuf.data() + j * sz(d));
+    std::vector<int64_t> src_rows(C.send_tk.size());
+    for (size_t j = 0; j < C.send_tk.size(); ++j) src_rows[j] = C.send_tk[j] / Kt;
+    K.gather_rows(sbuf.data(), st.a2.data(), src_rows, d, s);
     mem.add(vbytes(sbuf) + vbytes(rbuf));
     exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
     // Owner: append per local expert in (source, tile, row) order; tile segments per (source, tile).
@@ -613,7 +607,7 @@ struct RankStep<T>::Impl {
       std::vector<T> y(sz(n * d));
       const ExpertW w = expert_w(i, el);
       K.expert_forward(pol, X.x.data() + b * d, w.wg, w.wu, w.wd, n, d, F, X.ug.data() + b * F, X.uu.data() + b * F,
-                       X.h.data() + b * F, y.data());
+                       X.h.data() + b * F, y.data(), CS);
       ybuf[sz(el)] = std::move(y);
     }
   }
@@ -631,8 +625,7 @@ struct RankStep<T>::Impl {
     }
     mem.add(vbytes(sbuf) + vbytes(rbuf));
     exchange_rows(C, /*to_owners=*/false, sbuf.data(), rbuf.data(), s, ph);
-    for (size_t j = 0; j < C.send_tk.size(); ++j)
-      std::copy_n(rbuf.data() + j * sz(d), d, st.yk.data() + C.send_tk[j] * d);
+    K.scatter_rows(st.yk.data(), rbuf.data(), C.send_tk, d, s);
     mem.sub(vbytes(sbuf) + vbytes(rbuf));
   }
 
@@ -644,7 +637,7 @@ struct RankStep<T>::Impl {
     st.sel.assign(sz(N * Kt), 0);
     st.gates.assign(sz(N * Kt), T(0));
     K.router_forward(pol, st.a2.data(), W(nm("router")), W(nm("router_bias")), N, d, E, Kt, cfg.routed_scale,
-                     st.logits.data(), st.scores.data(), st.sel.data(), st.gates.data());
+                     st.logits.data(), st.scores.data(), st.sel.data(), st.gates.data(), CS);
     st.yk.assign(sz(N * Kt * d), T(0));
     st.chunks.assign(sz(n), {});
     st.ex.assign(sz(Eloc), {});
@@ -660,7 +653,7 @@ struct RankStep<T>::Impl {
         ep_dispatch(c + 1, st, xs, ph);
         dev.record(ev_disp[sz(c + 1)], xs);
       }
-      dev.launch(cs, "expert_forward", 0, 0, [&] { ep_compute(i, c, st); });
+      ep_compute(i, c, st);
       dev.record(ev_comp[sz(c)], cs);
       dev.wait(xs, ev_comp[sz(c)]);
       ep_combine(c, st, xs, ph);
@@ -668,24 +661,16 @@ struct RankStep<T>::Impl {
     }
     dev.wait(cs, ev_comb[sz(n - 1)]);
     ybuf.assign(sz(Eloc), {});
-    for (int64_t t = 0; t < N; ++t) {  // combine per token: selected experts ascending (as moe_forward)
-      T* o = out + t * d;
-      for (int64_t c = 0; c < d; ++c) o[c] = T(0);
-      for (int64_t k = 0; k < Kt; ++k) {
-        const T g = st.gates[sz(t * Kt + k)];
-        const T* y = st.yk.data() + (t * Kt + k) * d;
-        for (int64_t c = 0; c < d; ++c) o[c] = o[c] + g * y[c];
-      }
-    }
-    K.on_moe_combined(i, st.a2.data(), st.gates.data(), st.sel.data(), out, N, d, Kt);
+    K.moe_combine_forward(out, st.gates.data(), st.yk.data(), N, d, Kt, CS);  // as moe_forward
+    K.on_moe_combined(i, st.a2.data(), st.gates.data(), st.sel.data(), out, N, d, Kt, CS);
     if (Fs > 0) {
       st.sug.assign(sz(N * Fs), T(0));
       st.suu.assign(sz(N * Fs), T(0));
       st.sh.assign(sz(N * Fs), T(0));
       st.sy.assign(sz(N * d), T(0));
       K.swiglu_forward(pol, st.a2.data(), W(nm("shared.wg")), W(nm("shared.wu")), W(nm("shared.wd")), N, d, Fs,
-                       st.sug.data(), st.suu.data(), st.sh.data(), st.sy.data());
-      for (int64_t j = 0; j < N * d; ++j) out[j] = out[j] + st.sy[sz(j)];
+                       st.sug.data(), st.suu.data(), st.sh.data(), st.sy.data(), CS);
+      K.residual_forward(out, out, st.sy.data(), N * d, CS);
     }
   }
 
@@ -711,18 +696,7 @@ struct RankStep<T>::Impl {
       std::vector<T>& sbuf = dy_send[sz(c)];
       sbuf.assign(C.send_tk.size() * sz(d), T(0));
       dy_recv[sz(c)].assign(C.recv_at.size() * sz(d), T(0));
-      for (size_t j = 0; j < C.send_tk.size(); ++j) {
-        const int64_t tk = C.send_tk[j], t = tk / Kt;
-        const T g = st.gates[sz(tk)];
-        const T* dr = dout + t * d;
-        const T* y = st.yk.data() + tk * d;
-        T s = T(0);
-        for (int64_t cc = 0; cc < d; ++cc) {
-          s = s + dr[cc] * y[cc];
-          sbuf[j * sz(d) + sz(cc)] = g * dr[cc];
-        }
-        dgates[sz(tk)] = s;
-      }
+      K.moe_combine_backward(dout, st.gates.data(), st.yk.data(), C.send_tk, d, Kt, dgates.data(), sbuf.data(), CS);
       mem.add(vbytes(sbuf) + vbytes(dy_recv[sz(c)]));
       exchange_rows(C, /*to_owners=*/true, sbuf.data(), dy_recv[sz(c)].data(), xs, ph);
       dev.record(ev_disp[sz(c)], xs);
@@ -738,7 +712,7 @@ struct RankStep<T>::Impl {
       if (c + 1 < n) send_dy(c + 1);
       // owner: dgrad of this chunk's rows (wgrad delayed)
       std::vector<std::vector<T>> dx(sz(Eloc));
-      dev.launch(cs, "expert_dgrad", 0, 0, [&] {
+      {
         for (int64_t el = 0; el < Eloc; ++el) {
           OwnerExpert& X = st.ex[sz(el)];
           const int64_t b = X.chunk_begin[sz(c)];
@@ -747,9 +721,9 @@ struct RankStep<T>::Impl {
           dx[sz(el)].assign(sz((e - b) * d), T(0));
           K.swiglu_backward_dgrad(pol, X.dy.data() + b * d, w.wg, w.wu, w.wd, X.ug.data() + b * F,
                                   X.uu.data() + b * F, e - b, d, F, X.dug.data() + b * F, X.duu.data() + b * F,
-                                  dx[sz(el)].data());
+                                  dx[sz(el)].data(), CS);
         }
-      });
+      }
       dev.record(ev_comp[sz(c)], cs);
       dev.wait(xs, ev_comp[sz(c)]);
       std::vector<T>& s2 = dx_send[sz(c)];
@@ -767,8 +741,7 @@ struct RankStep<T>::Impl {
     dev.wait(cs, ev_comb[sz(n - 1)]);  // the comm stream is in order: every chunk's combine is done
     for (int64_t c = 0; c < n; ++c) {
       const EpChunk& C = st.chunks[sz(c)];
-      for (size_t j = 0; j < C.send_tk.size(); ++j)
-        std::copy_n(dx_recv[sz(c)].data() + j * sz(d), d, dxk.data() + C.send_tk[j] * d);
+      K.scatter_rows(dxk.data(), dx_recv[sz(c)].data(), C.send_tk, d, CS);
       mem.sub(vbytes(dy_send[sz(c)]) + vbytes(dy_recv[sz(c)]) + vbytes(dx_send[sz(c)]) + vbytes(dx_recv[sz(c)]));
     }
     // Delayed wgrad: one pass per local expert over all chunks' rows (tiles never split by a chunk).
@@ -779,30 +752,23 @@ struct RankStep<T>::Impl {
     }
     swiglu_wgrad(nm("experts."), F, ph, owned);
     // da = +0, += expert dx (selected e ascending), += shared dx, += router dx (as moe_backward)
-    for (int64_t t = 0; t < N; ++t) {
-      T* o = da + t * d;
-      for (int64_t c = 0; c < d; ++c) o[c] = T(0);
-      for (int64_t k = 0; k < Kt; ++k) {
-        const T* x = dxk.data() + (t * Kt + k) * d;
-        for (int64_t c = 0; c < d; ++c) o[c] = o[c] + x[c];
-      }
-    }
+    K.moe_dx_sum(da, dxk.data(), N, d, Kt, CS);
     std::vector<T> tmp(sz(N * d));
     if (Fs > 0) {
       std::vector<T> dug(sz(N * Fs)), duu(sz(N * Fs));
       K.swiglu_backward_dgrad(pol, dout, W(nm("shared.wg")), W(nm("shared.wu")), W(nm("shared.wd")), st.sug.data(),
-                              st.suu.data(), N, d, Fs, dug.data(), duu.data(), tmp.data());
+                              st.suu.data(), N, d, Fs, dug.data(), duu.data(), tmp.data(), CS);
       swiglu_wgrad(nm("shared."), Fs, ph, {{st.a2.data(), st.sh.data(), dout, dug.data(), duu.data(), rows.segs}});
-      for (int64_t j = 0; j < N * d; ++j) da[j] = da[j] + tmp[sz(j)];
+      K.residual_forward(da, da, tmp.data(), N * d, CS);
     }
     std::vector<T> dlogits(sz(N * E));
-    K.router_backward(dgates.data(), st.scores.data(), st.sel.data(), N, E, Kt, cfg.routed_scale, dlogits.data());
+    K.router_backward(dgates.data(), st.scores.data(), st.sel.data(), N, E, Kt, cfg.routed_scale, dlogits.data(), CS);
     const std::vector<size_t> rg = names(i, {"moe.router"});
     alloc_grads(rg);
-    K.wgrad_acc(pol, st.a2.data(), d, dlogits.data(), E, d, E, rows.segs, G(nm("router")));
+    K.wgrad_acc(pol, st.a2.data(), d, dlogits.data(), E, d, E, rows.segs, G(nm("router")), CS);
     reduce_grads(rg, ph);
-    K.mm(pol, N, d, E, dlogits.data(), E, W(nm("router")), E, true, tmp.data(), d);
-    for (int64_t j = 0; j < N * d; ++j) da[j] = da[j] + tmp[sz(j)];
+    K.mm(pol, N, d, E, dlogits.data(), E, W(nm("router")), E, true, tmp.data(), d, CS);
+    K.residual_forward(da, da, tmp.data(), N * d, CS);
   }
 
   // ---- layer forward / backward (reference layer_forward / layer_backward) ----------------------------------------
@@ -811,25 +777,25 @@ struct RankStep<T>::Impl {
     st.moe = cfg.is_moe_layer(i);
     st.a1.assign(sz(N * d), T(0));
     st.rinv1.assign(sz(N), T(0));
-    K.rmsnorm_forward(x, d, W(nm("attn_norm")), N, d, cfg.norm_eps, st.a1.data(), d, st.rinv1.data());
+    K.rmsnorm_forward(x, d, W(nm("attn_norm")), N, d, cfg.norm_eps, st.a1.data(), d, st.rinv1.data(), CS);
     std::vector<T> y(sz(N * d));
     attention_fwd(i, attn_w(i), st, y.data(), ph);
     st.h.assign(sz(N * d), T(0));
-    for (int64_t j = 0; j < N * d; ++j) st.h[sz(j)] = x[j] + y[sz(j)];
+    K.residual_forward(st.h.data(), x, y.data(), N * d, CS);
     st.a2.assign(sz(N * d), T(0));
     st.rinv2.assign(sz(N), T(0));
-    K.rmsnorm_forward(st.h.data(), d, W(nm("ffn_norm")), N, d, cfg.norm_eps, st.a2.data(), d, st.rinv2.data());
+    K.rmsnorm_forward(st.h.data(), d, W(nm("ffn_norm")), N, d, cfg.norm_eps, st.a2.data(), d, st.rinv2.data(), CS);
     if (!st.moe) {
       const int64_t F = cfg.dense_ffn;
       st.ug.assign(sz(N * F), T(0));
       st.uu.assign(sz(N * F), T(0));
       st.hh.assign(sz(N * F), T(0));
       K.swiglu_forward(pol, st.a2.data(), W(nm("mlp.wg")), W(nm("mlp.wu")), W(nm("mlp.wd")), N, d, F, st.ug.data(),
-                       st.uu.data(), st.hh.data(), y.data());
+                       st.uu.data(), st.hh.data(), y.data(), CS);
     } else {
       moe_fwd(i, st, y.data(), ph);
     }
-    for (int64_t j = 0; j < N * d; ++j) out[j] = st.h[sz(j)] + y[sz(j)];
+    K.residual_forward(out, st.h.data(), y.data(), N * d, CS);
   }
 
   void layer_bwd(int64_t i, const T* x, LayerState& st, const T* dout, T* dx, const std::string& ph) {
@@ -839,7 +805,7 @@ struct RankStep<T>::Impl {
       const int64_t F = cfg.dense_ffn;
       std::vector<T> dug(sz(N * F)), duu(sz(N * F));
       K.swiglu_backward_dgrad(pol, dout, W(nm("mlp.wg")), W(nm("mlp.wu")), W(nm("mlp.wd")), st.ug.data(),
-                              st.uu.data(), N, d, F, dug.data(), duu.data(), da.data());
+                              st.uu.data(), N, d, F, dug.data(), duu.data(), da.data(), CS);
       swiglu_wgrad(nm("mlp."), F, ph, {{st.a2.data(), st.hh.data(), dout, dug.data(), duu.data(), rows.segs}});
     } else {
       moe_bwd(i, st, dout, da.data(), ph);
@@ -847,15 +813,15 @@ struct RankStep<T>::Impl {
     const std::vector<size_t> n2 = names(i, {"ffn_norm"}), n1 = names(i, {"attn_norm"});
     alloc_grads(n2);
     K.rmsnorm_backward(da.data(), d, st.h.data(), d, st.rinv2.data(), W(nm("ffn_norm")), N, d, rows.segs, dn.data(), d,
-                       G(nm("ffn_norm")));
+                       G(nm("ffn_norm")), CS);
     reduce_grads(n2, ph);
-    for (int64_t j = 0; j < N * d; ++j) dh[sz(j)] = dout[j] + dn[sz(j)];
+    K.residual_forward(dh.data(), dout, dn.data(), N * d, CS);
     attention_bwd(i, attn_w(i), st, dh.data(), da.data(), ph);
     alloc_grads(n1);
     K.rmsnorm_backward(da.data(), d, x, d, st.rinv1.data(), W(nm("attn_norm")), N, d, rows.segs, dn.data(), d,
-                       G(nm("attn_norm")));
+                       G(nm("attn_norm")), CS);
     reduce_grads(n1, ph);
-    for (int64_t j = 0; j < N * d; ++j) dx[j] = dh[sz(j)] + dn[sz(j)];
+    K.residual_forward(dx, dh.data(), dn.data(), N * d, CS);
   }
 
   void count_load(int64_t i, const LayerState& st) {
@@ -908,15 +874,15 @@ struct RankStep<T>::Impl {
     std::vector<LayerState> states(sz(L));
     std::vector<int64_t> st_bytes(sz(L), 0);
     gather(0, xs, "fwd.embed");
-    dev.wait(cs, ev_gather[0]);
+    wait_gather(0);
     gather(1, xs, fwd(1));
     xsave[0].assign(sz(N * d), T(0));
     mem.add(vbytes(xsave[0]));
-    K.embedding_forward(xsave[0].data(), tokens.data(), W("embed"), N, d, V);
+    K.embedding_forward(xsave[0].data(), tokens.data(), W("embed"), N, d, V, CS);
     release(0);
     for (int64_t i = 0; i < L; ++i) {
       const int64_t u = 1 + i;
-      dev.wait(cs, ev_gather[sz(u)]);
+      wait_gather(u);
       gather(u + 1, xs, u + 1 == L + 1 ? std::string("fwd.head") : fwd(u + 1));
       xsave[sz(i + 1)].assign(sz(N * d), T(0));
       mem.add(vbytes(xsave[sz(i + 1)]));
@@ -928,16 +894,15 @@ struct RankStep<T>::Impl {
       release(u);
     }
     // ---- head: final norm, linear CE, global loss
-    dev.wait(cs, ev_gather[sz(L + 1)]);
+    wait_gather(L + 1);
     std::vector<T> hidden(sz(N * d)), rinvf(sz(N)), token_loss(sz(N), T(0)), lse(sz(N));
     mem.add(vbytes(hidden) + vbytes(token_loss) + vbytes(lse));
-    K.rmsnorm_forward(xsave[sz(L)].data(), d, W("final_norm"), N, d, cfg.norm_eps, hidden.data(), d, rinvf.data());
-    K.linear_ce_forward(hidden.data(), W("lm_head"), targets.data(), N, d, V, cfg.vocab_chunk, pol,
-                        sh.run.token_chunk, token_loss.data(), lse.data());
+    K.rmsnorm_forward(xsave[sz(L)].data(), d, W("final_norm"), N, d, cfg.norm_eps, hidden.data(), d, rinvf.data(), CS);
+    K.linear_ce_forward(pol, hidden.data(), W("lm_head"), targets.data(), N, d, V, cfg.vocab_chunk, sh.run.token_chunk, token_loss.data(), lse.data(), CS);
     int64_t nvalid = 0;
     for (int32_t t : targets) nvalid += t != md::kIgnoreIndex ? 1 : 0;
     Acc loss_acc;
-    K.sum_acc(token_loss.data(), 1, rows.segs, &loss_acc);
+    K.sum_acc(token_loss.data(), 1, rows.segs, &loss_acc, CS);
     world.all_reduce(&nvalid, &nvalid, 1, DataType::i64, ReduceOp::sum);
     note("loss", world, CollOp::all_reduce);
     world.all_reduce(&loss_acc, &loss_acc, 1, dt_exact<T>(), ReduceOp::exact_sum);
@@ -954,18 +919,17 @@ struct RankStep<T>::Impl {
     std::vector<T> dhidden(sz(N * d)), dx(sz(N * d)), dprev(sz(N * d));
     mem.add(3 * vbytes(dx));
     reduce_head_slices("bwd.head", [&](const Range& r, Acc* a) {  // ascending: dhidden's in-order sum continues
-      K.linear_ce_backward(hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
-                           sh.run.token_chunk, scale, rows.segs, r.begin, r.end, dhidden.data(), a);
+      K.linear_ce_backward(pol, hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, sh.run.token_chunk, scale, rows.segs, r.begin, r.end, dhidden.data(), a, CS);
     });
     alloc_grads(fn_g);
     K.rmsnorm_backward(dhidden.data(), d, xsave[sz(L)].data(), d, rinvf.data(), W("final_norm"), N, d, rows.segs,
-                       dx.data(), d, G("final_norm"));
+                       dx.data(), d, G("final_norm"), CS);
     release(L + 1);
     reduce_grads(fn_g, "bwd.head");
     mem.sub(vbytes(hidden) + vbytes(token_loss) + vbytes(lse));
     for (int64_t i = L - 1; i >= 0; --i) {
       const int64_t u = 1 + i;
-      dev.wait(cs, ev_gather[sz(u)]);
+      wait_gather(u);
       if (u - 1 >= 1) gather(u - 1, xs, bwd(u - 1));
       LayerState& st = states[sz(i)];
       if (rec) {  // full recompute: re-run the layer forward (CP gather and EP dispatch included)
@@ -994,10 +958,10 @@ struct RankStep<T>::Impl {
       if (!st.trainable) continue;
       if (!st.expert && dc.d != 0) continue;
       if (!st.expert) {
-        K.grad_sq_acc(st.g.data(), st.spec.valid_elems(st.shard), sq);
+        K.grad_sq_acc(st.g.data(), st.spec.valid_elems(st.shard), &sq, CS);
       } else {
         for (int64_t el = 0; el < Eloc; ++el)
-          K.grad_sq_acc(st.g.data() + el * st.spec.shard_elems(), st.spec.valid_elems(st.shard), sq);
+          K.grad_sq_acc(st.g.data() + el * st.spec.shard_elems(), st.spec.valid_elems(st.shard), &sq, CS);
       }
     }
     world.all_reduce(&sq, &sq, 1, DataType::exact_f64, ReduceOp::exact_sum);
@@ -1013,7 +977,7 @@ struct RankStep<T>::Impl {
       const int64_t reps = st.expert ? Eloc : 1;
       for (int64_t el = 0; el < reps; ++el)
         K.adamw_step(st.w.data() + el * se, st.g.data() + el * se, st.m.data() + el * se, st.v.data() + el * se, ve,
-                     hy, step_count, res.clip, decay);
+                     hy, step_count, res.clip, decay, CS);
     }
     bool any_moe = false;
     for (int64_t i = 0; i < L; ++i) any_moe = any_moe || cfg.is_moe_layer(i);
@@ -1023,7 +987,7 @@ struct RankStep<T>::Impl {
       for (int64_t i = 0; i < L; ++i) {
         if (!cfg.is_moe_layer(i)) continue;
         PState& b = ps[idx(fmt::format("layers.{}.moe.router_bias", i))];
-        K.router_bias_update(b.w.data(), load.data() + i * E, E, cfg.bias_rate);
+        K.router_bias_update(b.w.data(), load.data() + i * E, E, cfg.bias_rate, CS);
       }
     }
     dev.synchronize(cs);

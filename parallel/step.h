@@ -51,6 +51,9 @@ struct StepShared {
   int64_t vocab_slices = 0;   // lm_head / embedding gradients in slices (layout.h vocab_slices; 0: per vocab chunk)
   const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
   model::RopeTable<T> rope;   // (seq_len, rope width)
+  // Test hook: "fsdp_gather" drops the compute stream's wait for each FSDP all-gather (a missing event wait the
+  // emulator's hazard checker must report). Empty in every real run.
+  std::string skip_wait;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

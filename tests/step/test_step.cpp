@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "emulator/world.h"
 #include "reference/model/linear_ce.h"
 #include "tests/step/step_cases.h"
 
@@ -91,8 +92,9 @@ TEST(StepLayout, TileSplitRejected) {
 // ---- the comparison can fail: a kernel set that differs from the reference is caught, with the tensor named -----
 template <class T>
 struct IdentityExperts : parallel::CpuKernels<T> {
+  explicit IdentityExperts(Device& dev) : parallel::CpuKernels<T>(dev) {}
   void expert_forward(Policy, const T* x, const T*, const T*, const T*, int64_t n, int64_t d, int64_t F, T* ug, T* uu,
-                      T* h, T* y) override {
+                      T* h, T* y, Stream, std::source_location) override {
     std::copy_n(x, n * d, y);
     std::fill_n(ug, n * F, T(0));
     std::fill_n(uu, n * F, T(0));
@@ -101,7 +103,7 @@ struct IdentityExperts : parallel::CpuKernels<T> {
 };
 TEST(StepEquality, DifferentKernelsAreDetected) {
   emu::EmulateSpec s = make_spec({.mesh = M(1, 1, 2, 1, 2), .steps = 1});
-  const auto r = emu::emulate<float>(s, [](int) { return std::make_unique<IdentityExperts<float>>(); });
+  const auto r = emu::emulate<float>(s, [](int, Device& dev) { return std::make_unique<IdentityExperts<float>>(dev); });
   const emu::CheckReport rep = emu::check_reference<float>(s, r);
   ASSERT_FALSE(rep.ok());
   EXPECT_NE(rep.summary().find("MISMATCH"), std::string::npos) << rep.summary();
@@ -115,9 +117,9 @@ struct Tally {
 template <class T>
 struct IdentityCheck : IdentityExperts<T> {
   Tally* tally;
-  explicit IdentityCheck(Tally* t) : tally(t) {}
+  IdentityCheck(Device& dev, Tally* t) : IdentityExperts<T>(dev), tally(t) {}
   void on_moe_combined(int64_t, const T* a, const T* gates, const int32_t*, const T* routed, int64_t N, int64_t d,
-                       int64_t K) override {
+                       int64_t K, Stream, std::source_location) override {
     for (int64_t t = 0; t < N; ++t)
       for (int64_t c = 0; c < d; ++c) {
         T want = T(0);  // x * (sum of gates), in the combine's order: ((0 + g_0 x) + g_1 x) + ...
@@ -135,7 +137,7 @@ TEST(StepEp, IdentityExpertsCombineDispatch) {
     emu::EmulateSpec s = make_spec(c);
     s.keep_tensors = false;
     Tally tally;
-    emu::emulate<float>(s, [&](int) { return std::make_unique<IdentityCheck<float>>(&tally); });
+    emu::emulate<float>(s, [&](int, Device& dev) { return std::make_unique<IdentityCheck<float>>(dev, &tally); });
     EXPECT_EQ(tally.bad.load(), 0) << s.repro();
     // every local row of every MoE layer was checked, and the outputs are not trivially zero
     const int64_t moe_layers = s.cfg.layers - s.cfg.dense_layers;
@@ -313,3 +315,54 @@ TEST(StepAccounting, MatchesDocumentedSchedule) {
 
 }  // namespace
 }  // namespace trident
+
+// ---- the device seam: the step's cross-stream ordering, checked by the emulator's hazard checker -------------------
+namespace trident::steptest {
+namespace {
+
+emu::EmulateSpec checked(Case c) {
+  emu::EmulateSpec s = make_spec(c);
+  s.device.check_hazards = true;
+  return s;
+}
+
+TEST(StepHazards, CheckedMeshesBitwise) {
+  for (const Case& c : {Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .steps = 2},
+                        Case{.mesh = M(2, 1, 2, 1, 4), .chunks = 2, .recompute = true, .steps = 2},
+                        Case{.preset = "tiny-gqa", .mesh = M(1, 1, 4, 2, 2), .chunks = 3, .seq_len = 64, .steps = 1}}) {
+    const emu::EmulateSpec s = checked(c);
+    SCOPED_TRACE(s.repro());
+    expect_equal<float>(s);
+  }
+}
+
+TEST(StepHazards, MissingGatherWaitIsCaughtWithBothNames) {
+  emu::EmulateSpec s = checked({.mesh = M(1, 2, 1, 1, 2), .steps = 1});
+  s.skip_wait = "fsdp_gather";
+  try {
+    (void)emu::emulate<float>(s);
+    FAIL() << "a missing wait passed the hazard checker; repro: " << s.repro();
+  } catch (const emu::RankError& e) {
+    const std::string& m = e.original;
+    EXPECT_NE(m.find("stream hazard"), std::string::npos) << m;
+    EXPECT_NE(m.find("all_gather"), std::string::npos) << m;           // the producer (comm stream)
+    EXPECT_NE(m.find("embedding_forward"), std::string::npos) << m;    // the first consumer (compute stream)
+    EXPECT_NE(m.find("step.cpp"), std::string::npos) << m;             // call sites
+  }
+  s.skip_wait.clear();  // the same run with the wait passes
+  expect_equal<float>(s);
+}
+
+TEST(StepHazards, DeferredStepIsRejectedClearly) {
+  emu::EmulateSpec s = make_spec({.mesh = M(1, 1, 1, 1, 1), .steps = 1});
+  s.device.mode = emu::DeviceMode::deferred;
+  try {
+    (void)emu::emulate<float>(s);
+    FAIL() << "expected rejection";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deferred"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace trident::steptest

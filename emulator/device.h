@@ -1,0 +1,138 @@
+// The emulator's Device (parallel/device.h) of one rank: device memory is host memory it tracks (current and peak
+// bytes), streams and events are records, and work runs on the rank's thread in one of two modes
+// (docs/emulator.md "Device modes"):
+//
+//  - eager: every launch, copy and collective runs when it is issued (a legal serialisation of any correct
+//    program: whatever the events order is already done). The default; fastest.
+//  - deferred: work is queued per stream and runs only when something needs it (a collective on that stream, a
+//    host synchronize or fetch, a wait chain), in an order drawn by a seeded scheduler among all orders the
+//    streams and events allow. Fresh allocations are poisoned (0xFF bytes: NaN for floats). A program that is
+//    correct only because of issue order gives different bits, and the hazard checker names the cause.
+//
+// The hazard checker (on in deferred mode, optional in eager mode) keeps a vector clock per stream and for the host
+// (issue order within a stream, record/wait, synchronize) and, per allocation, the recent accesses with their
+// clocks. Two accesses to overlapping bytes, at least one a write, by different streams (or a stream and the host)
+// that no clock orders fail with both launches' names, streams and call sites. It is exact for the declared
+// accesses, whatever order the scheduler picks.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "parallel/device.h"
+#include "parallel/trace.h"
+
+namespace trident::emu {
+
+enum class DeviceMode : uint8_t { eager, deferred };
+
+struct DeviceOptions {
+  DeviceMode mode = DeviceMode::eager;
+  uint64_t seed = 0;             // deferred: the scheduler's choices
+  bool check_hazards = false;    // forced on in deferred mode
+  bool strict_memory = false;    // a declared access outside device memory is an error (else not tracked)
+  bool record_trace = true;
+};
+
+class EmuDevice final : public Device {
+ public:
+  EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt);
+  ~EmuDevice() override;
+
+  Stream compute_stream() override { return Stream{0}; }
+  Stream comm_stream() override { return Stream{1}; }
+  Stream create_stream(std::string name) override;
+  Event create_event() override;
+  void record(Event e, Stream s, loc_t loc) override;
+  void wait(Stream s, Event e, loc_t loc) override;
+  void launch(Stream s, std::string_view name, const Accesses& acc, double flops, std::function<void()> fn,
+              loc_t loc) override;
+  void synchronize(Stream s, loc_t loc) override;
+  void* allocate(int64_t bytes, Stream s, loc_t loc) override;
+  void free(void* p, Stream s, loc_t loc) override;
+  void copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
+  void memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc) override;
+  void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
+  void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
+  DeviceMemory memory() const override { return mem_; }
+
+  // ---- for the emulated communicator
+  void check_stream(Stream s, loc_t loc) const;
+  // A communication call on s with these accesses is about to run on the host thread: checks them as an operation
+  // of s, and (deferred) first runs everything issued to s before.
+  void before_comm(Stream s, std::string_view name, const Accesses& acc, loc_t loc);
+  // Appends a trace entry (stamped with the rank's issue order) when tracing.
+  void push_trace(Stream s, TraceEntry&& t);
+  bool tracing() const { return opt_.record_trace; }
+  // Runs everything still queued (deferred) and raises a hazard recorded where no exception could be thrown.
+  void finish(loc_t loc = loc_t::current());
+  const DeviceOptions& options() const { return opt_; }
+
+ private:
+  using Clock = std::vector<int64_t>;  // index 0: host; stream s: s + 1
+  struct Op {
+    enum class Kind : uint8_t { run, wait } kind = Kind::run;
+    std::function<void()> fn;
+    int wait_stream = -1;  // wait: the stream and the count of its ops that must have run
+    int64_t wait_count = 0;
+  };
+  struct StreamQ {
+    std::deque<Op> q;
+    int64_t issued = 0, done = 0;  // ops issued / run (deferred)
+  };
+  struct Rec {  // one access of an allocation's bytes [lo, hi)
+    int64_t lo, hi;
+    int agent;
+    int64_t epoch;
+    bool write;
+    std::string name;
+    const char* file;
+    unsigned line;
+  };
+  struct Alloc {
+    int64_t bytes = 0;
+    std::vector<Rec> recs;
+  };
+  struct Ev {
+    int stream = -1;
+    int64_t count = 0;  // ops of `stream` issued before the record
+    int64_t index = -1; // trace index of the record entry
+    Clock clock;
+  };
+
+  void issue(Stream s, Op&& op);  // eager: runs it now; deferred: queues it
+  void run_until(int stream, int64_t count);
+  bool runnable(int stream) const;
+  void step_stream(int stream);
+  // Checks and records the accesses of one operation of `agent` (a stream + 1, or 0 for the host) at its clock.
+  void check(int agent, std::string_view name, const Accesses& acc, loc_t loc);
+  Clock& clock(int agent);
+  void merge(Clock& into, const Clock& from);
+  void tick(int agent);
+  std::string agent_name(int agent) const;
+  void raise_pending();
+  void trace_simple(Stream s, TraceEntry::Kind kind, std::string_view name, const Accesses& acc, double flops,
+                    loc_t loc);
+
+  int rank_;
+  RankTrace& trace_;
+  DeviceOptions opt_;
+  bool deferred_;
+  bool checking_;
+  std::vector<StreamQ> streams_;
+  std::vector<Ev> events_;
+  std::vector<Clock> clocks_;  // per agent
+  std::map<uintptr_t, Alloc> allocs_;
+  std::set<void*> unreleased_;  // freed, the free not run yet (deferred)
+  DeviceMemory mem_;
+  std::mt19937_64 rng_;
+  std::string pending_error_;  // a hazard found in free() (which cannot throw)
+  int64_t issue_ = 0;
+};
+
+}  // namespace trident::emu

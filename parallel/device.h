@@ -1,0 +1,165 @@
+// The device seam: memory, streams, events and kernel launches of one rank, backend-neutral (docs/architecture.md
+// "The device seam"). The step (parallel/step.h) is written against this header and the communicator
+// (parallel/comm.h) only; the emulator implements it on host memory (emulator/device.h: eager, or deferred with a
+// seeded scheduler and a stream-hazard checker), a CUDA backend on cudaStream_t / cudaEvent_t / cudaMallocAsync.
+//
+// Semantics (CUDA's):
+//  - Work issued to one stream runs in issue order. Work on different streams is unordered unless an event orders
+//    it: record(e, s) marks the current end of s; wait(t, e) makes work issued to t afterwards start only after
+//    that point. Waiting for an event that was never recorded is an error.
+//  - Memory is device memory. allocate(bytes, s) is stream-ordered (cudaMallocAsync): the memory may be used by
+//    work issued to s afterwards, or by other streams ordered after that point. free(p, s) is stream-ordered
+//    (cudaFreeAsync): every use of p must be ordered before it on s. Fresh memory is uninitialised.
+//  - The host never reads or writes device memory directly: upload() copies host -> device (the host buffer may be
+//    reused as soon as the call returns), download() copies device -> host asynchronously, and the host may read
+//    the destination only after synchronize() of that stream. fetch() does both: a named host sync point.
+//  - Every launch declares the byte ranges it reads and writes (Access). A checking backend (the emulator's
+//    deferred mode) reports two accesses to overlapping bytes, at least one a write, on different streams with no
+//    event or host synchronisation ordering them: the names and call sites of both launches.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace trident {
+
+// A stream of one rank: an ordered queue of work. Handle only; the Device that created it gives it meaning.
+// Stream{} is the rank's default (compute) stream.
+struct Stream {
+  int id = 0;
+  friend bool operator==(Stream, Stream) = default;
+};
+// An event: a point in a stream that other streams can wait for (cudaEvent_t: wait() waits for the most recent
+// record()).
+struct Event {
+  int id = -1;
+  friend bool operator==(Event, Event) = default;
+};
+
+// One byte range a launch reads or writes.
+struct Access {
+  const void* p = nullptr;
+  int64_t bytes = 0;
+  bool write = false;
+};
+// bytes == kToEnd: from p to the end of the allocation that holds it (a weight or a whole buffer whose size the
+// caller does not know).
+inline constexpr int64_t kToEnd = -1;
+template <class T>
+Access reads(const T* p, int64_t n) {
+  return Access{p, n * static_cast<int64_t>(sizeof(T)), false};
+}
+template <class T>
+Access writes(T* p, int64_t n) {
+  return Access{p, n * static_cast<int64_t>(sizeof(T)), true};
+}
+using Accesses = std::vector<Access>;
+
+// Bytes of device memory of one rank.
+struct DeviceMemory {
+  int64_t cur = 0, peak = 0;
+};
+
+class Device {
+ public:
+  using loc_t = std::source_location;
+  virtual ~Device() = default;
+  virtual Stream compute_stream() = 0;  // id 0
+  virtual Stream comm_stream() = 0;     // id 1
+  virtual Stream create_stream(std::string name) = 0;
+  virtual Event create_event() = 0;
+  // Marks the current end of `s`.
+  virtual void record(Event e, Stream s, loc_t loc = loc_t::current()) = 0;
+  // Work issued to `s` after this call starts only after the last record() of `e` completed.
+  virtual void wait(Stream s, Event e, loc_t loc = loc_t::current()) = 0;
+  // Runs a kernel (a host function standing for one on the emulator) on `s`. `acc` lists every byte range it
+  // reads or writes; `flops` its arithmetic, for traces. `fn` may run later than the call (deferred mode): it
+  // must capture by value whatever may change after the call.
+  virtual void launch(Stream s, std::string_view name, const Accesses& acc, double flops, std::function<void()> fn,
+                      loc_t loc = loc_t::current()) = 0;
+  // Host waits for all work issued to `s`.
+  virtual void synchronize(Stream s, loc_t loc = loc_t::current()) = 0;
+
+  // ---- memory
+  virtual void* allocate(int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void free(void* p, Stream s, loc_t loc = loc_t::current()) = 0;
+  // dst and src device memory (bytes each, no overlap), on s.
+  virtual void copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  // host -> device on s; `src` is consumed before the call returns.
+  virtual void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  // device -> host on s; the host reads `dst` only after synchronize(s).
+  virtual void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual DeviceMemory memory() const = 0;
+
+  // A named host sync point: copies n elements to the host and waits for s.
+  template <class T>
+  std::vector<T> fetch(const T* src, int64_t n, Stream s, loc_t loc = loc_t::current()) {
+    std::vector<T> out(static_cast<size_t>(n));
+    if (n > 0) download(out.data(), src, n * static_cast<int64_t>(sizeof(T)), s, loc);
+    synchronize(s, loc);
+    return out;
+  }
+  template <class T>
+  T fetch_one(const T* src, Stream s, loc_t loc = loc_t::current()) {
+    T v{};
+    download(&v, src, static_cast<int64_t>(sizeof(T)), s, loc);
+    synchronize(s, loc);
+    return v;
+  }
+};
+
+// n elements of device memory, owned: allocated on a stream, freed on the same stream when destroyed or reset
+// (every use on another stream must be ordered before the free by an event). Move-only.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device& dev, int64_t n, Stream s, std::source_location loc = std::source_location::current())
+      : dev_(&dev), s_(s), n_(n) {
+    if (n_ > 0) p_ = static_cast<T*>(dev.allocate(n_ * static_cast<int64_t>(sizeof(T)), s, loc));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    DeviceBuffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() noexcept { reset(s_); }
+  // Frees on stream `s` instead of the allocating stream (every use must be ordered before it on s).
+  void reset(Stream s) noexcept {
+    if (p_) dev_->free(p_, s);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  void swap(DeviceBuffer& o) noexcept {
+    std::swap(dev_, o.dev_);
+    std::swap(s_, o.s_);
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+  }
+  T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  int64_t bytes() const { return n_ * static_cast<int64_t>(sizeof(T)); }
+  bool empty() const { return n_ == 0; }
+  Stream stream() const { return s_; }
+  Access rd() const { return Access{p_, bytes(), false}; }
+  Access wr() const { return Access{p_, bytes(), true}; }
+
+ private:
+  Device* dev_ = nullptr;
+  Stream s_{};
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+}  // namespace trident
