@@ -535,6 +535,7 @@ struct RankStep<T>::Impl {
     const int64_t ep = sh.mesh.ep, t0 = chunk_tile[sz(c)], t1 = chunk_tile[sz(c + 1)], nt = t1 - t0;
     EpChunk& C = st.chunks[sz(c)];
     std::vector<int64_t> cs(sz(ep * Eloc * nt), 0), cr(sz(ep * Eloc * nt), 0);
+    dev.synchronize(CS);  // host sync point 1: the routing (sel, from router_forward) builds the send lists
     std::vector<std::vector<int64_t>> lists(sz(E * nt));  // (expert, tile) -> (row*K + k)
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t r = rows.segs[sz(t)]; r < rows.segs[sz(t + 1)]; ++r)
@@ -555,6 +556,7 @@ struct RankStep<T>::Impl {
       C.scnt[sz(q)] = C.send_tk.size() - C.sdis[sz(q)];
     }
     mc.ep->all_to_all(cs.data(), cr.data(), sz(Eloc * nt), DataType::i64, s);
+    dev.synchronize(s);  // host sync point 2: the received counts size the receive buffers
     note(ph, *mc.ep, CollOp::all_to_all);
     size_t nr = 0;
     for (int64_t q = 0; q < ep; ++q) {
@@ -906,6 +908,7 @@ struct RankStep<T>::Impl {
     world.all_reduce(&nvalid, &nvalid, 1, DataType::i64, ReduceOp::sum);
     note("loss", world, CollOp::all_reduce);
     world.all_reduce(&loss_acc, &loss_acc, 1, dt_exact<T>(), ReduceOp::exact_sum);
+    dev.synchronize(CS);  // host sync point 3: the loss and the gradient scale
     note("loss", world, CollOp::all_reduce);
     RankStepStats res;
     const T loss = nvalid > 0 ? loss_acc.round() / static_cast<T>(nvalid) : T(0);
@@ -965,6 +968,7 @@ struct RankStep<T>::Impl {
       }
     }
     world.all_reduce(&sq, &sq, 1, DataType::exact_f64, ReduceOp::exact_sum);
+    dev.synchronize(CS);  // host sync point 4: the grad norm and the clip coefficient
     note("opt", world, CollOp::all_reduce);
     const md::AdamWHyper hy = md::adamw_hyper(sh.run);
     res.grad_norm = std::sqrt(sq.round());

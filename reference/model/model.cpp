@@ -4,6 +4,7 @@
 
 #include "reference/check.h"
 #include "reference/model/linear_ce.h"
+#include "reference/model/rows.h"
 
 namespace trident::model {
 
@@ -73,7 +74,7 @@ void layer_forward(Policy pol, const Config& cfg, const LayerW<T>& W, const T* x
   std::vector<T> y(static_cast<size_t>(N * d));
   attention_forward<T>(pol, cfg, W.attn, A.a1.data(), rows, rope, A.attn, y.data());
   A.h.assign(static_cast<size_t>(N * d), T(0));
-  for (int64_t i = 0; i < N * d; ++i) A.h[i] = x[i] + y[i];
+  residual_forward<T>(A.h.data(), x, y.data(), N * d);
   A.a2.assign(static_cast<size_t>(N * d), T(0));
   A.rinv2.assign(static_cast<size_t>(N), T(0));
   rmsnorm_forward<T>(A.h.data(), d, W.ffn_norm, N, d, cfg.norm_eps, A.a2.data(), d, A.rinv2.data());
@@ -87,7 +88,7 @@ void layer_forward(Policy pol, const Config& cfg, const LayerW<T>& W, const T* x
   } else {
     moe_forward<T>(pol, cfg, W.moe_w, A.a2.data(), N, rows.segs, A.moe, y.data());
   }
-  for (int64_t i = 0; i < N * d; ++i) out[i] = A.h[i] + y[i];
+  residual_forward<T>(out, A.h.data(), y.data(), N * d);
 }
 
 template <class T>
@@ -107,10 +108,10 @@ void layer_backward(Policy pol, const Config& cfg, const LayerW<T>& W, const Lay
   }
   rmsnorm_backward<T>(da.data(), d, A.h.data(), d, A.rinv2.data(), W.ffn_norm, N, d, rows.segs, dn.data(), d,
                       G.ffn_norm);
-  for (int64_t i = 0; i < N * d; ++i) dh[i] = dout[i] + dn[i];
+  residual_forward<T>(dh.data(), dout, dn.data(), N * d);
   attention_backward<T>(pol, cfg, W.attn, G.attn, A.a1.data(), rows, rope, A.attn, dh.data(), da.data());
   rmsnorm_backward<T>(da.data(), d, x, d, A.rinv1.data(), W.attn_norm, N, d, rows.segs, dn.data(), d, G.attn_norm);
-  for (int64_t i = 0; i < N * d; ++i) dx[i] = dh[i] + dn[i];
+  residual_forward<T>(dx, dh.data(), dn.data(), N * d);
 }
 
 void validate_batch(const Config& cfg, const Batch& b) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "reference/check.h"
+#include "reference/model/rows.h"
 
 namespace trident::model {
 
@@ -22,6 +23,15 @@ std::vector<ExpertRows> route_rows(const int32_t* sel, int64_t N, int64_t K, int
   }
   return out;
 }
+
+namespace {
+// The (token, slot) pair t*K + k of each of an expert's rows, in its row order.
+std::vector<int64_t> slots_of(const ExpertRows& R, int64_t K) {
+  std::vector<int64_t> tk(R.row.size());
+  for (size_t i = 0; i < tk.size(); ++i) tk[i] = R.row[i] * K + R.slot[i];
+  return tk;
+}
+}  // namespace
 
 template <class T>
 void expert_forward(Policy pol, const Config& cfg, const MoeW<T>& W, int64_t e, int64_t n, ExpertActs<T>& A) {
@@ -63,36 +73,25 @@ void moe_forward(Policy pol, const Config& cfg, const MoeW<T>& W, const T* a, in
   A.rows = route_rows(A.sel.data(), N, K, E, segs);
   A.ex.assign(static_cast<size_t>(E), ExpertActs<T>());
   A.load.assign(static_cast<size_t>(E), 0);
-  // position of (row, k) in its expert's list
-  std::vector<int64_t> where(static_cast<size_t>(N * K));
+  A.yk.assign(static_cast<size_t>(N * K * d), T(0));
   for (int64_t e = 0; e < E; ++e) {
     const ExpertRows& R = A.rows[e];
     const int64_t n = static_cast<int64_t>(R.row.size());
     A.load[e] = n;
     ExpertActs<T>& X = A.ex[e];
     X.x.assign(static_cast<size_t>(n * d), T(0));
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(a + R.row[i] * d, d, X.x.data() + i * d);
-      where[R.row[i] * K + R.slot[i]] = i;
-    }
+    gather_rows<T>(X.x.data(), a, R.row, d);
     expert_forward<T>(pol, cfg, W, e, n, X);
+    scatter_rows<T>(A.yk.data(), X.y.data(), slots_of(R, K), d);
   }
-  for (int64_t t = 0; t < N; ++t) {
-    T* o = out + t * d;
-    for (int64_t c = 0; c < d; ++c) o[c] = T(0);
-    for (int64_t k = 0; k < K; ++k) {  // selected experts ascending
-      const T g = A.gates[t * K + k];
-      const T* y = A.ex[A.sel[t * K + k]].y.data() + where[t * K + k] * d;
-      for (int64_t c = 0; c < d; ++c) o[c] = o[c] + g * y[c];
-    }
-  }
+  moe_combine_forward<T>(out, A.gates.data(), A.yk.data(), N, d, K);  // selected experts ascending
   if (Fs > 0) {
     A.sug.assign(static_cast<size_t>(N * Fs), T(0));
     A.suu.assign(static_cast<size_t>(N * Fs), T(0));
     A.sh.assign(static_cast<size_t>(N * Fs), T(0));
     A.sy.assign(static_cast<size_t>(N * d), T(0));
     swiglu_forward<T>(pol, a, W.swg, W.swu, W.swd, N, d, Fs, A.sug.data(), A.suu.data(), A.sh.data(), A.sy.data());
-    for (int64_t i = 0; i < N * d; ++i) out[i] = out[i] + A.sy[i];
+    residual_forward<T>(out, out, A.sy.data(), N * d);
   }
 }
 
@@ -100,52 +99,33 @@ template <class T>
 void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>& G, const T* a, int64_t N,
                   std::span<const int64_t> segs, const MoeActs<T>& A, const T* dout, T* da) {
   const int64_t d = cfg.d_model, E = cfg.experts, K = cfg.top_k, Fs = cfg.shared_ffn, F = cfg.expert_ffn;
-  std::vector<T> dgates(static_cast<size_t>(N * K), T(0));
-  std::vector<std::vector<T>> dx(static_cast<size_t>(E));
-  std::vector<int64_t> where(static_cast<size_t>(N * K));
+  std::vector<T> dgates(static_cast<size_t>(N * K), T(0)), dxk(static_cast<size_t>(N * K * d), T(0));
   for (int64_t e = 0; e < E; ++e) {
     const ExpertRows& R = A.rows[e];
     const ExpertActs<T>& X = A.ex[e];
     const int64_t n = static_cast<int64_t>(R.row.size());
     std::vector<T> dy(static_cast<size_t>(n * d)), dug(static_cast<size_t>(n * F)), duu(static_cast<size_t>(n * F));
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = R.row[i], k = R.slot[i];
-      where[t * K + k] = i;
-      const T g = A.gates[t * K + k];
-      const T* dr = dout + t * d;
-      const T* y = X.y.data() + i * d;
-      T s = T(0);
-      for (int64_t c = 0; c < d; ++c) {
-        s = s + dr[c] * y[c];
-        dy[i * d + c] = g * dr[c];
-      }
-      dgates[t * K + k] = s;
-    }
-    dx[e].assign(static_cast<size_t>(n * d), T(0));
-    expert_backward_dgrad<T>(pol, cfg, W, e, n, X, dy.data(), dug.data(), duu.data(), dx[e].data());
+    std::vector<T> dx(static_cast<size_t>(n * d));
+    const std::vector<int64_t> tk = slots_of(R, K);
+    moe_combine_backward<T>(dout, A.gates.data(), A.yk.data(), tk.data(), n, d, K, dgates.data(), dy.data());
+    expert_backward_dgrad<T>(pol, cfg, W, e, n, X, dy.data(), dug.data(), duu.data(), dx.data());
     expert_backward_wgrad<T>(pol, cfg, G, e, X, dy.data(), dug.data(), duu.data(), R.segs);
+    scatter_rows<T>(dxk.data(), dx.data(), tk, d);
   }
-  for (int64_t t = 0; t < N; ++t) {
-    T* o = da + t * d;
-    for (int64_t c = 0; c < d; ++c) o[c] = T(0);
-    for (int64_t k = 0; k < K; ++k) {
-      const T* x = dx[A.sel[t * K + k]].data() + where[t * K + k] * d;
-      for (int64_t c = 0; c < d; ++c) o[c] = o[c] + x[c];
-    }
-  }
+  moe_dx_sum<T>(da, dxk.data(), N, d, K);
   std::vector<T> tmp(static_cast<size_t>(N * d));
   if (Fs > 0) {
     std::vector<T> dug(static_cast<size_t>(N * Fs)), duu(static_cast<size_t>(N * Fs));
     swiglu_backward_dgrad<T>(pol, dout, W.swg, W.swu, W.swd, A.sug.data(), A.suu.data(), N, d, Fs, dug.data(),
                              duu.data(), tmp.data());
     swiglu_backward_wgrad<T>(pol, a, A.sh.data(), dout, dug.data(), duu.data(), d, Fs, segs, G.swg, G.swu, G.swd);
-    for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+    residual_forward<T>(da, da, tmp.data(), N * d);
   }
   std::vector<T> dlogits(static_cast<size_t>(N * E));
   router_backward<T>(dgates.data(), A.scores.data(), A.sel.data(), N, E, K, cfg.routed_scale, dlogits.data());
   wgrad_acc<T>(pol, a, d, dlogits.data(), E, d, E, segs, G.router);
   mm<T>(pol, N, d, E, dlogits.data(), E, W.router, E, true, tmp.data(), d);
-  for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+  residual_forward<T>(da, da, tmp.data(), N * d);
 }
 
 #define TD_MOE(T)                                                                                                  \

@@ -48,6 +48,7 @@ struct MoeActs {
   std::vector<T> gates;           // (N, K)
   std::vector<ExpertRows> rows;   // (E)
   std::vector<ExpertActs<T>> ex;  // (E)
+  std::vector<T> yk;              // (N*K, d) routed outputs: row t*K+k = expert sel[t,k]'s output for token t
   std::vector<T> sug, suu, sh, sy;  // shared expert (N, Fs) x3, (N, d)
   std::vector<int64_t> load;      // (E) tokens routed to each expert (integer)
 };
