@@ -721,7 +721,7 @@ struct RankStep<T>::Impl {
           const int64_t e = c + 1 < n ? X.chunk_begin[sz(c + 1)] : static_cast<int64_t>(X.x.size()) / d;
           const ExpertW w = expert_w(i, el);
           dx[sz(el)].assign(sz((e - b) * d), T(0));
-          K.swiglu_backward_dgrad(pol, X.dy.data() + b * d, w.wg, w.wu, w.wd, X.ug.data() + b * F,
+          K.expert_backward_dgrad(pol, X.dy.data() + b * d, w.wg, w.wu, w.wd, X.ug.data() + b * F,
                                   X.uu.data() + b * F, e - b, d, F, X.dug.data() + b * F, X.duu.data() + b * F,
                                   dx[sz(el)].data(), CS);
         }

@@ -79,6 +79,12 @@ class Kernels {
                               int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) {
     swiglu_forward(pol, x, wg, wu, wd, n, d, F, ug, uu, h, y, s, loc);
   }
+  // Its dgrad (swiglu_backward_dgrad on the expert's rows): dy (n,d) -> dug, duu (n,F), dx (n,d).
+  virtual void expert_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
+                                     const T* uu, int64_t n, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s,
+                                     loc_t loc = loc_t::current()) {
+    swiglu_backward_dgrad(pol, dy, wg, wu, wd, ug, uu, n, d, F, dug, duu, dx, s, loc);
+  }
   // Test hook, called after the EP combine of each MoE layer's forward with the routed part of the output
   // (before the shared expert is added): a (N, d) the expert input, gates/sel (N, K), routed (N, d).
   virtual void on_moe_combined(int64_t layer, const T* a, const T* gates, const int32_t* sel, const T* routed,
@@ -181,6 +187,12 @@ class CpuKernels : public Kernels<T> {
                       T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) override;
   void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug, const T* uu,
                              int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s, loc_t loc = loc_t::current()) override;
+  // The routed experts launch under their own names (traces count them per EP chunk).
+  void expert_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t n, int64_t d, int64_t F,
+                      T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) override;
+  void expert_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug, const T* uu,
+                             int64_t n, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s,
+                             loc_t loc = loc_t::current()) override;
   void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E, int64_t K,
                       double alpha, T* logits, T* scores, int32_t* sel, T* gates, Stream s, loc_t loc = loc_t::current()) override;
   void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,

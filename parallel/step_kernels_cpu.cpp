@@ -109,6 +109,24 @@ void CpuKernels<T>::swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, 
               [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
 }
 template <class T>
+void CpuKernels<T>::expert_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d,
+                                   int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc) {
+  dev_.launch(s, "expert_forward",
+              {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
+               wr(y, N * d)},
+              3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
+}
+template <class T>
+void CpuKernels<T>::expert_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
+                                          const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
+                                          Stream s, loc_t loc) {
+  dev_.launch(s, "expert_backward_dgrad",
+              {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
+               wr(duu, N * F), wr(dx, N * d)},
+              3 * gemm_flops(N, F, d),
+              [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
+}
+template <class T>
 void CpuKernels<T>::router_forward(Policy pol, const T* a, const T* wr_, const T* bias, int64_t N, int64_t d,
                                    int64_t E, int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates,
                                    Stream s, loc_t loc) {
