@@ -31,6 +31,9 @@ struct SpawnOptions {
   // rendezvous, no completion barrier); larger ones copy directly between the ranks' buffers. A parameter so
   // tests run both paths (0: always direct).
   size_t eager_bytes = 32 * 1024;  // staging memory per rank and communicator is at most 2x this
+  // exact_sum is merged natively (accumulators combined in rank order). true: every communicator reports no
+  // native exact_sum, so Communicator lowers it onto i64 sums (parallel/exact_lowering.h), as on NCCL; same bits.
+  bool lower_exact_sum = false;
 };
 
 struct World;
