@@ -171,7 +171,9 @@ class Communicator {
   // SpawnOptions::lower_exact_sum). When false, reduce_scatter / all_reduce / reduce with exact_sum pack the
   // accumulators into int64 words, call do_collective with DataType::i64 and ReduceOp::sum on the packed buffer
   // (in place) and unpack the sums (parallel/exact_lowering.h, docs/numerics.md): do_collective never sees an
-  // exact dtype. The default suits backends whose reductions are the usual integer/float sums (NCCL, MPI).
+  // exact dtype in a reduction. The default suits backends whose reductions are the usual integer/float sums
+  // (NCCL, MPI). Non-reducing calls with exact dtypes (all_gather, broadcast, send/recv, all_to_all(v)) still
+  // reach the backend and move the accumulator bytes unchanged (dtype_size(t) opaque bytes per element).
   virtual bool native_exact_sum() const { return false; }
   // Called after all_to_all / all_to_allv completed (count: all_to_all's count, all_to_allv's total send
   // elements; bytes: what this rank sent). Lets a backend record the helper as one operation.
