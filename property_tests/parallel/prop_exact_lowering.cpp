@@ -150,7 +150,8 @@ void roundtrip_property() {
   w[W - 2] = *rc::gen::weightedOneOf<int64_t>(
       {{3, rc::gen::inRange<int64_t>(-(int64_t{1} << 31), int64_t{1} << 31)},
        {1, rc::gen::element<int64_t>(0, -1, -(int64_t{1} << 31), (int64_t{1} << 31) - 1)}});
-  w[W - 1] = *rc::gen::inRange(0, 2) + (int64_t{*rc::gen::inRange(0, 2)} << 21) + (int64_t{*rc::gen::inRange(0, 2)} << 42);
+  const int64_t nan = *rc::gen::inRange(0, 2), pinf = *rc::gen::inRange(0, 2), ninf = *rc::gen::inRange(0, 2);
+  w[W - 1] = nan + (pinf << 21) + (ninf << 42);
   ExactAcc<T> a;
   xl::unpack(dt_of<T>(), w.data(), 1, &a);
   std::vector<int64_t> back(W);

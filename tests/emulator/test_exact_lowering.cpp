@@ -277,7 +277,10 @@ TEST(ExactLowering, SubCommunicators) {
       so);
   for (int r = 0; r < 6; ++r) {
     ExactAcc<float> a;
-    for (int q = r % 2; q < 6; q += 2) a.add(0x1p100f * static_cast<float>(q + 1)), a.add(-0x1p-140f * static_cast<float>(q));
+    for (int q = r % 2; q < 6; q += 2) {
+      a.add(0x1p100f * static_cast<float>(q + 1));
+      a.add(-0x1p-140f * static_cast<float>(q));
+    }
     EXPECT_EQ(bits(got[static_cast<size_t>(r)]), bits(a.round())) << "rank " << r;
   }
   const OpStatsTable& st = res.ranks[0].stats.at("pair");

@@ -88,7 +88,8 @@ void lowered_case(const Case& c) {
         // every reduce-scatter of the step is an exact gradient merge: lowered, count a multiple of W
         if (e.op == CollOp::reduce_scatter) rs_i64 += e.dtype == DataType::i64 && e.count % W == 0 ? 1 : 0;
       }
-    for (const auto& [comm, tab] : r.rank_stats[rank]) rs_calls += tab[static_cast<size_t>(CollOp::reduce_scatter)].calls;
+    for (const auto& [comm, tab] : r.rank_stats[rank])
+      rs_calls += tab[static_cast<size_t>(CollOp::reduce_scatter)].calls;
     EXPECT_GT(rs_calls, 0);
     EXPECT_EQ(rs_i64, rs_calls) << "rank " << rank;
   }
