@@ -24,6 +24,7 @@ struct Opts {
   int64_t chunks = 1;
   int64_t vocab_slices = 0;
   bool recompute = false;
+  bool lower_exact_sum = false;
   bool check = false;
   bool verbose = false;
   int64_t seqs = 4;
@@ -61,6 +62,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   for (const parallel::Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
   std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
+  if (spec.lower_exact_sum)
+    std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
+                "element on the wire)\n");
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const parallel::RankStepStats& st) {
@@ -151,6 +155,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "memory per rank, more reduce-scatters; bits unchanged); 0: one per vocab chunk")
                        ->capture_default_str();
                    sub.add_flag("--recompute", o->recompute, "full recompute (re-run each layer in backward)");
+                   sub.add_flag("--lower-exact-sum", o->lower_exact_sum,
+                                "run every exact_sum as an i64 sum of packed accumulators (the lowering a backend "
+                                "without a native exact_sum uses; bits unchanged)");
                    sub.add_flag("--check-reference", o->check,
                                 "run the single-rank reference too and compare loss, every gradient and every "
                                 "parameter bit for bit (exit code 1 on any difference)");
@@ -196,6 +203,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.mesh = parallel::parse_mesh(o->mesh);
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;
+                     spec.lower_exact_sum = o->lower_exact_sum;
                      (void)parallel::vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      parallel::validate_layout(spec.mesh, spec.cfg.experts, spec.run.sequences, spec.run.seq_len,

@@ -32,6 +32,7 @@ std::string EmulateSpec::repro() const {
   if (cfg.vocab_chunk != base.vocab_chunk) s += fmt::format(" --vocab-chunk {}", cfg.vocab_chunk);
   if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
   if (run.recompute) s += " --recompute";
+  if (lower_exact_sum) s += " --lower-exact-sum";
   s += " --check-reference";
   return s;
 }
@@ -119,6 +120,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.watchdog = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
+  so.lower_exact_sum = spec.lower_exact_sum;
   const auto t0 = std::chrono::steady_clock::now();
   SpawnResult sr = spawn(
       W,

@@ -45,6 +45,7 @@ struct EmulateSpec {
   std::string skip_wait;
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
+  bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const parallel::RankStepStats&)> progress;
   std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)

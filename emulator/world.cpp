@@ -531,6 +531,8 @@ class EmuComm final : public Communicator {
     if (depth_ == 0) run_p2p();
   }
 
+  bool native_exact_sum() const override { return !w_.opts.lower_exact_sum; }
+
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override {
     CallDesc c{CollOp::split, 0, DataType::u8, ReduceOp::sum, -1, seq_, loc.file_name(), loc.line()};
     auto [grp, r] = arrive(c, nullptr, nullptr, -1, color, key, std::move(name));  // result read from own slot only

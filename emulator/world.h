@@ -35,6 +35,9 @@ struct SpawnOptions {
   // Each rank's Device: eager or deferred execution, hazard checking (emulator/device.h). record_trace above
   // overrides device.record_trace.
   DeviceOptions device;
+  // exact_sum is merged natively (accumulators combined in rank order). true: every communicator reports no
+  // native exact_sum, so Communicator lowers it onto i64 sums (parallel/exact_lowering.h), as on NCCL; same bits.
+  bool lower_exact_sum = false;
 };
 
 struct World;

@@ -116,6 +116,10 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recvcount
   TD_CHECK(recv == in_place || !overlaps(send, n * recvcount * es, recv, recvcount * es),
            "reduce_scatter on '{}' at {}: send and recv overlap but recv != send + rank*recvcount (not NCCL "
            "in-place)", name_, where(loc));
+  if (op == ReduceOp::exact_sum && !native_exact_sum()) {
+    count(CollOp::reduce_scatter, lower_exact_sum(CollOp::reduce_scatter, send, recv, recvcount, t, -1, s, loc));
+    return;
+  }
   do_collective({CollOp::reduce_scatter, send, recv, recvcount, t, op, -1}, s, loc);
   count(CollOp::reduce_scatter, n * recvcount * es);
 }
@@ -127,6 +131,10 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count_, DataT
   const size_t es = dtype_size(t);
   TD_CHECK(send == recv || !overlaps(send, count_ * es, recv, count_ * es),
            "all_reduce on '{}' at {}: send and recv overlap partially", name_, where(loc));
+  if (op == ReduceOp::exact_sum && !native_exact_sum()) {
+    count(CollOp::all_reduce, lower_exact_sum(CollOp::all_reduce, send, recv, count_, t, -1, s, loc));
+    return;
+  }
   do_collective({CollOp::all_reduce, send, recv, count_, t, op, -1}, s, loc);
   count(CollOp::all_reduce, count_ * es);
 }
@@ -151,6 +159,10 @@ void Communicator::reduce(const void* send, void* recv, size_t count_, DataType 
   const size_t es = dtype_size(t);
   TD_CHECK(rank() != root || send == recv || !overlaps(send, count_ * es, recv, count_ * es),
            "reduce on '{}' at {}: send and recv overlap partially", name_, where(loc));
+  if (op == ReduceOp::exact_sum && !native_exact_sum()) {
+    count(CollOp::reduce, lower_exact_sum(CollOp::reduce, send, recv, count_, t, root, s, loc));
+    return;
+  }
   do_collective({CollOp::reduce, send, recv, count_, t, op, root}, s, loc);
   count(CollOp::reduce, count_ * es);
 }

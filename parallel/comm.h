@@ -15,7 +15,8 @@
 // bf16 sum/min/max accumulate in fp32 in rank order and round once (RNE) at the end.
 // Integer sums wrap modulo 2^bits. max/min of floating types propagate NaN.
 // exact_sum is only valid with exact_f32 / exact_f64 (elements are trident::ExactAcc<float/double>), and
-// sum/max/min are invalid with those dtypes.
+// sum/max/min are invalid with those dtypes. A backend without a native exact_sum (native_exact_sum() false)
+// gets it lowered onto an i64 sum by the public wrappers, with the same bits (parallel/exact_lowering.h).
 //
 // Every call takes a Stream (the work is ordered on it; see Device) and a std::source_location that the
 // backend uses for error reports (the emulator names it when ranks disagree or deadlock).
@@ -56,7 +57,9 @@ void check_reduce_op(DataType t, ReduceOp op, std::source_location loc);
 
 // Calls and bytes of one operation. Bytes: the size of the call's largest buffer on this rank (the nccl-tests
 // "size"): all_gather size()*count, reduce_scatter size()*recvcount, all_reduce/broadcast/reduce count,
-// send/recv count, all_to_all(v) the bytes this rank sends. All in bytes of the dtype.
+// send/recv count, all_to_all(v) the bytes this rank sends. All in bytes of the dtype; an exact_sum lowered
+// onto i64 counts the bytes of its packed i64 buffer (what the backend moves: 96 / 560 bytes per exact_f32 /
+// exact_f64 element instead of 88 / 552).
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;
@@ -132,6 +135,14 @@ class Communicator {
   virtual void do_group_start(loc_t loc) = 0;
   virtual void do_group_end(loc_t loc) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) = 0;
+  // Whether do_collective implements ReduceOp::exact_sum on exact_f32/exact_f64 itself (the emulator does, unless
+  // SpawnOptions::lower_exact_sum). When false, reduce_scatter / all_reduce / reduce with exact_sum pack the
+  // accumulators into int64 words, call do_collective with DataType::i64 and ReduceOp::sum on the packed buffer
+  // (in place) and unpack the sums (parallel/exact_lowering.h, docs/numerics.md): do_collective never sees an
+  // exact dtype in a reduction. The default suits backends whose reductions are the usual integer/float sums
+  // (NCCL, MPI). Non-reducing calls with exact dtypes (all_gather, broadcast, send/recv, all_to_all(v)) still
+  // reach the backend and move the accumulator bytes unchanged (dtype_size(t) opaque bytes per element).
+  virtual bool native_exact_sum() const { return false; }
   // Called after all_to_all / all_to_allv completed (count: all_to_all's count, all_to_allv's total send
   // elements; bytes: what this rank sent). Lets a backend record the helper as one operation.
   virtual void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) {
@@ -142,6 +153,10 @@ class Communicator {
 
  private:
   void count(CollOp op, size_t bytes);
+  // exact_sum of reduce_scatter / all_reduce / reduce (validated) on the i64 lowering; returns the bytes to count
+  // (parallel/exact_lowering.cpp).
+  size_t lower_exact_sum(CollOp op, const void* send, void* recv, size_t count, DataType t, int root, Stream s,
+                         loc_t loc);
   std::string name_;
   OpStatsTable stats_{};
   int group_depth_ = 0;

@@ -5,8 +5,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "emulator/world.h"
+#include "parallel/exact_lowering.h"
 #include "reference/model/linear_ce.h"
 #include "tests/step/step_cases.h"
 
@@ -62,6 +64,43 @@ TEST(StepEquality, VocabSlices4_ShortLastChunk) {  // V 512 in chunks of 100: 6 
 TEST(StepEquality, VocabSlicesMax_Fsdp8) { run_case({.mesh = M(1, 8, 1, 1, 8), .vocab_slices = 512, .seqs = 8}); }
 TEST(StepEquality, E64_DRep2Cp4_Ep8) {
   run_case({.preset = "tiny-e64", .mesh = M(2, 1, 4, 1, 8), .chunks = 2, .seq_len = 64, .steps = 2});
+}
+
+// ---- exact_sum lowered onto i64 sums (EmulateSpec::lower_exact_sum; docs/numerics.md "Exact sums over integer
+// collectives"): the whole step through the lowering a backend without a native exact_sum uses, still bitwise
+// equal to the reference, with the documented schedule; no exact dtype reaches the backend.
+template <class T>
+void lowered_case(const Case& c) {
+  emu::EmulateSpec s = make_spec(c);
+  s.lower_exact_sum = true;
+  s.record_trace = true;
+  ASSERT_NE(s.repro().find("--lower-exact-sum"), std::string::npos);
+  const emu::EmulateResult<T> r = expect_equal<T>(s);
+  const size_t W = exact_lowering::words_per_element(std::is_same_v<T, double> ? DataType::exact_f64
+                                                                                : DataType::exact_f32);
+  const Counts want = expected_schedule(s);
+  for (size_t rank = 0; rank < r.traces.size(); ++rank) {
+    EXPECT_EQ(r.phases[rank], want) << "rank " << rank << " " << s.repro();
+    int64_t rs_i64 = 0, rs_calls = 0;
+    for (const StreamTrace& st : r.traces[rank])
+      for (const TraceEntry& e : st.entries) {
+        if (e.kind != TraceEntry::Kind::collective) continue;
+        EXPECT_FALSE(is_exact(e.dtype)) << "rank " << rank << " " << e.comm << " " << e.name;
+        // every reduce-scatter of the step is an exact gradient merge: lowered, count a multiple of W
+        if (e.op == CollOp::reduce_scatter) rs_i64 += e.dtype == DataType::i64 && e.count % W == 0 ? 1 : 0;
+      }
+    for (const auto& [comm, tab] : r.rank_stats[rank])
+      rs_calls += tab[static_cast<size_t>(CollOp::reduce_scatter)].calls;
+    EXPECT_GT(rs_calls, 0);
+    EXPECT_EQ(rs_i64, rs_calls) << "rank " << rank;
+  }
+}
+TEST(StepExactLowering, DRep2Cp2_EFsdp2Ep2) { lowered_case<float>({.mesh = M(2, 1, 2, 2, 2), .steps = 2}); }
+TEST(StepExactLowering, Fp64_Fsdp2Cp2_Recompute_Chunks2) {
+  lowered_case<double>({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = true, .policy = "fp64", .steps = 2});
+}
+TEST(StepExactLowering, Bf16_Cp4_Chunks2) {
+  lowered_case<float>({.mesh = M(1, 1, 4, 2, 2), .chunks = 2, .policy = "bf16", .seq_len = 64, .steps = 2});
 }
 
 // ---- rejection: a mesh or chunking that would split a reduction tile ---------------------------------------------

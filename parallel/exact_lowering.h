@@ -1,0 +1,42 @@
+// ReduceOp::exact_sum lowered onto ReduceOp::sum over DataType::i64 (docs/numerics.md, "Exact sums over integer
+// collectives"). A backend without a native exact_sum (NCCL, MPI: only integer/float sums) gets the same bits
+// as the emulator's native merge: Communicator's public reduce_scatter / all_reduce / reduce pack every
+// accumulator into words, run the backend's ordinary wrap-free int64 sum over them, and unpack the sums into
+// canonical accumulators.
+//
+// Packed element (W = L + 2 int64 words, L = ExactAcc<T>::kLimbs: float L = 10, W = 12; double L = 68, W = 70),
+// from the accumulator normalised (limbs 0..L-2 in [0, 2^32), signed top limb t):
+//   word[i], i < L-1 : limb i                          in [0, 2^32)
+//   word[L-1]        : t mod 2^32                      in [0, 2^32)
+//   word[L]          : floor(t / 2^32)                 in [-2^31, 2^31)
+//   word[L+1]        : nan + pinf * 2^21 + ninf * 2^42 (each 0 or 1: the accumulator's NaN / +Inf / -Inf flag)
+// so the value is V = sum_{i <= L} word[i] * 2^(32 i) units. The wordwise int64 sum of n <= kMaxContributions
+// packed elements cannot wrap (|each word sum| < 2^53) and its flag fields count contributors per flag without
+// carrying into each other; unpack() carry-propagates it back into a normalised accumulator (count 1, flag set
+// iff its counter > 0): the same bytes as the native merge of the same accumulators followed by normalize().
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "parallel/comm.h"
+
+namespace trident::exact_lowering {
+
+// Most contributions (communicator ranks, or packed buffers summed by any other means) one lowered sum may
+// combine: the flag counters are 21-bit fields. Communicator checks size() against it.
+inline constexpr int64_t kMaxContributions = (int64_t{1} << 21) - 1;
+
+// i64 words per element of an exact dtype (exact_f32: 12, exact_f64: 70). Throws for other dtypes.
+size_t words_per_element(DataType t);
+
+// acc: `count` accumulators of exact dtype t (ExactAcc<float> / ExactAcc<double>); out: count *
+// words_per_element(t) words. acc and out must not overlap.
+void pack(DataType t, const void* acc, size_t count, int64_t* out);
+
+// in: the wordwise int64 sum of at most kMaxContributions packed buffers (one packed buffer is a valid sum of
+// one); acc: `count` canonical accumulators. Throws trident::Error when the exact sum leaves the accumulator's
+// range (its top limb would overflow int64; the native merge is undefined there) or a word is out of the
+// range such a sum can have. in and acc must not overlap.
+void unpack(DataType t, const int64_t* in, size_t count, void* acc);
+
+}  // namespace trident::exact_lowering
