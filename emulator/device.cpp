@@ -367,6 +367,22 @@ void EmuDevice::memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc)
          [dst, value, bytes] { std::memset(dst, value, static_cast<size_t>(bytes)); }, loc);
 }
 
+void EmuDevice::copy_2d(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows,
+                        Stream s, loc_t loc) {
+  TD_CHECK(width >= 0 && rows >= 0 && dpitch >= width && spitch >= width,
+           "rank {}: copy_2d of {} rows x {} bytes with pitches {} / {} at {}:{}", rank_, rows, width, dpitch, spitch,
+           base_name(loc.file_name()), loc.line());
+  if (rows == 0 || width == 0) return;
+  const int64_t span_d = (rows - 1) * dpitch + width, span_s = (rows - 1) * spitch + width;
+  launch(s, "copy_2d", {Access{src, span_s, false}, Access{dst, span_d, true}}, 0,
+         [=] {
+           auto* d = static_cast<std::byte*>(dst);
+           const auto* c = static_cast<const std::byte*>(src);
+           for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * dpitch, c + r * spitch, static_cast<size_t>(width));
+         },
+         loc);
+}
+
 void EmuDevice::upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
   // The host buffer is consumed now (staged), as cudaMemcpyAsync from pageable memory does.
   auto stage = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes));

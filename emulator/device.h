@@ -57,6 +57,8 @@ class EmuDevice final : public Device {
   void free(void* p, Stream s, loc_t loc) override;
   void copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   void memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc) override;
+  void copy_2d(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows, Stream s,
+               loc_t loc) override;
   void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   DeviceMemory memory() const override { return mem_; }

@@ -37,9 +37,8 @@ struct EmulateSpec {
   bool keep_tensors = true;     // assemble full gradients and parameters after every step
   bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
   int watchdog_s = 600;
-  // Each rank's Device (emulator/device.h): device.check_hazards runs the stream-hazard checker over the step's
-  // device buffers (eager execution, same bits). Deferred execution is rejected by the step for now
-  // (docs/architecture.md "The device seam": the EP row packing and attention activations are host-side).
+  // Each rank's Device (emulator/device.h): eager (default) or deferred execution with a seed; check_hazards runs
+  // the stream-hazard checker in eager mode too. Every mode gives the same bits.
   DeviceOptions device;
   // Test hook: drop one event wait of the step (parallel::StepShared::skip_wait), to see the checker catch it.
   std::string skip_wait;

@@ -93,6 +93,9 @@ class Device {
   // dst and src device memory (bytes each, no overlap), on s.
   virtual void copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
+  // rows x width bytes: row r from src + r*spitch to dst + r*dpitch (cudaMemcpy2DAsync), device memory, on s.
+  virtual void copy_2d(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows,
+                       Stream s, loc_t loc = loc_t::current()) = 0;
   // host -> device on s; `src` is consumed before the call returns.
   virtual void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
   // device -> host on s; the host reads `dst` only after synchronize(s).

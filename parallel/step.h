@@ -66,6 +66,9 @@ struct RankStepStats {
 };
 
 template <class T>
+struct StepImpl;  // parallel/step_impl.h
+
+template <class T>
 class RankStep {
  public:
   // `world` has every rank; `comms` are this rank's mesh communicators (make_mesh_comms); `dev` its device.
@@ -85,8 +88,7 @@ class RankStep {
   const PhaseCounts& phase_counts() const;            // of the last step
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<StepImpl<T>> impl_;
 };
 
 extern template struct StepShared<float>;

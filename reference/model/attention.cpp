@@ -232,15 +232,42 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
   }
 }
 
+// ---- activations ----------------------------------------------------------------------------------------------
+namespace {
+// The ops fill the caller's buffers (sized by attn_acts_size) and never reallocate them: a caller may hand out
+// pointers into them before the op runs.
+template <class T>
+void zero_sized(std::vector<T>& v, int64_t n, const char* what) {
+  TD_CHECK_EQ(static_cast<int64_t>(v.size()), n, "attention activations: {} not sized by attn_acts_size", what);
+  std::fill(v.begin(), v.end(), T(0));
+}
+}  // namespace
+
+template <class T>
+void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& A) {
+  const CoreDims cd = CoreDims::from(cfg);
+  const int64_t H = cfg.heads;
+  const bool mla = cfg.attn == AttnKind::mla;
+  auto z = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
+  z(A.q, mla ? N * H * (cfg.nope_dim + cfg.rope_dim) : 0);
+  z(A.qc, N * H * cd.Dq);
+  z(A.c, mla ? N * (cfg.kv_lora_rank + cfg.rope_dim) : 0);
+  z(A.kv_rinv, mla ? N : 0);
+  z(A.payload, N * cd.P);
+  z(A.o, N * H * cd.Dv);
+  z(A.stats, N * H * 2);
+  z(A.ocat, mla ? N * H * cfg.v_dim : 0);
+}
+
 // ---- (a) projections ----------------------------------------------------------------------------------------
 template <class T>
 void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
                       const RopeTable<T>& rope, AttnActs<T>& A) {
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
-  A.payload.assign(static_cast<size_t>(N * P), T(0));
+  zero_sized(A.payload, N * P, "payload");
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads;
-    A.qc.assign(static_cast<size_t>(N * H * Dh), T(0));
+    zero_sized(A.qc, N * H * Dh, "qc");
     mm<T>(pol, N, H * Dh, d, a, d, W.wq, H * Dh, false, A.qc.data(), H * Dh);
     rope_forward<T>(A.qc.data(), H * Dh, H, Dh, pos, N, rope);
     mm<T>(pol, N, Hkv * Dh, d, a, d, W.wk, Hkv * Dh, false, A.payload.data(), P);
@@ -249,9 +276,9 @@ void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T*
     return;
   }
   const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
-  A.q.assign(static_cast<size_t>(N * Qw), T(0));
+  zero_sized(A.q, N * Qw, "q");
   mm<T>(pol, N, Qw, d, a, d, W.wq, Qw, false, A.q.data(), Qw);
-  A.qc.assign(static_cast<size_t>(N * H * Dq), T(0));
+  zero_sized(A.qc, N * H * Dq, "qc");
   for (int64_t h = 0; h < H; ++h) {
     // absorbed query: q_nope_h (N, Dn) @ W_uk_h^T (Dn, r), W_uk_h = columns h*Dn.. of W_uk (r, H*Dn)
     mm<T>(pol, N, r, Dn, A.q.data() + h * (Dn + Dr), Qw, W.wuk + h * Dn, H * Dn, true, A.qc.data() + h * Dq, H * Dq);
@@ -259,9 +286,9 @@ void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T*
       std::copy_n(A.q.data() + t * Qw + h * (Dn + Dr) + Dn, Dr, A.qc.data() + (t * H + h) * Dq + r);
   }
   rope_forward<T>(A.qc.data() + r, H * Dq, H, Dq, pos, N, rope);
-  A.c.assign(static_cast<size_t>(N * Dq), T(0));
+  zero_sized(A.c, N * Dq, "c");
   mm<T>(pol, N, r + Dr, d, a, d, W.wdkv, r + Dr, false, A.c.data(), r + Dr);
-  A.kv_rinv.assign(static_cast<size_t>(N), T(0));
+  zero_sized(A.kv_rinv, N, "kv_rinv");
   rmsnorm_forward<T>(A.c.data(), r + Dr, W.kv_norm, N, r, cfg.norm_eps, A.payload.data(), P, A.kv_rinv.data());
   for (int64_t t = 0; t < N; ++t) std::copy_n(A.c.data() + t * (r + Dr) + r, Dr, A.payload.data() + t * P + r);
   rope_forward<T>(A.payload.data() + r, P, 1, 0, pos, N, rope);
@@ -276,7 +303,7 @@ void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t 
     return;
   }
   const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
-  A.ocat.assign(static_cast<size_t>(N * H * Dv), T(0));
+  zero_sized(A.ocat, N * H * Dv, "ocat");
   for (int64_t h = 0; h < H; ++h)  // o_h = o_lat_h (N, r) @ W_uv_h (r, Dv)
     mm<T>(pol, N, Dv, r, A.o.data() + h * r, H * r, W.wuv + h * Dv, H * Dv, false, A.ocat.data() + h * Dv, H * Dv);
   mm<T>(pol, N, d, H * Dv, A.ocat.data(), H * Dv, W.wo, d, false, y, d);
@@ -361,9 +388,8 @@ void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T
                        const RopeTable<T>& rope, AttnActs<T>& A, T* y) {
   const int64_t N = rows.n;
   const CoreDims cd = CoreDims::from(cfg);
+  attn_acts_size<T>(cfg, N, A);
   attn_qkv_forward<T>(pol, cfg, W, a, rows.pos.data(), N, rope, A);
-  A.o.assign(static_cast<size_t>(N * cd.H * cd.Dv), T(0));
-  A.stats.assign(static_cast<size_t>(N * cd.H * 2), T(0));
   for (const auto& run : rows.sequence_runs()) {
     check_run(rows, run);
     const int64_t S = run.end - run.begin;
@@ -406,6 +432,7 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,        \
                                       int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,         \
                                       ExactAcc<T>*);                                                               \
+  template void attn_acts_size<T>(const Config&, int64_t, AttnActs<T>&);                                             \
   template void attn_qkv_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const int64_t*, int64_t,     \
                                     const RopeTable<T>&, AttnActs<T>&);                                            \
   template void attn_out_forward<T>(Policy, const Config&, const AttnW<T>&, int64_t, AttnActs<T>&, T*);            \

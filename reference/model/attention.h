@@ -92,6 +92,9 @@ struct AttnActs {
   std::vector<T> ocat;     // MLA: (N, H*Dv) per-head o_h W_uv_h; GQA: unused (o is the W_o input)
 };
 
+// Sizes every activation buffer for N rows (zero-filled). The ops below fill these buffers and never resize them.
+template <class T>
+void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& acts);
 // (a) a: (N, d) normed layer input; pos (N). Fills acts.q/qc/c/kv_rinv/payload.
 template <class T>
 void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,

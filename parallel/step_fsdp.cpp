@@ -1,0 +1,355 @@
+// The step's FSDP part (parallel/step_impl.h): parameter shards, the per-unit all-gather with prefetch, the gradient
+// accumulator arena, the exact reduce-scatter of every gradient as soon as it is complete, vocabulary slices.
+#include <algorithm>
+
+#include "parallel/step_impl.h"
+
+namespace trident::parallel {
+
+namespace md = trident::model;
+
+template <class T>
+StepImpl<T>::StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Device& dv, Kernels<T>& k)
+    : sh(s), cfg(s.cfg), world(w), mc(c), dev(dv), K(k), CS(dv.compute_stream()), XS(dv.comm_stream()),
+      pol(s.cfg.policy), rank(w.rank()) {
+  sh.validate();
+  TD_CHECK(sh.skip_wait.empty() || sh.skip_wait == "fsdp_gather", "step: unknown skip_wait '{}'", sh.skip_wait);
+  TD_CHECK_EQ(static_cast<int64_t>(world.size()), sh.mesh.world(), "RankStep: world size vs mesh");
+  dc = dense_coord(sh.mesh, rank);
+  ec = expert_coord(sh.mesh, rank);
+  L = cfg.layers;
+  d = cfg.d_model;
+  V = cfg.vocab;
+  E = cfg.experts;
+  Kt = cfg.top_k;
+  Eloc = E / sh.mesh.ep;
+  e0 = ec.p * Eloc;
+  nfc = sh.mesh.fsdp * sh.mesh.cp;
+  vslices = vocab_slices(V, cfg.vocab_chunk, nfc, sh.vocab_slices);
+  TD_CHECK_EQ(static_cast<int64_t>(mc.fsdp_cp->rank()), dc.f * sh.mesh.cp + dc.c, "fsdp*cp communicator rank");
+  TD_CHECK_EQ(static_cast<int64_t>(mc.cp->rank()), dc.c, "cp communicator rank");
+  TD_CHECK_EQ(static_cast<int64_t>(mc.ep->rank()), ec.p, "ep communicator rank");
+  TD_CHECK_EQ(static_cast<int64_t>(mc.e_fsdp->rank()), ec.ef, "e_fsdp communicator rank");
+  TD_CHECK_EQ(static_cast<int64_t>(mc.d_rep->rank()), dc.d, "d_rep communicator rank");
+  const md::ParamSet<T>& init = *sh.init;
+  unit_params.assign(sz(L + 2), {});
+  std::vector<T> host;
+  for (size_t p = 0; p < init.size(); ++p) {
+    const md::ParamInfo& in = init.info[p];
+    PState st;
+    st.p = p;
+    st.trainable = in.trainable;
+    st.expert = in.name.find(".moe.experts.") != std::string::npos;
+    if (in.name == "embed") st.unit = 0;
+    else if (in.name.rfind("layers.", 0) == 0) st.unit = 1 + std::stoll(in.name.substr(7));
+    else st.unit = L + 1;
+    const T* src = init.t[p].ptr();
+    if (!st.trainable) {  // buffer: replicated, updated identically everywhere
+      st.nsh = init.t[p].size();
+      host.assign(src, src + st.nsh);
+    } else if (st.expert) {
+      st.spec = ShardSpec{in.shape[1], in.shape[2], sh.mesh.e_fsdp};
+      st.shard = ec.ef;
+      const int64_t se = st.spec.shard_elems(), per = in.shape[1] * in.shape[2];
+      st.nsh = Eloc * se;
+      host.assign(sz(st.nsh), T(0));
+      for (int64_t el = 0; el < Eloc; ++el) {
+        const T* e = src + (e0 + el) * per + st.spec.begin_row(st.shard) * st.spec.row_elems;
+        std::copy_n(e, st.spec.valid_elems(st.shard), host.data() + el * se);
+      }
+    } else {
+      const int64_t rows_ = in.shape[0];
+      st.spec = ShardSpec{rows_, init.t[p].size() / rows_, nfc};
+      st.shard = mc.fsdp_cp->rank();
+      st.nsh = st.spec.shard_elems();
+      host.assign(sz(st.nsh), T(0));
+      std::copy_n(src + st.spec.begin_row(st.shard) * st.spec.row_elems, st.spec.valid_elems(st.shard), host.data());
+    }
+    st.w = Buf<T>(dev, st.nsh, CS);
+    dev.upload(st.w.data(), host.data(), st.w.bytes(), CS);
+    if (st.trainable) {
+      st.m = zeros(st.nsh, CS);
+      st.v = zeros(st.nsh, CS);
+      st.g = zeros(st.nsh, CS);
+      unit_params[sz(st.unit)].push_back(ps.size());
+    }
+    mem.add(st.w.bytes() + st.m.bytes() + st.v.bytes() + st.g.bytes());
+    ps.push_back(std::move(st));
+  }
+  full.resize(ps.size());
+  acc.assign(ps.size(), {});
+  gathered.assign(sz(L + 2), false);
+  for (int64_t u = 0; u < L + 2; ++u) ev_gather.push_back(dev.create_event());
+  for (int64_t c = 0; c < sh.ep_chunks; ++c) {
+    ev_disp.push_back(dev.create_event());
+    ev_comp.push_back(dev.create_event());
+    ev_comb.push_back(dev.create_event());
+    ev_pack.push_back(dev.create_event());
+  }
+  ev_route.push_back(dev.create_event());
+  // The comm stream may use everything allocated so far (the shards it all-gathers).
+  dev.record(ev_route[0], CS);
+  dev.wait(XS, ev_route[0]);
+}
+
+template <class T>
+Buf<T> StepImpl<T>::zeros(int64_t n, Stream s) {
+  Buf<T> b(dev, n, s);
+  if (n > 0) dev.memset(b.data(), 0, b.bytes(), s);
+  return b;
+}
+
+// ---- FSDP: gather / free per unit ---------------------------------------------------------------------------------
+// All-gathers every trainable parameter of unit u (one call per dense tensor over fsdp*cp, one per tensor and local
+// expert over e_fsdp) on stream s into buffers allocated there, then records ev_gather[u].
+template <class T>
+void StepImpl<T>::gather(int64_t u, Stream s, const std::string& ph) {
+  TD_CHECK(!gathered[sz(u)], "FSDP: unit {} gathered twice", u);
+  for (size_t i : unit_params[sz(u)]) {
+    PState& st = ps[i];
+    Buf<T>& f = full[i];  // allocated on the gathering stream, freed on the compute stream
+    if (!st.expert) {
+      f = Buf<T>(dev, st.full_elems(), s);
+      mc.fsdp_cp->all_gather(st.w.data(), f.data(), sz(st.spec.shard_elems()), dt<T>(), s);
+      note(ph, *mc.fsdp_cp, CollOp::all_gather);
+    } else {
+      const int64_t stride = st.full_elems(), se = st.spec.shard_elems();
+      f = Buf<T>(dev, Eloc * stride, s);
+      for (int64_t el = 0; el < Eloc; ++el) {
+        mc.e_fsdp->all_gather(st.w.data() + el * se, f.data() + el * stride, sz(se), dt<T>(), s);
+        note(ph, *mc.e_fsdp, CollOp::all_gather);
+      }
+    }
+    mem.add(f.bytes());
+  }
+  gathered[sz(u)] = true;
+  dev.record(ev_gather[sz(u)], s);
+}
+
+// The compute stream waits for unit u's gathered parameters.
+template <class T>
+void StepImpl<T>::wait_gather(int64_t u) {
+  if (sh.skip_wait != "fsdp_gather") dev.wait(CS, ev_gather[sz(u)]);
+}
+
+template <class T>
+void StepImpl<T>::release(int64_t u) {
+  for (size_t i : unit_params[sz(u)]) {
+    mem.sub(full[i].bytes());
+    full[i].reset(CS);
+  }
+  gathered[sz(u)] = false;
+}
+
+template <class T>
+const T* StepImpl<T>::W(const std::string& name) const {
+  const size_t p = idx(name);
+  if (!ps[p].trainable) return ps[p].w.data();  // buffers: the replicated copy
+  TD_CHECK(!full[p].empty(), "FSDP: parameter {} used while not gathered", name);
+  return full[p].data();
+}
+
+template <class T>
+md::AttnW<T> StepImpl<T>::attn_w(int64_t i) const {
+  md::AttnW<T> w;
+  md::attn_view(cfg, i, [&](const std::string& n) { return W(n); }, w);
+  return w;
+}
+template <class T>
+md::AttnG<T> StepImpl<T>::attn_g(int64_t i) {
+  md::AttnG<T> g;
+  md::attn_view(cfg, i, [&](const std::string& n) { return G(n); }, g);
+  return g;
+}
+
+template <class T>
+std::vector<size_t> StepImpl<T>::names(int64_t i, std::initializer_list<const char*> suffixes) const {
+  std::vector<size_t> out;
+  for (const char* s : suffixes) out.push_back(idx(fmt::format("layers.{}.{}", i, s)));
+  return out;
+}
+
+// ---- gradient accumulators ---------------------------------------------------------------------------------------
+template <class T>
+void StepImpl<T>::grow_arena(size_t n) {
+  if (n <= sz(arena.size())) return;
+  TD_CHECK(arena_live == 0, "accumulator arena must grow while {} views are live", arena_live);
+  mem.sub(arena.bytes());
+  arena = Buf<Acc>(dev, static_cast<int64_t>(n), CS);  // the old one is freed on the compute stream
+  mem.add(arena.bytes());
+}
+
+// Takes n zeroed accumulators from the arena; growing it is only allowed while nothing is live.
+template <class T>
+typename StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t n) {
+  if (arena_used + n > sz(arena.size())) grow_arena(arena_used + n);
+  Acc* p = arena.data() + arena_used;
+  // the zero accumulator is all-zero bytes (reference/exact_acc_impl.h wire format)
+  if (n > 0) dev.memset(p, 0, static_cast<int64_t>(n * sizeof(Acc)), CS);
+  arena_used += n;
+  ++arena_live;
+  return p;
+}
+
+template <class T>
+void StepImpl<T>::arena_give() {
+  TD_CHECK(arena_live > 0, "accumulator arena: nothing live");
+  if (--arena_live == 0) arena_used = 0;
+}
+
+template <class T>
+void StepImpl<T>::alloc_grads(const std::vector<size_t>& list) {
+  TD_CHECK(arena_live == 0, "gradient groups overlap");
+  size_t total = 0;
+  for (size_t i : list) total += sz(ps[i].expert ? Eloc * ps[i].full_elems() : ps[i].full_elems());
+  grow_arena(total);  // once for the whole group (nothing live)
+  for (size_t i : list) {
+    const PState& st = ps[i];
+    TD_CHECK(acc[i].empty(), "gradient accumulator of {} allocated twice", sh.init->info[i].name);
+    const size_t n = sz(st.expert ? Eloc * st.full_elems() : st.full_elems());
+    acc[i] = AccView{arena_take(n), n};
+  }
+}
+
+// As soon as a tensor's gradient is complete: its accumulator is merged across ranks, rounded, freed.
+template <class T>
+void StepImpl<T>::reduce_grads(const std::vector<size_t>& list, const std::string& ph) {
+  for (size_t i : list) {
+    PState& st = ps[i];
+    reduced[i]++;
+    const int64_t se = st.spec.shard_elems();
+    if (!st.expert) {
+      merge_dense(acc[i].data(), se, st.g.data(), ph);
+    } else {
+      const int64_t stride = st.full_elems();
+      for (int64_t el = 0; el < Eloc; ++el) merge_expert(acc[i].data() + el * stride, se, st.g.data() + el * se, ph);
+    }
+    acc[i] = AccView();
+    arena_give();
+  }
+}
+
+// A dense accumulator laid out as fsdp*cp blocks of `se` values (block s belongs to fsdp*cp rank s): exact
+// reduce-scatter over fsdp*cp, exact all-reduce over d_rep, this rank's block rounded into out (se values).
+template <class T>
+void StepImpl<T>::merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph) {
+  Buf<Acc> part(dev, se, CS);
+  mem.add(part.bytes());
+  mc.fsdp_cp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum, CS);
+  note(ph, *mc.fsdp_cp, CollOp::reduce_scatter);
+  mc.d_rep->all_reduce(part.data(), part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum, CS);
+  note(ph, *mc.d_rep, CollOp::all_reduce);
+  K.exact_round(part.data(), out, se, CS);
+  mem.sub(part.bytes());
+}
+
+// One local expert's accumulator (e_fsdp blocks of se): reduce-scatter over e_fsdp, rounded into out.
+template <class T>
+void StepImpl<T>::merge_expert(const Acc* a, int64_t se, T* out, const std::string& ph) {
+  Buf<Acc> part(dev, se, CS);
+  mem.add(part.bytes());
+  mc.e_fsdp->reduce_scatter(a, part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum, CS);
+  note(ph, *mc.e_fsdp, CollOp::reduce_scatter);
+  K.exact_round(part.data(), out, se, CS);
+  mem.sub(part.bytes());
+}
+
+// embed (V, d): shard-local rows [a, b) of every fsdp*cp shard; token rows outside the slice get slot -1.
+template <class T>
+void StepImpl<T>::reduce_embed_slices(const std::string& ph, const T* dx) {
+  const size_t i = idx("embed");
+  PState& st = ps[i];
+  const int64_t rps = st.spec.rows_per_shard(), vr = st.spec.end_row(st.shard) - st.spec.begin_row(st.shard);
+  std::vector<int32_t> slot(sz(N));
+  for (const Range& r : vslices.embed_rows) {
+    const int64_t h = r.end - r.begin;
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t v = tokens_h[sz(t)], o = v % rps;
+      slot[sz(t)] = o >= r.begin && o < r.end ? static_cast<int32_t>(v / rps * h + (o - r.begin)) : -1;
+    }
+    Buf<int32_t> slot_d(dev, N, CS);
+    dev.upload(slot_d.data(), slot.data(), slot_d.bytes(), CS);
+    Acc* a = arena_take(sz(nfc * h * d));
+    K.embedding_backward(a, slot_d.data(), dx, N, d, rows.segs, CS);
+    Buf<T> part(dev, h * d, CS);
+    merge_dense(a, h * d, part.data(), ph);
+    arena_give();
+    const int64_t k1 = std::min(r.end, vr);
+    if (k1 > r.begin)
+      dev.copy(st.g.data() + r.begin * d, part.data(), (k1 - r.begin) * d * static_cast<int64_t>(sizeof(T)), CS);
+  }
+  reduced[i]++;
+}
+
+// The three weight gradients of SwiGLU blocks (the dense MLP, the shared expert, or the local experts' row blocks),
+// one tensor at a time. The reference's swiglu_backward_wgrad is exactly wgrad_acc(x, dug) -> wg,
+// wgrad_acc(x, duu) -> wu, wgrad_acc(h, dy) -> wd; every tile partial is added exactly, so producing, merging and
+// freeing each tensor before the next, and a local expert's rows in several blocks, change no bit.
+template <class T>
+void StepImpl<T>::swiglu_wgrad(const std::string& prefix, int64_t F, const std::string& ph,
+                               const std::vector<SwigluRows>& blocks) {
+  for (const char* w : {"wg", "wu", "wd"}) {
+    const std::string name = prefix + w;
+    const std::vector<size_t> g{idx(name)};
+    alloc_grads(g);
+    for (const SwigluRows& b : blocks) {
+      Acc* a = G(name) + b.el * expert_stride(name);
+      if (w[1] == 'g') K.wgrad_acc(pol, b.x, d, b.dug, F, d, F, b.segs, a, CS);
+      else if (w[1] == 'u') K.wgrad_acc(pol, b.x, d, b.duu, F, d, F, b.segs, a, CS);
+      else K.wgrad_acc(pol, b.h, F, b.dy, d, F, d, b.segs, a, CS);
+    }
+    reduce_grads(g, ph);
+  }
+}
+
+// ---- checking -------------------------------------------------------------------------------------------------------
+template <class T>
+void StepImpl<T>::write(md::ParamSet<T>& out, bool grads) const {
+  for (const PState& st : ps) {
+    T* dst = out.t[st.p].ptr();
+    if (!st.trainable) {
+      if (!grads && rank == 0) {
+        const std::vector<T> h = dev.fetch(st.w.data(), st.w.size(), CS);
+        std::copy(h.begin(), h.end(), dst);
+      }
+      continue;
+    }
+    if (!st.expert && dc.d != 0) continue;
+    const std::vector<T> src = dev.fetch(grads ? st.g.data() : st.w.data(), st.nsh, CS);  // host sync (checking)
+    if (!st.expert) {
+      std::copy_n(src.data(), st.spec.valid_elems(st.shard), dst + st.spec.begin_row(st.shard) * st.spec.row_elems);
+    } else {
+      const int64_t per = st.spec.rows * st.spec.row_elems;
+      for (int64_t el = 0; el < Eloc; ++el)
+        std::copy_n(src.data() + el * st.spec.shard_elems(), st.spec.valid_elems(st.shard),
+                    dst + (e0 + el) * per + st.spec.begin_row(st.shard) * st.spec.row_elems);
+    }
+  }
+}
+
+#define TD_STEP_FSDP(T)                                                                                            \
+  template StepImpl<T>::StepImpl(const StepShared<T>&, Communicator&, MeshComms&, Device&, Kernels<T>&);           \
+  template Buf<T> StepImpl<T>::zeros(int64_t, Stream);                                                             \
+  template void StepImpl<T>::gather(int64_t, Stream, const std::string&);                                          \
+  template void StepImpl<T>::wait_gather(int64_t);                                                                 \
+  template void StepImpl<T>::release(int64_t);                                                                     \
+  template const T* StepImpl<T>::W(const std::string&) const;                                                      \
+  template md::AttnW<T> StepImpl<T>::attn_w(int64_t) const;                                                        \
+  template md::AttnG<T> StepImpl<T>::attn_g(int64_t);                                                              \
+  template std::vector<size_t> StepImpl<T>::names(int64_t, std::initializer_list<const char*>) const;              \
+  template void StepImpl<T>::grow_arena(size_t);                                                                   \
+  template StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t);                                                      \
+  template void StepImpl<T>::arena_give();                                                                         \
+  template void StepImpl<T>::alloc_grads(const std::vector<size_t>&);                                              \
+  template void StepImpl<T>::reduce_grads(const std::vector<size_t>&, const std::string&);                         \
+  template void StepImpl<T>::merge_dense(const Acc*, int64_t, T*, const std::string&);                             \
+  template void StepImpl<T>::merge_expert(const Acc*, int64_t, T*, const std::string&);                            \
+  template void StepImpl<T>::reduce_embed_slices(const std::string&, const T*);                                    \
+  template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
+                                          const std::vector<SwigluRows>&);                                         \
+  template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;
+TD_STEP_FSDP(float)
+TD_STEP_FSDP(double)
+#undef TD_STEP_FSDP
+
+}  // namespace trident::parallel
