@@ -25,6 +25,9 @@ struct Opts {
   int64_t vocab_slices = 0;
   bool recompute = false;
   bool lower_exact_sum = false;
+  std::string device = "eager";
+  int64_t device_seed = 0;
+  bool check_hazards = false;
   bool check = false;
   bool verbose = false;
   int64_t seqs = 4;
@@ -62,6 +65,12 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   for (const parallel::Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
   std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
+  if (spec.device.mode == emu::DeviceMode::deferred)
+    std::printf("deferred device (seed %llu): work queued per stream, run in a seeded legal order, stream hazards "
+                "checked\n",
+                static_cast<unsigned long long>(spec.device.seed));
+  else if (spec.device.check_hazards)
+    std::printf("stream-hazard checker on (every declared access against the streams' event order)\n");
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
@@ -158,6 +167,17 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_flag("--lower-exact-sum", o->lower_exact_sum,
                                 "run every exact_sum as an i64 sum of packed accumulators (the lowering a backend "
                                 "without a native exact_sum uses; bits unchanged)");
+                   sub.add_option("--device", o->device,
+                                  "emulated device: eager (run work when issued) or deferred (queue it per stream, "
+                                  "run it in a seeded legal order, check stream hazards; bits unchanged)")
+                       ->check(CLI::IsMember({"eager", "deferred"}))
+                       ->capture_default_str();
+                   sub.add_option("--device-seed", o->device_seed, "deferred device: the scheduler's seed")
+                       ->check(CLI::NonNegativeNumber)
+                       ->capture_default_str();
+                   sub.add_flag("--check-hazards", o->check_hazards,
+                                "check every declared device access against the streams' event order (on in "
+                                "deferred mode)");
                    sub.add_flag("--check-reference", o->check,
                                 "run the single-rank reference too and compare loss, every gradient and every "
                                 "parameter bit for bit (exit code 1 on any difference)");
@@ -204,6 +224,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
+                     spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
+                     spec.device.seed = static_cast<uint64_t>(o->device_seed);
+                     spec.device.check_hazards = o->check_hazards;
                      (void)parallel::vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      parallel::validate_layout(spec.mesh, spec.cfg.experts, spec.run.sequences, spec.run.seq_len,

@@ -33,6 +33,8 @@ std::string EmulateSpec::repro() const {
   if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
   if (run.recompute) s += " --recompute";
   if (lower_exact_sum) s += " --lower-exact-sum";
+  if (device.mode == DeviceMode::deferred) s += fmt::format(" --device deferred --device-seed {}", device.seed);
+  else if (device.check_hazards) s += " --check-hazards";
   s += " --check-reference";
   return s;
 }

@@ -13,5 +13,12 @@ TEST(StepTsan, Fsdp2Cp2Ep2_Chunks2_Recompute) {
   run_case({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = true, .seqs = 2, .steps = 2});
 }
 
+TEST(StepTsan, DeferredDevice) {
+  emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .seqs = 2, .steps = 1});
+  s.device.mode = emu::DeviceMode::deferred;
+  s.device.seed = 9;
+  expect_equal<float>(s);
+}
+
 }  // namespace
 }  // namespace trident
