@@ -163,14 +163,16 @@ std::string use(std::initializer_list<std::string> fixes) {
   return f.empty() ? std::string() : fmt::format(": use {}", fmt::join(f, " or "));
 }
 
-// The rules, once: broken_rules passes out == nullptr (no message is built), violations a vector.
+// The rules, once. kMessages = false (broken_rules) compiles the messages away: the planner's search runs it for
+// millions of meshes.
+template <bool kMessages>
 uint32_t check_rules(const MeshShape& m, const LayoutInputs& in, const InputNames& names,
                      std::vector<std::string>* out) {
   uint32_t bits = 0;
   const Fixes fix{names};
   auto broken = [&](LayoutRule r, auto&& message) {
     bits |= rule_bit(r);
-    if (out) out->push_back(message());
+    if constexpr (kMessages) out->push_back(message());
   };
 
   // sizes: the mesh (nothing else is checked when it fails) and each given input (its rules are skipped)
@@ -288,13 +290,13 @@ uint32_t check_rules(const MeshShape& m, const LayoutInputs& in, const InputName
 
 std::vector<std::string> violations(const MeshShape& m, const LayoutInputs& in, const InputNames& names) {
   std::vector<std::string> out;
-  check_rules(m, in, names, &out);
+  check_rules<true>(m, in, names, &out);
   return out;
 }
 
 uint32_t broken_rules(const MeshShape& m, const LayoutInputs& in) {
   static const InputNames kNames;
-  return check_rules(m, in, kNames, nullptr);
+  return check_rules<false>(m, in, kNames, nullptr);
 }
 
 void validate(const MeshShape& m, const LayoutInputs& in, const InputNames& names) {
