@@ -1,5 +1,6 @@
 // The planner's arithmetic: memory, eFSDP / CP communication and overlap for one mesh (evaluate), the mesh
-// rules (check_mesh: parallel/layout.h's shared rules plus NVLink placement), the search over all meshes of a world size, and seed 002's recipe (recommend).
+// rules (check_mesh: parallel/layout.h's shared rules plus NVLink placement), the search over all meshes of a
+// world size, and seed 002's recipe (recommend).
 // Pure arithmetic: no allocation in check_mesh/evaluate, no threads. Formulas and sources: docs/planner.md.
 #pragma once
 #include <cstdint>
