@@ -229,8 +229,12 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.device.check_hazards = o->check_hazards;
                      (void)parallel::vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
-                     parallel::validate_layout(spec.mesh, spec.cfg.experts, spec.run.sequences, spec.run.seq_len,
-                                               spec.cfg.tile, spec.ep_chunks);
+                     // Every mesh rule at once, each naming the flag to change (parallel/layout.h).
+                     parallel::validate(spec.mesh, {.experts = spec.cfg.experts,
+                                                    .sequences = spec.run.sequences,
+                                                    .seq_len = spec.run.seq_len,
+                                                    .tile = spec.cfg.tile,
+                                                    .ep_chunks = spec.ep_chunks});
                      if (spec.cfg.policy == Policy::fp64) return run<double>(*o, spec);
                      return run<float>(*o, spec);
                    };

@@ -1,6 +1,8 @@
 // trident plan CONFIG: memory / communication / overlap arithmetic of the design documents (docs/planner.md).
 #include <iostream>
 #include <memory>
+#include <sstream>
+#include <string>
 
 #include "cli/command.h"
 #include "planner/run.h"
@@ -29,6 +31,11 @@ TRIDENT_COMMAND({"plan", "size a cluster: per-GPU memory, eFSDP/CP traffic and o
                    return [o]() -> int {
                      if (!o->world_range.empty())
                        trident::planner::parse_world_range(o->world_range, o->run.world_lo, o->run.world_hi);
-                     return trident::planner::run_plan(o->run, std::cout);
+                     std::ostringstream warn;  // NVLink placement warnings: after the report, on stderr
+                     const int rc = trident::planner::run_plan(o->run, std::cout, warn);
+                     std::cout.flush();
+                     std::istringstream lines(warn.str());
+                     for (std::string l; std::getline(lines, l);) std::cerr << "trident: " << l << "\n";
+                     return rc;
                    };
                  }});

@@ -28,3 +28,15 @@ function(trident_test name)
     set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT OMP_NUM_THREADS=1)
   endif()
 endfunction()
+
+# trident_cli_test(NAME RC REGEX [LINES n] [LABELS labels...] ARGS args...)
+# Runs the built `trident` with ARGS through cmake/expect_cli.cmake: exit code RC, REGEX in stdout+stderr and, when
+# RC is 1, exactly LINES error lines on stderr (default 1).
+function(trident_cli_test name rc regex)
+  cmake_parse_arguments(C "" "LINES" "LABELS;ARGS" ${ARGN})
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} -DTRIDENT=$<TARGET_FILE:trident> -DEXPECT_RC=${rc} "-DREGEX=${regex}"
+                   "-DARGS=${C_ARGS}" "-DEXPECT_LINES=${C_LINES}" -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR}
+                   -P ${PROJECT_SOURCE_DIR}/cmake/expect_cli.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS "${C_LABELS}" TIMEOUT 60)
+endfunction()

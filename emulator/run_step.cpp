@@ -20,10 +20,8 @@ namespace par = trident::parallel;
 
 std::string EmulateSpec::repro() const {
   std::string s = fmt::format(
-      "trident emulate --preset {} --policy {} --mesh d_rep={},fsdp={},cp={},e_fsdp={},ep={} --steps {} --chunks {} "
-      "--seqs {} --seq-len {}",
-      preset, to_string(cfg.policy), mesh.d_rep, mesh.fsdp, mesh.cp, mesh.e_fsdp, mesh.ep, run.steps, ep_chunks,
-      run.sequences, run.seq_len);
+      "trident emulate --preset {} --policy {} --mesh {} --steps {} --chunks {} --seqs {} --seq-len {}", preset,
+      to_string(cfg.policy), mesh.spec(), run.steps, ep_chunks, run.sequences, run.seq_len);
   const md::Config base = md::Config::preset(preset);
   if (cfg.experts != base.experts) s += fmt::format(" --experts {}", cfg.experts);
   if (cfg.top_k != base.top_k) s += fmt::format(" --top-k {}", cfg.top_k);
@@ -105,14 +103,6 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   }
   std::vector<std::vector<par::RankStepStats>> per_rank(static_cast<size_t>(W),
                                                         std::vector<par::RankStepStats>(static_cast<size_t>(steps)));
-  MeshConfig mcfg;
-  mcfg.d_rep = static_cast<int>(spec.mesh.d_rep);
-  mcfg.fsdp = static_cast<int>(spec.mesh.fsdp);
-  mcfg.cp = static_cast<int>(spec.mesh.cp);
-  mcfg.e_fsdp = static_cast<int>(spec.mesh.e_fsdp);
-  mcfg.ep = static_cast<int>(spec.mesh.ep);
-  mcfg.experts = static_cast<int>(spec.cfg.experts);
-
   SpawnOptions so;
   so.record_trace = spec.record_trace;
   so.device = spec.device;
@@ -126,8 +116,9 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
       [&](RankContext& ctx) {
         omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
         const int r = ctx.rank();
-        MeshComms mc = make_mesh_comms(ctx.world(), mcfg);
-        std::unique_ptr<par::Kernels<T>> k = kernels ? kernels(r, ctx.device()) : std::make_unique<par::CpuKernels<T>>(ctx.device());
+        MeshComms mc = make_mesh_comms(ctx.world(), spec.mesh);
+        std::unique_ptr<par::Kernels<T>> k =
+            kernels ? kernels(r, ctx.device()) : std::make_unique<par::CpuKernels<T>>(ctx.device());
         par::RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
         for (int64_t s = 0; s < steps; ++s) {
           const par::RankStepStats st = step.step(batches[static_cast<size_t>(s)]);

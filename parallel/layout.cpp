@@ -1,6 +1,7 @@
 #include "parallel/layout.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -10,6 +11,10 @@ namespace trident::parallel {
 
 std::string MeshShape::str() const {
   return fmt::format("(d_rep,fsdp,cp)x(e_fsdp,ep) = ({},{},{})x({},{})", d_rep, fsdp, cp, e_fsdp, ep);
+}
+
+std::string MeshShape::spec() const {
+  return fmt::format("d_rep={},fsdp={},cp={},e_fsdp={},ep={}", d_rep, fsdp, cp, e_fsdp, ep);
 }
 
 MeshShape parse_mesh(const std::string& spec) {
@@ -43,9 +48,6 @@ MeshShape parse_mesh(const std::string& spec) {
   if (m.d_rep * m.fsdp * m.cp > kMaxMeshDim || m.e_fsdp * m.ep > kMaxMeshDim)
     fail(fmt::format("mesh: world size {} exceeds {}", std::max(m.d_rep * m.fsdp * m.cp, m.e_fsdp * m.ep),
                      kMaxMeshDim));
-  if (m.d_rep * m.fsdp * m.cp != m.e_fsdp * m.ep)
-    fail(fmt::format("mesh: d_rep*fsdp*cp = {} but e_fsdp*ep = {}; both must equal the world size",
-                     m.d_rep * m.fsdp * m.cp, m.e_fsdp * m.ep));
   return m;
 }
 
@@ -91,30 +93,227 @@ VocabSlices vocab_slices(int64_t vocab, int64_t vocab_chunk, int64_t fsdp_cp, in
   return out;
 }
 
+// ---- Validation ----------------------------------------------------------------------------------------------
+
+const char* rule_text(LayoutRule r) {
+  switch (r) {
+    case LayoutRule::sizes: return "every size >= 1";
+    case LayoutRule::products: return "d_rep*fsdp*cp == e_fsdp*ep";
+    case LayoutRule::world: return "d_rep*fsdp*cp == world";
+    case LayoutRule::experts: return "experts % ep == 0";
+    case LayoutRule::sequences: return "sequences % (d_rep*fsdp) == 0";
+    case LayoutRule::zigzag: return "seq_len % (2*cp) == 0";
+    case LayoutRule::tile: return "(seq_len / (2*cp)) % tile == 0";
+    case LayoutRule::ep_chunks: return "1 <= ep_chunks <= local tiles";
+  }
+  return "?";
+}
+
+namespace {
+
+// a*b, or nothing when it does not fit int64.
+std::optional<int64_t> mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+int64_t sat_mul(int64_t a, int64_t b) { return mul(a, b).value_or(INT64_MAX); }
+// The smallest multiple of `step` that is >= v (v, step >= 1; the largest multiple when that overflows).
+int64_t round_up(int64_t v, int64_t step) {
+  const int64_t q = v / step + (v % step != 0 ? 1 : 0);
+  return mul(q, step).value_or(INT64_MAX / step * step);
+}
+// The largest divisor of n (>= 1) that is <= cap (>= 1).
+int64_t largest_divisor_upto(int64_t n, int64_t cap) {
+  int64_t best = 1;
+  for (int64_t i = 1; i <= n / i; ++i)
+    if (n % i == 0) {
+      if (i <= cap) best = std::max(best, i);
+      if (n / i <= cap) best = std::max(best, n / i);
+    }
+  return best;
+}
+
+// Renders the fixes a message offers, in the caller's vocabulary (InputNames).
+struct Fixes {
+  const InputNames& n;
+  std::string value(const std::string& name, int64_t v) const {
+    if (name.empty()) return "";
+    return n.config_keys ? fmt::format("{} = {}", name, v) : fmt::format("{} {}", name, v);
+  }
+  std::string mesh(const MeshShape& from, const MeshShape& to) const {
+    if (n.mesh.empty()) return "";
+    if (!n.config_keys) return fmt::format("{} {}", n.mesh, to.spec());
+    std::vector<std::string> parts;
+    const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {{"d_rep", {from.d_rep, to.d_rep}},
+                                                                         {"fsdp", {from.fsdp, to.fsdp}},
+                                                                         {"cp", {from.cp, to.cp}},
+                                                                         {"e_fsdp", {from.e_fsdp, to.e_fsdp}},
+                                                                         {"ep", {from.ep, to.ep}}};
+    for (const auto& [key, v] : keys)
+      if (v.first != v.second) parts.push_back(fmt::format("{}.{} = {}", n.mesh, key, v.second));
+    return fmt::format("{}", fmt::join(parts, ", "));
+  }
+};
+// ": use A or B" over the fixes that are not empty; "" when none is.
+std::string use(std::initializer_list<std::string> fixes) {
+  std::vector<std::string> f;
+  for (const auto& s : fixes)
+    if (!s.empty()) f.push_back(s);
+  return f.empty() ? std::string() : fmt::format(": use {}", fmt::join(f, " or "));
+}
+
+// The rules, once. kMessages = false (broken_rules) compiles the messages away: the planner's search runs it for
+// millions of meshes.
+template <bool kMessages>
+uint32_t check_rules(const MeshShape& m, const LayoutInputs& in, const InputNames& names,
+                     std::vector<std::string>* out) {
+  uint32_t bits = 0;
+  const Fixes fix{names};
+  auto broken = [&](LayoutRule r, auto&& message) {
+    bits |= rule_bit(r);
+    if constexpr (kMessages) out->push_back(message());
+  };
+
+  // sizes: the mesh (nothing else is checked when it fails) and each given input (its rules are skipped)
+  const std::pair<const char*, int64_t> dims[] = {
+      {"d_rep", m.d_rep}, {"fsdp", m.fsdp}, {"cp", m.cp}, {"e_fsdp", m.e_fsdp}, {"ep", m.ep}};
+  bool mesh_ok = true;
+  for (const auto& [key, v] : dims)
+    if (v < 1) {
+      mesh_ok = false;
+      broken(LayoutRule::sizes, [&, key = key, v = v] {
+        MeshShape to = m;
+        for (int64_t* p : {&to.d_rep, &to.fsdp, &to.cp, &to.e_fsdp, &to.ep}) *p = std::max<int64_t>(*p, 1);
+        return fmt::format("mesh size {} = {} must be >= 1{}", key, v, use({fix.mesh(m, to)}));
+      });
+    }
+  if (!mesh_ok) return bits;
+  const std::optional<int64_t> groups_o = mul(m.d_rep, m.fsdp);
+  const std::optional<int64_t> dense_o = groups_o ? mul(*groups_o, m.cp) : std::nullopt;
+  const std::optional<int64_t> expert_o = mul(m.e_fsdp, m.ep);
+  if (!dense_o || !expert_o) {
+    broken(LayoutRule::sizes, [&] {
+      return fmt::format("the mesh {} has more ranks than 64-bit integers hold: use a smaller {}", m.str(),
+                         names.mesh.empty() ? "mesh" : names.mesh);
+    });
+    return bits;
+  }
+  const int64_t dense = *dense_o, expert = *expert_o;
+  auto given = [&](const std::optional<int64_t>& v, const char* label, const std::string& name) {
+    if (!v) return false;
+    if (*v >= 1) return true;
+    broken(LayoutRule::sizes,
+           [&] { return fmt::format("{} = {} must be >= 1{}", label, *v, use({fix.value(name, 1)})); });
+    return false;
+  };
+  const bool has_world = given(in.world, "world size", names.world);
+  const bool has_experts = given(in.experts, "experts", names.experts);
+  const bool has_seqs = given(in.sequences, "sequences", names.sequences);
+  const bool has_seq_len = given(in.seq_len, "seq_len", names.seq_len);
+  const bool has_tile = given(in.tile, "tile", names.tile);
+
+  // The suggested mesh for the expert rules keeps the dense mesh and picks ep' = gcd(world, ep[, experts]).
+  auto expert_fix = [&] {
+    int64_t ep = std::gcd(dense, m.ep);
+    if (has_experts) ep = std::gcd(ep, *in.experts);
+    MeshShape to = m;
+    to.ep = ep;
+    to.e_fsdp = dense / ep;
+    return fix.mesh(m, to);
+  };
+  if (dense != expert)
+    broken(LayoutRule::products, [&] {
+      return fmt::format("d_rep*fsdp*cp = {} but e_fsdp*ep = {} (both must be the world size){}", dense, expert,
+                         use({expert_fix()}));
+    });
+  if (has_world && dense != *in.world)
+    broken(LayoutRule::world, [&] {
+      return fmt::format("d_rep*fsdp*cp = {} but the world size is {}{}", dense, *in.world,
+                         use({fix.value(names.world, dense), fmt::format("a mesh of {} ranks", *in.world)}));
+    });
+  if (has_experts && *in.experts % m.ep != 0)
+    broken(LayoutRule::experts, [&] {
+      return fmt::format("experts {} is not a multiple of ep = {} (each ep rank owns experts/ep whole experts){}",
+                         *in.experts, m.ep, use({expert_fix(), fix.value(names.experts, round_up(*in.experts, m.ep))}));
+    });
+  const int64_t groups = m.d_rep * m.fsdp;
+  const bool seqs_ok = has_seqs && *in.sequences % groups == 0;
+  if (has_seqs && !seqs_ok)
+    broken(LayoutRule::sequences, [&] {
+      return fmt::format("sequences {} do not split over d_rep*fsdp = {} data-parallel groups (each group holds "
+                         "whole sequences){}",
+                         *in.sequences, groups, use({fix.value(names.sequences, round_up(*in.sequences, groups))}));
+    });
+  const int64_t two_cp = sat_mul(2, m.cp);
+  const bool zigzag_ok = has_seq_len && *in.seq_len % two_cp == 0;
+  if (has_seq_len && !zigzag_ok)
+    broken(LayoutRule::zigzag, [&] {
+      const int64_t step = has_tile ? sat_mul(two_cp, *in.tile) : two_cp;
+      std::string f = fix.value(names.seq_len, round_up(*in.seq_len, step));
+      if (!f.empty() && step != two_cp)
+        f += fmt::format(" (a multiple of 2*cp*tile = {}, so every chunk holds whole reduction tiles)", step);
+      return fmt::format("seq_len {} is not a multiple of 2*cp = {} (each sequence is cut into 2*cp zig-zag "
+                         "chunks){}",
+                         *in.seq_len, two_cp, use({f}));
+    });
+  const int64_t chunk = zigzag_ok ? *in.seq_len / two_cp : 0;
+  const bool tile_ok = zigzag_ok && has_tile && chunk % *in.tile == 0;
+  if (zigzag_ok && has_tile && !tile_ok)
+    broken(LayoutRule::tile, [&] {
+      return fmt::format("the zig-zag chunk seq_len/(2*cp) = {}/{} = {} tokens is not a multiple of the reduction "
+                         "tile {}: a reduction tile would straddle two CP ranks{}",
+                         *in.seq_len, two_cp, chunk, *in.tile,
+                         use({fix.value(names.seq_len, round_up(*in.seq_len, sat_mul(two_cp, *in.tile))),
+                              fix.value(names.tile, largest_divisor_upto(chunk, *in.tile))}));
+    });
+  if (in.ep_chunks) {
+    const int64_t n = *in.ep_chunks;
+    if (n < 1) {
+      broken(LayoutRule::ep_chunks, [&] {
+        return fmt::format("EP chunks {} must be >= 1{}", n, use({fix.value(names.ep_chunks, 1)}));
+      });
+    } else if (seqs_ok && tile_ok) {
+      const int64_t per = *in.sequences / groups, tiles = sat_mul(per, 2 * chunk / *in.tile);
+      if (n > tiles)
+        broken(LayoutRule::ep_chunks, [&] {
+          return fmt::format("EP chunks {} exceed the {} reduction tiles a rank holds ({} sequence(s) x 2 zig-zag "
+                             "chunks of {} tokens, tile {}; an EP chunk holds whole tiles){}",
+                             n, tiles, per, chunk, *in.tile, use({fix.value(names.ep_chunks, tiles)}));
+        });
+    }
+  }
+  return bits;
+}
+
+}  // namespace
+
+std::vector<std::string> violations(const MeshShape& m, const LayoutInputs& in, const InputNames& names) {
+  std::vector<std::string> out;
+  check_rules<true>(m, in, names, &out);
+  return out;
+}
+
+uint32_t broken_rules(const MeshShape& m, const LayoutInputs& in) {
+  static const InputNames kNames;
+  return check_rules<false>(m, in, kNames, nullptr);
+}
+
+void validate(const MeshShape& m, const LayoutInputs& in, const InputNames& names) {
+  const std::vector<std::string> v = violations(m, in, names);
+  if (v.empty()) return;
+  if (v.size() == 1) fail(fmt::format("invalid mesh {}: {}", m.str(), v[0]));
+  fail(fmt::format("invalid mesh {}, {} problems:\n  {}", m.str(), v.size(), fmt::join(v, "\n  ")));
+}
+
 void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int64_t seq_len, int64_t tile,
                      int64_t ep_chunks) {
-  const int64_t w = m.world();
-  if (m.e_fsdp * m.ep != w)
-    fail(fmt::format("mesh {}: d_rep*fsdp*cp = {} != e_fsdp*ep = {}", m.str(), w, m.e_fsdp * m.ep));
-  if (experts % m.ep != 0)
-    fail(fmt::format("mesh {}: experts % ep != 0 ({} experts over ep = {})", m.str(), experts, m.ep));
-  const int64_t groups = m.d_rep * m.fsdp;
-  if (sequences % groups != 0)
-    fail(fmt::format("mesh {}: sequences % (d_rep*fsdp) != 0 ({} sequences over {} data-parallel groups)",
-                     m.str(), sequences, groups));
-  if (seq_len % (2 * m.cp) != 0)
-    fail(fmt::format("mesh {}: seq_len % (2*cp) != 0 (seq_len {} cannot be cut into {} zig-zag chunks)", m.str(),
-                     seq_len, 2 * m.cp));
-  const int64_t chunk = seq_len / (2 * m.cp);
-  if (chunk % tile != 0)
-    fail(fmt::format("mesh {}: zig-zag chunk of {} tokens is not a multiple of the reduction tile T = {}: a tile "
-                     "would straddle two CP ranks",
-                     m.str(), chunk, tile));
-  const int64_t local_tiles = (sequences / groups) * 2 * chunk / tile;
-  if (ep_chunks < 1 || ep_chunks > local_tiles)
-    fail(fmt::format("EP chunks = {} must be in [1, {}] (the local tokens hold {} reduction tiles; a chunk holds "
-                     "whole tiles)",
-                     ep_chunks, local_tiles, local_tiles));
+  validate(m, LayoutInputs{.world = std::nullopt,
+                           .experts = experts,
+                           .sequences = sequences,
+                           .seq_len = seq_len,
+                           .tile = tile,
+                           .ep_chunks = ep_chunks});
 }
 
 }  // namespace trident::parallel

@@ -2,21 +2,26 @@
 // experts. Pure arithmetic, no communicator: the distributed step, the tests and the planner share it.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace trident::parallel {
 
-// The two meshes over one world. Dense rank = (d * fsdp + f) * cp + c; expert rank = ef * ep + p.
+// The mesh of a run (the one mesh type of the emulator, the step and the planner): two meshes over one world.
+// Dense rank = (d * fsdp + f) * cp + c; expert rank = ef * ep + p. Whether a shape is usable for a model and a
+// batch is violations() below.
 struct MeshShape {
   int64_t d_rep = 1, fsdp = 1, cp = 1;  // dense mesh (cp innermost)
   int64_t e_fsdp = 1, ep = 1;           // expert mesh (ep innermost)
   int64_t world() const { return d_rep * fsdp * cp; }
   std::string str() const;              // "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)"
+  std::string spec() const;             // "d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2" (what parse_mesh reads)
+  bool operator==(const MeshShape&) const = default;
 };
 
 // Parses "d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64" (missing keys default to 1; unknown or repeated keys, values
-// < 1 and worlds larger than kMaxMeshDim ranks are rejected).
+// < 1 and worlds larger than kMaxMeshDim ranks are rejected). Syntax only: the mesh rules are violations().
 inline constexpr int64_t kMaxMeshDim = int64_t{1} << 20;
 MeshShape parse_mesh(const std::string& spec);
 
@@ -71,10 +76,63 @@ VocabSlices vocab_slices(int64_t vocab, int64_t vocab_chunk, int64_t fsdp_cp, in
 // Expert e lives on ep rank e / (E / ep).
 inline int64_t expert_owner(int64_t e, int64_t experts, int64_t ep) { return e / (experts / ep); }
 
-// ---- Validation -----------------------------------------------------------------------------------------------
-// Everything the step needs of a mesh for a model and batch; throws trident::Error naming the rule and numbers:
-// products equal the world; experts % ep == 0; sequences % (d_rep*fsdp) == 0; seq_len % (2 cp) == 0;
-// (seq_len / (2 cp)) % tile == 0 (a reduction tile never straddles ranks); EP chunks tile-aligned.
+// ---- Validation: the mesh rules (docs/parallel.md section 1) -------------------------------------------------
+// One set of rules for the step (validate_layout), `trident emulate` and `trident plan`. The NVLink placement rules
+// of a real cluster are not here: they are the planner's warnings (planner/plan.h).
+//
+// What a mesh is checked against. An input left empty is not checked: the planner has no tile or EP chunks, and
+// the emulator's world is the mesh's own.
+struct LayoutInputs {
+  std::optional<int64_t> world = std::nullopt;      // ranks of the job
+  std::optional<int64_t> experts = std::nullopt;    // routed experts E
+  std::optional<int64_t> sequences = std::nullopt;  // global batch B (sequences per step)
+  std::optional<int64_t> seq_len = std::nullopt;    // tokens per sequence S
+  std::optional<int64_t> tile = std::nullopt;       // reduction tile T
+  std::optional<int64_t> ep_chunks = std::nullopt;  // EP chunks per MoE layer
+};
+
+// The rules, in the order violations() reports them. A rule whose inputs are missing, or that depends on an
+// earlier rule that fails, is not checked (e.g. tile needs seq_len % (2*cp) == 0 first).
+enum class LayoutRule : int {
+  sizes,      // every mesh size and every given input >= 1; the two mesh products fit 64 bits
+  products,   // d_rep*fsdp*cp == e_fsdp*ep
+  world,      // d_rep*fsdp*cp == world
+  experts,    // experts % ep == 0
+  sequences,  // sequences % (d_rep*fsdp) == 0
+  zigzag,     // seq_len % (2*cp) == 0
+  tile,       // (seq_len / (2*cp)) % tile == 0: a reduction tile never straddles two CP ranks
+  ep_chunks,  // 1 <= ep_chunks <= local reduction tiles of a rank
+};
+inline constexpr int kNumLayoutRules = 8;
+inline constexpr uint32_t rule_bit(LayoutRule r) { return uint32_t{1} << static_cast<int>(r); }
+const char* rule_text(LayoutRule r);  // the rule as a formula, e.g. "seq_len % (2*cp) == 0"
+
+// How the user sets each input, so that a message can name the fix: command-line flags ("use --seq-len 64",
+// "use --mesh d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2") or config keys ("use workload.context = 64", "use mesh.ep = 2").
+// An empty name is not offered as a fix. The defaults are `trident emulate`'s flags.
+struct InputNames {
+  bool config_keys = false;  // false: "FLAG VALUE" and the whole --mesh spec; true: "KEY = VALUE" per mesh key
+  std::string mesh = "--mesh";
+  std::string world;         // emulate: the world is the mesh's
+  std::string experts = "--experts";
+  std::string sequences = "--seqs";
+  std::string seq_len = "--seq-len";
+  std::string tile = "--tile";
+  std::string ep_chunks = "--chunks";
+};
+
+// Every broken rule, in LayoutRule order, one readable line each that names the numbers and the fix, e.g.
+// "seq_len 48 is not a multiple of 2*cp = 32 (each sequence is cut into 2*cp zig-zag chunks): use --seq-len 64"
+// (the sizes rule: one line per size below 1). Empty: the mesh is valid for these inputs.
+std::vector<std::string> violations(const MeshShape& m, const LayoutInputs& in, const InputNames& names = {});
+// The same rules as bits (rule_bit), without building messages (no allocation: the planner's search calls it
+// once per mesh). Zero exactly when violations() is empty; without size problems, one bit per line.
+uint32_t broken_rules(const MeshShape& m, const LayoutInputs& in);
+// Throws trident::Error with every violation: "invalid mesh (...): <violation>", or a first line
+// "invalid mesh (...) breaks N rules:" followed by one indented line per violation.
+void validate(const MeshShape& m, const LayoutInputs& in, const InputNames& names = {});
+
+// validate() with every input of the step given (the world is the mesh's).
 void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int64_t seq_len, int64_t tile,
                      int64_t ep_chunks);
 

@@ -121,75 +121,20 @@ std::string DeviceMesh::group_name(const std::vector<std::string>& dims) const {
   return fmt::format("{}", fmt::join(names, "*"));
 }
 
-std::string MeshConfig::str() const {
-  std::string s = fmt::format("(d_rep,fsdp,cp)x(e_fsdp,ep)=({},{},{})x({},{})", d_rep, fsdp, cp, e_fsdp, ep);
-  if (experts) s += fmt::format(" experts={}", experts);
-  if (nvl) s += fmt::format(" nvl={}", nvl);
-  return s;
-}
-
-DeviceMesh dense_mesh(const MeshConfig& c) { return DeviceMesh({{"d_rep", c.d_rep}, {"fsdp", c.fsdp}, {"cp", c.cp}}); }
-DeviceMesh expert_mesh(const MeshConfig& c) { return DeviceMesh({{"e_fsdp", c.e_fsdp}, {"ep", c.ep}}); }
-
 namespace {
-
-// First group of `size` consecutive ranks (groups start at multiples of size) that spans two NVLink domains.
-std::string straddle(const char* what, int size, int world, int nvl) {
-  for (int start = 0; start + size <= world; start += size) {
-    const int d0 = start / nvl, d1 = (start + size - 1) / nvl;
-    if (d0 != d1)
-      return fmt::format(
-          "NVLink rule: the {} group of ranks {}..{} straddles NVLink domains {} and {} ({} ranks per domain; "
-          "{}={} must divide {})",
-          what, start, start + size - 1, d0, d1, nvl, what, size, nvl);
-  }
-  return {};
+int narrow_dim(const char* name, int64_t v) {
+  TD_CHECK(v >= 1 && v <= (int64_t{1} << 30), "DeviceMesh: {} = {} must be in [1, 2^30]", name, v);
+  return static_cast<int>(v);
 }
-
 }  // namespace
 
-std::vector<std::string> mesh_violations(const MeshConfig& c, int world) {
-  std::vector<std::string> v;
-  const std::pair<const char*, int> sizes[] = {{"d_rep", c.d_rep}, {"fsdp", c.fsdp}, {"cp", c.cp},
-                                               {"e_fsdp", c.e_fsdp}, {"ep", c.ep}};
-  bool sizes_ok = true;
-  for (auto [n, s] : sizes)
-    if (s < 1) {
-      v.push_back(fmt::format("size rule: {} = {} must be >= 1", n, s));
-      sizes_ok = false;
-    }
-  if (world < 1) v.push_back(fmt::format("size rule: world = {} must be >= 1", world));
-  if (c.experts < 0) v.push_back(fmt::format("size rule: experts = {} must be >= 0", c.experts));
-  if (c.nvl < 0) v.push_back(fmt::format("size rule: nvl = {} must be >= 0 (0 = no NVLink rules)", c.nvl));
-  if (!sizes_ok || world < 1) return v;
-  const int64_t dense = int64_t{c.d_rep} * c.fsdp * c.cp, expert = int64_t{c.e_fsdp} * c.ep;
-  if (dense != world)
-    v.push_back(fmt::format("dense mesh rule: d_rep*fsdp*cp = {}*{}*{} = {} != world {}", c.d_rep, c.fsdp, c.cp,
-                            dense, world));
-  if (expert != world)
-    v.push_back(fmt::format("expert mesh rule: e_fsdp*ep = {}*{} = {} != world {}", c.e_fsdp, c.ep, expert, world));
-  if (c.experts > 0 && c.experts % c.ep != 0)
-    v.push_back(fmt::format("expert placement rule: experts % ep = {} % {} = {} != 0 (each ep rank must own "
-                            "experts/ep whole experts)", c.experts, c.ep, c.experts % c.ep));
-  if (c.nvl > 0) {
-    const int64_t fc = int64_t{c.fsdp} * c.cp;
-    if (c.ep > c.nvl)
-      v.push_back(fmt::format("NVLink rule: ep = {} > NVLink domain size {} (an ep group must fit in one domain)",
-                              c.ep, c.nvl));
-    if (fc > c.nvl)
-      v.push_back(fmt::format("NVLink rule: fsdp*cp = {}*{} = {} > NVLink domain size {} (an fsdp*cp group must fit "
-                              "in one domain)", c.fsdp, c.cp, fc, c.nvl));
-    if (c.ep <= c.nvl && expert == world)
-      if (auto s = straddle("ep", c.ep, world, c.nvl); !s.empty()) v.push_back(s);
-    if (fc <= c.nvl && dense == world)
-      if (auto s = straddle("fsdp*cp", static_cast<int>(fc), world, c.nvl); !s.empty()) v.push_back(s);
-  }
-  return v;
+DeviceMesh dense_mesh(const parallel::MeshShape& m) {
+  return DeviceMesh({{"d_rep", narrow_dim("d_rep", m.d_rep)},
+                     {"fsdp", narrow_dim("fsdp", m.fsdp)},
+                     {"cp", narrow_dim("cp", m.cp)}});
 }
-
-void validate_mesh(const MeshConfig& c, int world) {
-  const auto v = mesh_violations(c, world);
-  if (!v.empty()) fail(fmt::format("invalid mesh {} for world {}:\n  {}", c.str(), world, fmt::join(v, "\n  ")));
+DeviceMesh expert_mesh(const parallel::MeshShape& m) {
+  return DeviceMesh({{"e_fsdp", narrow_dim("e_fsdp", m.e_fsdp)}, {"ep", narrow_dim("ep", m.ep)}});
 }
 
 }  // namespace trident

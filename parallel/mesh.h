@@ -1,12 +1,15 @@
 // Device meshes (DESIGN.md section 4): a named n-d mesh over the world ranks, row-major (the last dimension
 // varies fastest). The dense mesh is (d_rep, fsdp, cp) and the expert mesh (e_fsdp, ep), over the same ranks,
 // so cp and ep are innermost (contiguous ranks). Pure functions: no threads, no communicators (see
-// parallel/mesh_comm.h for building the sub-communicators).
+// parallel/mesh_comm.h for building the sub-communicators). The run's mesh and its rules are
+// parallel::MeshShape and parallel::violations (parallel/layout.h).
 #pragma once
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "parallel/layout.h"
 
 namespace trident {
 
@@ -49,23 +52,9 @@ class DeviceMesh {
   int world_ = 1;
 };
 
-// The parallel configuration of a run: dense mesh (d_rep, fsdp, cp), expert mesh (e_fsdp, ep).
-struct MeshConfig {
-  int d_rep = 1, fsdp = 1, cp = 1;
-  int e_fsdp = 1, ep = 1;
-  int experts = 0;  // routed experts (0: not checked)
-  int nvl = 0;      // job ranks per NVLink domain (0: no NVLink rules). Domain of rank r is r / nvl.
-  std::string str() const;  // "(d_rep,fsdp,cp)x(e_fsdp,ep)=(4,1,64)x(4,64) experts=256 nvl=64"
-};
-
-DeviceMesh dense_mesh(const MeshConfig& c);   // dims d_rep, fsdp, cp
-DeviceMesh expert_mesh(const MeshConfig& c);  // dims e_fsdp, ep
-
-// Every rule the configuration breaks, one message each naming the rule and its numbers (empty: valid):
-//   sizes >= 1; d_rep*fsdp*cp == world; e_fsdp*ep == world; experts % ep == 0;
-//   with nvl > 0: ep <= nvl; fsdp*cp <= nvl; no ep group and no fsdp*cp group straddles two NVLink domains.
-std::vector<std::string> mesh_violations(const MeshConfig& c, int world);
-// Throws trident::Error with all violations (one per line) when any.
-void validate_mesh(const MeshConfig& c, int world);
+// The dense mesh (d_rep, fsdp, cp) and the expert mesh (e_fsdp, ep) of a run's MeshShape (parallel/layout.h),
+// over the same ranks. Sizes must be >= 1 and the world at most 2^30 ranks (DeviceMesh's limit).
+DeviceMesh dense_mesh(const parallel::MeshShape& m);
+DeviceMesh expert_mesh(const parallel::MeshShape& m);
 
 }  // namespace trident

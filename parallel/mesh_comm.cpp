@@ -13,9 +13,9 @@ std::unique_ptr<Communicator> split_mesh(Communicator& world, const DeviceMesh& 
   return c;
 }
 
-MeshComms make_mesh_comms(Communicator& world, const MeshConfig& cfg, std::source_location loc) {
-  validate_mesh(cfg, world.size());
-  const DeviceMesh dense = dense_mesh(cfg), expert = expert_mesh(cfg);
+MeshComms make_mesh_comms(Communicator& world, const parallel::MeshShape& mesh, std::source_location loc) {
+  parallel::validate(mesh, {.world = world.size()});
+  const DeviceMesh dense = dense_mesh(mesh), expert = expert_mesh(mesh);
   MeshComms m;
   m.fsdp_cp = split_mesh(world, dense, {"fsdp", "cp"}, loc);
   m.d_rep = split_mesh(world, dense, {"d_rep"}, loc);

@@ -7,7 +7,6 @@
 #include <sstream>
 #include <toml.hpp>
 
-#include "planner/plan.h"
 #include "reference/toml_json.h"
 #include "reference/check.h"
 
@@ -131,6 +130,23 @@ nlohmann::json toml_text_to_json(const std::string& text, const std::string& sou
   return toml_to_json(v);
 }
 
+parallel::InputNames config_names() {
+  parallel::InputNames n;
+  n.config_keys = true;
+  n.mesh = "mesh";
+  n.world = "cluster.world";
+  n.experts = "model.experts";
+  n.sequences = "";  // workload.sequences_per_cp_group counts per data group: always whole
+  n.seq_len = "workload.context";
+  n.tile = "";
+  n.ep_chunks = "";
+  return n;
+}
+
+parallel::LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world) {
+  return parallel::LayoutInputs{.world = world, .experts = in.model.experts, .seq_len = in.workload.context};
+}
+
 PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw Error(fmt::format("{}: the config must be an object/table at the top level", source));
   static const std::set<std::string> sections = {"model", "cluster", "workload", "recipe", "mesh"};
@@ -198,7 +214,7 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
 
   Section s(j, "mesh", source, false);
   if (s.present()) {
-    Mesh mesh;
+    parallel::MeshShape mesh;
     s.integer("d_rep", mesh.d_rep, true, true);
     s.integer("fsdp", mesh.fsdp, true, true);
     s.integer("cp", mesh.cp, true, true);
@@ -208,15 +224,16 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
     for (auto [key, v] : {std::pair<const char*, int64_t>{"d_rep", mesh.d_rep}, {"fsdp", mesh.fsdp}, {"cp", mesh.cp},
                           {"e_fsdp", mesh.e_fsdp}, {"ep", mesh.ep}})
       if (v > kMaxGpus) s.fail_key(key, "must be <= {} GPUs, got {}", kMaxGpus, v);
-    // Structural rules are errors; NVLink placement rules that the planner can cost (dense FSDP or CP
-    // across domains) are reported in the output instead (plan.h: MeshCheck).
-    MeshCheck chk = check_mesh(in, mesh);
-    if (chk.hard())
-      throw Error(fmt::format("{}: mesh.{}: {}", source, chk.first_hard_key(), chk.describe(in, mesh, true)));
+    // The layout rules shared with `trident emulate` are errors, every broken one listed; the NVLink placement
+    // rules are warnings (plan.h: placement_warnings).
+    try {
+      parallel::validate(
+          mesh, layout_inputs(in, in.cluster.world ? std::optional<int64_t>(in.cluster.world) : std::nullopt),
+          config_names());
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", source, e.what()));
+    }
     in.mesh = mesh;
-    if (in.cluster.world && in.cluster.world != mesh.world())
-      c.fail_key("world", "d_rep*fsdp*cp == e_fsdp*ep == world fails (mesh world = {}, cluster.world = {})",
-                 mesh.world(), in.cluster.world);
   }
   return in;
 }

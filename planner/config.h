@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "parallel/layout.h"
+
 namespace trident::planner {
 
 // Largest GPU count the planner accepts for any mesh axis, nvl or world (keeps every product inside int64).
@@ -52,22 +54,21 @@ struct RecipeSpec {
   int64_t local_seq_max = 32768;
 };
 
-struct Mesh {
-  int64_t d_rep = 1, fsdp = 1, cp = 1;  // dense mesh (cp innermost)
-  int64_t e_fsdp = 1, ep = 1;           // expert mesh (ep innermost)
-  int64_t world() const { return d_rep * fsdp * cp; }
-  bool operator==(const Mesh&) const = default;
-};
-
 struct PlanInput {
   ModelSpec model;
   ClusterSpec cluster;
   WorkloadSpec workload;
   RecipeSpec recipe;
-  std::optional<Mesh> mesh;
+  std::optional<parallel::MeshShape> mesh;  // checked with parallel::violations (the rules of trident emulate)
 };
 
-// Parses and validates a config object. `source` names the file in error messages.
+// The names of the planner's inputs in mesh-rule messages ("use workload.context = 1048576", "use mesh.ep = 32").
+parallel::InputNames config_names();
+// The shared mesh rules' inputs from a config: experts and context (as seq_len); `world` when given.
+parallel::LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world = std::nullopt);
+
+// Parses and validates a config object. `source` names the file in error messages. A mesh that breaks a rule of
+// parallel::violations is an error listing every broken rule; NVLink placement rules are warnings (plan.h).
 PlanInput parse_config(const nlohmann::json& j, const std::string& source = "config");
 // Reads a .json or .toml file (by extension; anything else is tried as JSON).
 PlanInput load_config(const std::string& path);

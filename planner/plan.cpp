@@ -8,76 +8,97 @@
 
 namespace trident::planner {
 
-const char* rule_text(MeshRule r) {
+using parallel::LayoutRule;
+using parallel::MeshShape;
+using parallel::rule_bit;
+
+const char* rule_text(PlacementRule r) {
   switch (r) {
-    case kRuleProduct: return "d_rep*fsdp*cp == e_fsdp*ep == world";
-    case kRuleExperts: return "experts % ep == 0";
-    case kRuleEpNvl: return "ep <= NVL";
-    case kRuleZigzag: return "context % (2*cp) == 0";
-    case kRuleStraddle: return "groups do not straddle NVLink domains";
-    case kRuleFsdpCpNvl: return "fsdp*cp <= NVL";
+    case kPlaceEpNvl: return "ep <= NVL";
+    case kPlaceStraddle: return "groups do not straddle NVLink domains";
+    case kPlaceFsdpCpNvl: return "fsdp*cp <= NVL";
   }
   return "?";
 }
 
-std::string MeshCheck::first_hard_key() const {
-  if (failed & kRuleProduct) return "d_rep";
-  if (failed & kRuleExperts) return "ep";
-  if (failed & kRuleEpNvl) return "ep";
-  if (failed & kRuleZigzag) return "cp";
-  if (failed & kRuleStraddle) return "cp";
-  return "";
-}
+namespace {
+// The search rules: {layout rule bit, 0} or {0, placement bit}, with the text the report and the JSON's "rejected"
+// use (the layout rules in the planner's words: the world is fixed by the enumeration, seq_len is the context).
+struct SearchRule {
+  uint32_t layout, placement;
+  const char* text;
+};
+constexpr SearchRule kSearchRules[kNumSearchRules] = {
+    {rule_bit(LayoutRule::products), 0, "d_rep*fsdp*cp == e_fsdp*ep == world"},
+    {rule_bit(LayoutRule::experts), 0, "experts % ep == 0"},
+    {0, kPlaceEpNvl, "ep <= NVL"},
+    {rule_bit(LayoutRule::zigzag), 0, "context % (2*cp) == 0"},
+    {0, kPlaceStraddle, "groups do not straddle NVLink domains"},
+    {0, kPlaceFsdpCpNvl, "fsdp*cp <= NVL"}};
 
-std::string MeshCheck::describe(const PlanInput& in, const Mesh& m, bool hard_only) const {
-  std::string out;
-  auto add = [&](const std::string& s) { out += (out.empty() ? "" : "; ") + s; };
-  const int64_t nvl = in.cluster.nvl;
-  if (failed & kRuleProduct)
-    add(fmt::format("rule {} fails: d_rep*fsdp*cp = {}*{}*{} = {} but e_fsdp*ep = {}*{} = {}", rule_text(kRuleProduct),
-                    m.d_rep, m.fsdp, m.cp, m.d_rep * m.fsdp * m.cp, m.e_fsdp, m.ep, m.e_fsdp * m.ep));
-  if (failed & kRuleExperts)
-    add(fmt::format("rule {} fails: experts = {}, ep = {}", rule_text(kRuleExperts), in.model.experts, m.ep));
-  if (failed & kRuleEpNvl)
-    add(fmt::format("rule {} fails: ep = {}, NVL = {} (EP all-to-all over RDMA is not modelled)",
-                    rule_text(kRuleEpNvl), m.ep, nvl));
-  if (failed & kRuleZigzag)
-    add(fmt::format("rule {} fails: context = {}, 2*cp = {} (each sequence is cut into 2*cp zig-zag chunks)",
-                    rule_text(kRuleZigzag), in.workload.context, 2 * m.cp));
-  if (failed & kRuleStraddle)
-    add(fmt::format("rule {} fails: ep = {}, fsdp*cp = {}, cp = {}, NVL = {} (an NVLink domain must hold whole EP "
-                    "and dense groups; a CP group wider than a domain must cover whole domains)",
-                    rule_text(kRuleStraddle), m.ep, m.fsdp * m.cp, m.cp, nvl));
-  if (!hard_only && (failed & kRuleFsdpCpNvl))
-    add(fmt::format("rule {} broken: fsdp*cp = {} > NVL = {}: dense FSDP traffic crosses RDMA{}",
-                    rule_text(kRuleFsdpCpNvl), m.fsdp * m.cp, nvl,
-                    cp_outer > 1 ? fmt::format(" and CP spans {} domains (2D CP {}x{}: KV all-gather crosses RDMA "
-                                               "on the critical path)",
-                                               cp_outer, cp_inner, cp_outer)
-                                 : ""));
+// The first search rule `c` breaks among those that drop a mesh from the search (-1: none).
+int first_search_rule(const MeshCheck& c, uint32_t placement_mask) {
+  for (int i = 0; i < kNumSearchRules; ++i)
+    if ((c.layout & kSearchRules[i].layout) || (c.placement & placement_mask & kSearchRules[i].placement)) return i;
+  return -1;
+}
+}  // namespace
+
+const char* search_rule_text(int i) { return kSearchRules[i].text; }
+
+std::vector<std::string> failed_rule_texts(const MeshCheck& c) {
+  std::vector<std::string> out;
+  for (int i = 0; i < parallel::kNumLayoutRules; ++i)
+    if (c.layout & rule_bit(LayoutRule(i))) out.push_back(parallel::rule_text(LayoutRule(i)));
+  for (int i = 0; i < kNumPlacementRules; ++i)
+    if (c.placement & (1u << i)) out.push_back(rule_text(PlacementRule(1u << i)));
   return out;
 }
 
-MeshCheck check_mesh(const PlanInput& in, const Mesh& m) {
+std::vector<std::string> placement_warnings(const PlanInput& in, const MeshShape& m, const MeshCheck& c) {
+  std::vector<std::string> out;
+  const int64_t nvl = in.cluster.nvl, fc = m.fsdp * m.cp;
+  if (c.placement & kPlaceEpNvl)
+    out.push_back(fmt::format("{} broken: ep = {} > NVL = {}: the EP all-to-all crosses RDMA, which the planner "
+                              "does not model (its time is missing below; mesh.ep <= {} keeps it inside a domain)",
+                              rule_text(kPlaceEpNvl), m.ep, nvl, nvl));
+  if (c.placement & kPlaceStraddle)
+    out.push_back(fmt::format(
+        "{} broken: ep = {}, fsdp*cp = {}, cp = {}, NVL = {}: an NVLink domain must hold whole EP and dense groups, "
+        "and a CP group wider than a domain must cover whole domains; groups cross domains in ways the planner "
+        "does not model ({} GPUs used per domain; CP costed as {} in-domain x {} domains)",
+        rule_text(kPlaceStraddle), m.ep, fc, m.cp, nvl, c.gpus_per_domain, c.cp_inner, c.cp_outer));
+  if (c.placement & kPlaceFsdpCpNvl)
+    out.push_back(fmt::format("{} broken: fsdp*cp = {} > NVL = {}: dense FSDP traffic crosses RDMA{} (costed below)",
+                              rule_text(kPlaceFsdpCpNvl), fc, nvl,
+                              c.cp_outer > 1 ? fmt::format(" and CP spans {} domains (2D CP {}x{}: KV all-gather "
+                                                           "crosses RDMA on the critical path)",
+                                                           c.cp_outer, c.cp_inner, c.cp_outer)
+                                             : ""));
+  return out;
+}
+
+MeshCheck check_mesh(const PlanInput& in, const MeshShape& m) {
   MeshCheck c;
+  c.layout = parallel::broken_rules(m, layout_inputs(in));
   const int64_t nvl = in.cluster.nvl;
   const int64_t dense = m.fsdp * m.cp;
   const int64_t world = m.d_rep * dense;
-  if (world != m.e_fsdp * m.ep) c.failed |= kRuleProduct;
-  if (in.model.experts % m.ep != 0) c.failed |= kRuleExperts;
-  if (m.ep > nvl) c.failed |= kRuleEpNvl;
-  if (in.workload.context % (2 * m.cp) != 0) c.failed |= kRuleZigzag;
-  if (dense > nvl) c.failed |= kRuleFsdpCpNvl;
+  if (m.ep > nvl) c.placement |= kPlaceEpNvl;
+  if (dense > nvl) c.placement |= kPlaceFsdpCpNvl;
   // Ranks fill domains in order (cp innermost, ep innermost). A domain holds gpus_per_domain ranks: the largest
   // multiple of every group that must stay inside it (ep; fsdp*cp, or cp, when they fit a domain).
   const int64_t unit = dense <= nvl ? dense : (m.cp <= nvl ? m.cp : 1);
   const int64_t l = std::lcm(std::min(m.ep, nvl), unit);
   c.gpus_per_domain = l <= nvl ? (nvl / l) * l : nvl;
-  if (l > nvl) c.failed |= kRuleStraddle;
+  if (l > nvl) c.placement |= kPlaceStraddle;
   c.domains = (world + c.gpus_per_domain - 1) / c.gpus_per_domain;
   if (m.cp > nvl) {
     if (m.cp % c.gpus_per_domain != 0) {
-      c.failed |= kRuleStraddle;
+      // CP groups straddle domains: costed (approximately) as if each spanned ceil(cp / gpus_per_domain) domains.
+      c.placement |= kPlaceStraddle;
+      c.cp_inner = c.gpus_per_domain;
+      c.cp_outer = (m.cp + c.gpus_per_domain - 1) / c.gpus_per_domain;
     } else {
       c.cp_inner = c.gpus_per_domain;
       c.cp_outer = m.cp / c.gpus_per_domain;
@@ -90,7 +111,7 @@ MeshCheck check_mesh(const PlanInput& in, const Mesh& m) {
   return c;
 }
 
-Plan evaluate(const PlanInput& in, const Mesh& m, const MeshCheck& chk) {
+Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk) {
   const auto& mo = in.model;
   const auto& cl = in.cluster;
   const auto& wl = in.workload;
@@ -176,12 +197,6 @@ void divisors(int64_t n, std::vector<int64_t>& out) {
   out.insert(out.end(), hi.rbegin(), hi.rend());
 }
 
-int first_rule_index(uint32_t failed) {
-  for (int i = 0; i < kNumRules; ++i)
-    if (failed & (1u << i)) return i;
-  return -1;
-}
-
 }  // namespace
 
 bool better(const PlanInput& in, const Candidate& a, const Candidate& b) {
@@ -245,11 +260,14 @@ SearchResult search(const PlanInput& in, int64_t world_lo, int64_t world_hi) {
       for (int64_t fsdp : sub) {
         const int64_t d_rep = w / (cp * fsdp);
         for (int64_t ep : divs) {
-          Mesh m{d_rep, fsdp, cp, w / ep, ep};
+          const MeshShape m{d_rep, fsdp, cp, w / ep, ep};
           ++r.considered;
           MeshCheck chk = check_mesh(in, m);
-          if (chk.hard()) {
-            ++r.rejected[first_rule_index(chk.failed & kHardRules)];
+          if (!chk.ranked()) {
+            const int rule = first_search_rule(chk, kUnrankedPlacement);
+            TD_CHECK(rule >= 0, "search: mesh {} breaks layout rules {:#x} the planner does not check", m.str(),
+                     chk.layout);
+            ++r.rejected[rule];
             continue;
           }
           Candidate c{m, chk, evaluate(in, m, chk)};
@@ -266,7 +284,7 @@ SearchResult search(const PlanInput& in, int64_t world_lo, int64_t world_hi) {
     r.relaxed = true;
     r.ranked.insert(r.ranked.end(), relaxed.begin(), relaxed.end());
   } else {
-    r.rejected[first_rule_index(kRuleFsdpCpNvl)] += int64_t(relaxed.size());
+    r.rejected[kNumSearchRules - 1] += int64_t(relaxed.size());  // fsdp*cp <= NVL
   }
   std::sort(r.ranked.begin(), r.ranked.end(), cmp);
   if (r.ranked.size() > keep) r.ranked.resize(keep);
@@ -284,9 +302,9 @@ int64_t search_count(const PlanInput& in, int64_t world, Candidate* best) {
       const int64_t d_rep = world / (cp * fsdp);
       for (int64_t ep : divs) {
         Candidate c;
-        c.mesh = Mesh{d_rep, fsdp, cp, world / ep, ep};
+        c.mesh = MeshShape{d_rep, fsdp, cp, world / ep, ep};
         c.check = check_mesh(in, c.mesh);
-        if (c.check.failed) continue;  // strict NVLink rules
+        if (!c.check.nvlink_ok()) continue;  // every rule, strictly
         c.plan = evaluate(in, c.mesh, c.check);
         ++n;
         if (!have || better(in, c, *best)) {
@@ -339,9 +357,9 @@ Recommendation recommend(const PlanInput& in, int64_t world) {
       divisors(world / cp, sub);
       double least = -1;  // smallest total among this CP's meshes that break no rule of this phase
       for (int64_t fsdp : sub) {
-        Mesh m{world / (cp * fsdp), fsdp, cp, world / ep, ep};
+        const MeshShape m{world / (cp * fsdp), fsdp, cp, world / ep, ep};
         MeshCheck chk = check_mesh(in, m);
-        if (chk.hard()) continue;
+        if (!chk.ranked()) continue;
         if (phase < 2 && !chk.nvlink_ok()) continue;
         Plan p = evaluate(in, m, chk);
         if (least < 0 || p.total < least) least = p.total;

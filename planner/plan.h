@@ -1,5 +1,6 @@
 // The planner's arithmetic: memory, eFSDP / CP communication and overlap for one mesh (evaluate), the mesh
-// rules (check_mesh), the search over all meshes of a world size, and seed 002's recipe (recommend).
+// rules (check_mesh: parallel/layout.h's shared rules plus NVLink placement), the search over all meshes of a
+// world size, and seed 002's recipe (recommend).
 // Pure arithmetic: no allocation in check_mesh/evaluate, no threads. Formulas and sources: docs/planner.md.
 #pragma once
 #include <cstdint>
@@ -10,38 +11,50 @@
 
 namespace trident::planner {
 
-// Mesh rules. The wording matches parallel/mesh.h. "Hard" rules make a mesh invalid; kFsdpCpNvl is an NVLink
-// placement rule the planner can still cost (dense FSDP traffic and, when cp > NVL, CP traffic cross RDMA:
-// seed 000's NVL8 (1,32,8) mesh and its 2D CP), so an explicit mesh that breaks it is evaluated with a warning
-// and the search only uses such meshes when no mesh that keeps the rule fits memory.
-enum MeshRule : uint32_t {
-  kRuleProduct = 1u << 0,    // d_rep*fsdp*cp == e_fsdp*ep == world
-  kRuleExperts = 1u << 1,    // experts % ep == 0
-  kRuleEpNvl = 1u << 2,      // ep <= NVL
-  kRuleZigzag = 1u << 3,     // context % (2*cp) == 0 (zig-zag: 2*cp chunks per sequence)
-  kRuleStraddle = 1u << 4,   // groups do not straddle NVLink domains
-  kRuleFsdpCpNvl = 1u << 5,  // fsdp*cp <= NVL (soft: costed as RDMA traffic)
+// Mesh rules, two kinds.
+// 1. The layout rules of parallel/layout.h (parallel::violations / broken_rules), shared with `trident emulate`:
+//    products, experts % ep, seq_len (= workload.context) % (2*cp). A mesh that breaks one is invalid: an error
+//    for a config mesh, dropped by the search.
+// 2. NVLink placement rules, the planner's own (a cluster's NVLink domains): a mesh that breaks one still runs,
+//    only slower. A config mesh that breaks one is evaluated and each broken rule is a warning
+//    (placement_warnings). The search drops meshes that break ep <= NVL or straddle a domain (their cost is not
+//    modelled) and ranks meshes that break only fsdp*cp <= NVL (dense FSDP / 2D CP over RDMA, costed) when no mesh
+//    that keeps every rule fits memory: seed 000's NVL8 (1,32,8) mesh and its 2D CP.
+enum PlacementRule : uint32_t {
+  kPlaceEpNvl = 1u << 0,      // ep <= NVL (EP all-to-all over RDMA is not modelled)
+  kPlaceStraddle = 1u << 1,   // groups do not straddle NVLink domains
+  kPlaceFsdpCpNvl = 1u << 2,  // fsdp*cp <= NVL (costed: dense FSDP traffic and, when cp > NVL, 2D CP over RDMA)
 };
-constexpr uint32_t kHardRules = kRuleProduct | kRuleExperts | kRuleEpNvl | kRuleZigzag | kRuleStraddle;
-constexpr int kNumRules = 6;
-const char* rule_text(MeshRule r);  // "ep <= NVL", ...
+inline constexpr int kNumPlacementRules = 3;
+inline constexpr uint32_t kUnrankedPlacement = kPlaceEpNvl | kPlaceStraddle;  // the search drops these meshes
+const char* rule_text(PlacementRule r);  // "ep <= NVL", ...
 
 struct MeshCheck {
-  uint32_t failed = 0;        // MeshRule bits
+  uint32_t layout = 0;          // parallel::rule_bit bits of the broken layout rules (invalid mesh)
+  uint32_t placement = 0;       // PlacementRule bits (warnings)
   int64_t gpus_per_domain = 0;  // GPUs used in each NVLink domain (a multiple of every in-domain group)
-  int64_t domains = 0;        // NVLink domains the world occupies
-  int64_t cp_inner = 1;       // CP ranks per domain (cp when cp fits a domain)
-  int64_t cp_outer = 1;       // domains one CP group spans (> 1: 2D CP)
-  bool dense_spans = false;   // the fsdp x cp group spans domains: dense FSDP traffic crosses RDMA
-  bool expert_spans = false;  // the e_fsdp group spans domains: eFSDP traffic crosses RDMA
-  bool hard() const { return failed & kHardRules; }
-  bool nvlink_ok() const { return failed == 0; }
-  std::string first_hard_key() const;  // the mesh key to name in an error ("ep", "cp", ...)
-  // One line per failed rule with the numbers; hard_only: only the hard rules.
-  std::string describe(const PlanInput& in, const Mesh& m, bool hard_only) const;
+  int64_t domains = 0;          // NVLink domains the world occupies
+  int64_t cp_inner = 1;         // CP ranks per domain (cp when cp fits a domain)
+  int64_t cp_outer = 1;         // domains one CP group spans (> 1: 2D CP)
+  bool dense_spans = false;     // the fsdp x cp group spans domains: dense FSDP traffic crosses RDMA
+  bool expert_spans = false;    // the e_fsdp group spans domains: eFSDP traffic crosses RDMA
+  bool hard() const { return layout != 0; }  // invalid anywhere
+  bool ranked() const { return layout == 0 && (placement & kUnrankedPlacement) == 0; }  // the search may rank it
+  bool nvlink_ok() const { return layout == 0 && placement == 0; }
 };
 
-MeshCheck check_mesh(const PlanInput& in, const Mesh& m);
+MeshCheck check_mesh(const PlanInput& in, const parallel::MeshShape& m);
+// One line per broken placement rule, with the numbers and what the evaluation does about it (empty: none).
+std::vector<std::string> placement_warnings(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& c);
+// The texts of every broken rule (layout rules first), for the JSON "rules_failed".
+std::vector<std::string> failed_rule_texts(const MeshCheck& c);
+
+// The rules the search counts its dropped meshes under, in order (a mesh counts under the first it breaks):
+// products ("d_rep*fsdp*cp == e_fsdp*ep == world"), experts ("experts % ep == 0"), "ep <= NVL", zigzag
+// ("context % (2*cp) == 0"), "groups do not straddle NVLink domains", "fsdp*cp <= NVL" (the last only when no mesh
+// that keeps it fits). The order and texts are those of the reports and JSON keys before the rules were shared.
+inline constexpr int kNumSearchRules = 6;
+const char* search_rule_text(int i);
 
 // Everything the planner computes for one mesh. Bytes are bytes (B), times are seconds unless named _ms.
 struct Plan {
@@ -95,23 +108,23 @@ struct Plan {
 };
 
 // Evaluates one mesh. `chk` must come from check_mesh(in, m); hard-invalid meshes are evaluated anyway.
-Plan evaluate(const PlanInput& in, const Mesh& m, const MeshCheck& chk);
-inline Plan evaluate(const PlanInput& in, const Mesh& m) { return evaluate(in, m, check_mesh(in, m)); }
+Plan evaluate(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk);
+inline Plan evaluate(const PlanInput& in, const parallel::MeshShape& m) { return evaluate(in, m, check_mesh(in, m)); }
 
 // Seed 002's logits example: local tokens x vocab partition x 4 B.
 constexpr double naive_logits_bytes(double local_tokens, double vocab) { return local_tokens * vocab * 4.0; }
 
 // ---- search -------------------------------------------------------------------------------------------------
 struct Candidate {
-  Mesh mesh;
+  parallel::MeshShape mesh;
   MeshCheck check;
   Plan plan;
 };
 
 struct SearchResult {
-  std::vector<Candidate> ranked;           // best first (only meshes without hard-rule failures)
+  std::vector<Candidate> ranked;           // best first (valid meshes that break no unranked placement rule)
   int64_t considered = 0;                  // every (d_rep,fsdp,cp) x (e_fsdp,ep) factorisation enumerated
-  int64_t rejected[kNumRules] = {};        // per rule (a mesh counts under its first failed rule)
+  int64_t rejected[kNumSearchRules] = {};  // per search rule (a mesh counts under its first broken rule)
   bool relaxed = false;                    // true: no mesh keeping fsdp*cp <= NVL fits, so meshes that cost
                                            // dense FSDP / CP traffic over RDMA are included
   std::vector<int64_t> worlds;
@@ -131,7 +144,7 @@ int64_t search_count(const PlanInput& in, int64_t world, Candidate* best);
 // ---- recipe (seed 002) ----------------------------------------------------------------------------------------
 struct Recommendation {
   bool found = false;
-  Mesh mesh;
+  parallel::MeshShape mesh;
   int64_t ep = 0;                  // the fixed EP
   std::vector<std::string> lines;  // the advice, one line each (EP, CP, FSDP, TP, PP, memory notes)
   bool memory_forced = false;      // memory forced something beyond EP + CP-in-range

@@ -38,11 +38,11 @@ struct Table {
 
 }  // namespace
 
-std::string mesh_str(const Mesh& m) {
+std::string mesh_str(const parallel::MeshShape& m) {
   return fmt::format("(d_rep,fsdp,cp)=({},{},{}) x (e_fsdp,ep)=({},{})", m.d_rep, m.fsdp, m.cp, m.e_fsdp, m.ep);
 }
 
-std::string render_text(const PlanInput& in, const Mesh& m, const MeshCheck& chk, const Plan& p) {
+std::string render_text(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p) {
   const auto& mo = in.model;
   const auto& cl = in.cluster;
   const auto& wl = in.workload;
@@ -52,10 +52,15 @@ std::string render_text(const PlanInput& in, const Mesh& m, const MeshCheck& chk
                       mo.top_k, mo.dense_fraction, grouped(double(wl.context)));
   t.out += fmt::format("mesh {} on {} GPUs: {} NVLink domain(s) of {}, {} GPUs used per domain\n", mesh_str(m),
                        m.world(), chk.domains, cl.nvl, chk.gpus_per_domain);
-  if (chk.nvlink_ok())
+  if (chk.nvlink_ok()) {
     t.out += "NVLink rules hold: ep <= NVL, fsdp*cp <= NVL, no group straddles a domain\n";
-  else
-    t.out += "NVLink rule relaxed (costed below): " + chk.describe(in, m, false) + "\n";
+  } else {
+    std::vector<std::string> broken;
+    for (int i = 0; i < kNumPlacementRules; ++i)
+      if (chk.placement & (1u << i)) broken.push_back(rule_text(PlacementRule(1u << i)));
+    t.out += fmt::format("NVLink placement rule(s) broken, see the warnings: {} (costed below where modelled)\n",
+                         fmt::join(broken, ", "));
+  }
 
   t.head("Per-GPU dynamic memory per token (seed 000: dynamic memory)");
   t.row("tokens per GPU", fmt::format("context x sequences_per_cp_group / cp = {} x {} / {}", wl.context,
@@ -159,15 +164,13 @@ std::string render_text(const PlanInput& in, const Mesh& m, const MeshCheck& chk
   return t.out;
 }
 
-nlohmann::json plan_json(const PlanInput& in, const Mesh& m, const MeshCheck& chk, const Plan& p) {
+nlohmann::json plan_json(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p) {
   nlohmann::json j;
   j["mesh"] = {{"d_rep", m.d_rep}, {"fsdp", m.fsdp}, {"cp", m.cp}, {"e_fsdp", m.e_fsdp}, {"ep", m.ep}};
   j["world"] = m.world();
   j["nvlink_rules_ok"] = chk.nvlink_ok();
-  nlohmann::json viol = nlohmann::json::array();
-  for (int i = 0; i < kNumRules; ++i)
-    if (chk.failed & (1u << i)) viol.push_back(rule_text(MeshRule(1u << i)));
-  j["rules_failed"] = viol;
+  j["rules_failed"] = failed_rule_texts(chk);
+  j["warnings"] = placement_warnings(in, m, chk);
   j["gpus_per_domain"] = chk.gpus_per_domain;
   j["domains"] = chk.domains;
   j["cp_inner"] = chk.cp_inner;
@@ -274,9 +277,9 @@ std::string render_search_text(const PlanInput& in, const SearchResult& s, int t
                      lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi), grouped(double(s.considered)));
   out += "  objective (lexicographic): fits memory > eFSDP hidden > fewest RDMA bytes per layer > local sequence in "
          "the recipe range > fewer GPUs > most headroom\n";
-  for (int i = 0; i < kNumRules; ++i)
+  for (int i = 0; i < kNumSearchRules; ++i)
     if (s.rejected[i])
-      out += fmt::format("  rejected by rule {}: {}\n", rule_text(MeshRule(1u << i)), grouped(double(s.rejected[i])));
+      out += fmt::format("  rejected by rule {}: {}\n", search_rule_text(i), grouped(double(s.rejected[i])));
   if (s.relaxed)
     out += "  no mesh that keeps fsdp*cp <= NVL fits memory: memory forces dense FSDP / 2D CP across NVLink "
            "domains; those meshes are ranked below\n";
@@ -308,7 +311,7 @@ nlohmann::json search_json(const PlanInput& in, const SearchResult& s, int top) 
   j["considered"] = s.considered;
   j["relaxed"] = s.relaxed;
   nlohmann::json rej = nlohmann::json::object();
-  for (int i = 0; i < kNumRules; ++i) rej[rule_text(MeshRule(1u << i))] = s.rejected[i];
+  for (int i = 0; i < kNumSearchRules; ++i) rej[search_rule_text(i)] = s.rejected[i];
   j["rejected"] = rej;
   j["objective"] = {"fits", "hidden", "fewest rdma bytes per layer", "local sequence in recipe range", "fewer gpus",
                     "most headroom"};
@@ -341,7 +344,7 @@ std::string esc(const std::string& s) {
 }
 }  // namespace
 
-std::string render_svg(const PlanInput& in, const Mesh& m, const Plan& p) {
+std::string render_svg(const PlanInput& in, const parallel::MeshShape& m, const Plan& p) {
   struct Seg {
     std::string name;
     double bytes;

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <sstream>
 
 #include "planner/plan.h"
 #include "planner/report.h"
@@ -23,7 +24,7 @@ void parse_world_range(const std::string& s, int64_t& lo, int64_t& hi) {
   if (hi - lo > 100000) throw Error(fmt::format("--world-range: at most 100,000 sizes, got {}:{}", lo, hi));
 }
 
-int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
+int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std::ostream& warn) {
   if (opt.top < 1) throw Error(fmt::format("--top: must be >= 1, got {}", opt.top));
   if (opt.world < 0 || opt.world > kMaxGpus)
     throw Error(fmt::format("--world: must be in 1..{}, got {}", kMaxGpus, opt.world));
@@ -42,20 +43,21 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
 
   SearchResult sr;
   if (do_search) sr = search(in, lo, hi);
-  Mesh shown;
+  parallel::MeshShape shown;
   if (in.mesh) {
     shown = *in.mesh;
   } else if (!sr.ranked.empty()) {
     shown = sr.ranked[0].mesh;
   } else {
     std::string why;
-    for (int i = 0; i < kNumRules; ++i)
-      if (sr.rejected[i]) why += fmt::format("{}{}: {}", why.empty() ? "" : ", ", rule_text(MeshRule(1u << i)), sr.rejected[i]);
+    for (int i = 0; i < kNumSearchRules; ++i)
+      if (sr.rejected[i]) why += fmt::format("{}{}: {}", why.empty() ? "" : ", ", search_rule_text(i), sr.rejected[i]);
     throw Error(fmt::format("no valid mesh for world {}{}: every one of the {} meshes breaks a rule ({})", lo,
                             hi != lo ? fmt::format("..{}", hi) : "", sr.considered, why));
   }
   const MeshCheck chk = check_mesh(in, shown);
   const Plan p = evaluate(in, shown, chk);
+  for (const std::string& w : placement_warnings(in, shown, chk)) warn << "warning: " << w << "\n";
   const Recommendation rec = recommend(in, shown.world());
 
   if (!opt.svg_path.empty()) {
@@ -87,6 +89,15 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
   if (do_search) out << render_search_text(in, sr, opt.top);
   if (!opt.svg_path.empty()) out << "\nmemory chart written to " << opt.svg_path << "\n";
   return 0;
+}
+
+int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out) {
+  std::ostringstream dropped;  // JSON: the warnings are its "warnings"
+  return run_plan(in, opt, out, opt.json ? static_cast<std::ostream&>(dropped) : out);
+}
+
+int run_plan(const RunOptions& opt, std::ostream& out, std::ostream& warn) {
+  return run_plan(load_config(opt.config_path), opt, out, warn);
 }
 
 int run_plan(const RunOptions& opt, std::ostream& out) { return run_plan(load_config(opt.config_path), opt, out); }

@@ -22,10 +22,14 @@ struct RunOptions {
 // Parses "A:B" into lo/hi; throws trident::Error naming --world-range.
 void parse_world_range(const std::string& s, int64_t& lo, int64_t& hi);
 
-// Runs the planner on a loaded config and writes the report to `out`. Returns the exit code (0).
-// Throws trident::Error on bad input (the CLI prints it and exits 1).
+// Runs the planner on a loaded config and writes the report to `out` and one "warning: ..." line per broken NVLink
+// placement rule of the shown mesh to `warn` (the CLI passes stderr; they are also in the JSON's "warnings").
+// Returns the exit code (0). Throws trident::Error on bad input (the CLI prints it and exits 1).
+int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std::ostream& warn);
+// Without a warning stream: the warnings go to `out` before the text report, or only into the JSON.
 int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out);
 // Loads opt.config_path, then as above.
+int run_plan(const RunOptions& opt, std::ostream& out, std::ostream& warn);
 int run_plan(const RunOptions& opt, std::ostream& out);
 
 }  // namespace trident::planner

@@ -14,6 +14,7 @@
 #include "planner/report.h"
 
 using namespace trident::planner;
+using trident::parallel::MeshShape;
 
 namespace {
 
@@ -30,14 +31,14 @@ const PlanInput& input() {
   static const PlanInput in = parse_config(base_config(), "bench");
   return in;
 }
-std::vector<Mesh> valid_meshes(int64_t world) {
-  std::vector<Mesh> out;
+std::vector<MeshShape> valid_meshes(int64_t world) {
+  std::vector<MeshShape> out;
   for (int64_t cp = 1; cp <= world; ++cp)
     for (int64_t fsdp = 1; fsdp * cp <= world; ++fsdp)
       for (int64_t ep = 1; ep <= world; ++ep)
         if (world % (cp * fsdp) == 0 && world % ep == 0) {
-          Mesh m{world / (cp * fsdp), fsdp, cp, world / ep, ep};
-          if (!check_mesh(input(), m).hard()) out.push_back(m);
+          MeshShape m{world / (cp * fsdp), fsdp, cp, world / ep, ep};
+          if (check_mesh(input(), m).ranked()) out.push_back(m);
         }
   return out;
 }
@@ -45,10 +46,10 @@ std::vector<Mesh> valid_meshes(int64_t world) {
 // check_mesh + evaluate over the world-256 meshes: the inner kernel of the search.
 void BM_evaluate(benchmark::State& st) {
   const PlanInput& in = input();
-  const std::vector<Mesh> meshes = valid_meshes(256);
+  const std::vector<MeshShape> meshes = valid_meshes(256);
   int64_t n = 0;
   for (auto _ : st) {
-    for (const Mesh& m : meshes) {
+    for (const MeshShape& m : meshes) {
       const MeshCheck c = check_mesh(in, m);
       Plan p = evaluate(in, m, c);
       benchmark::DoNotOptimize(p);
@@ -78,7 +79,7 @@ void BM_search_ranked(benchmark::State& st) {
     SearchResult r = search(in, st.range(0), st.range(1));
     int64_t rej = 0;
     for (int64_t x : r.rejected) rej += x;
-    n += r.considered - rej;  // meshes evaluated (those breaking a hard rule are only checked)
+    n += r.considered - rej;  // meshes evaluated (those the search drops are only checked)
     benchmark::DoNotOptimize(r);
   }
   st.SetItemsProcessed(n);
@@ -86,11 +87,11 @@ void BM_search_ranked(benchmark::State& st) {
 
 // Same-run baseline: JSON config in, validate, evaluate, JSON out, per mesh.
 void BM_naive_json(benchmark::State& st) {
-  const std::vector<Mesh> meshes = valid_meshes(256);
+  const std::vector<MeshShape> meshes = valid_meshes(256);
   nlohmann::json cfg = base_config();
   int64_t n = 0;
   for (auto _ : st) {
-    for (const Mesh& m : meshes) {
+    for (const MeshShape& m : meshes) {
       cfg["mesh"] = {{"d_rep", m.d_rep}, {"fsdp", m.fsdp}, {"cp", m.cp}, {"e_fsdp", m.e_fsdp}, {"ep", m.ep}};
       const PlanInput in = parse_config(nlohmann::json::parse(cfg.dump()), "bench");
       const MeshCheck c = check_mesh(in, *in.mesh);

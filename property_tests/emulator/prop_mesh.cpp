@@ -14,21 +14,26 @@
 namespace trident {
 namespace {
 
-// A random valid MeshConfig with world <= max_world (ep a divisor of the world).
-rc::Gen<MeshConfig> gen_mesh(int max_world) {
+// A random valid mesh with world <= max_world (ep a divisor of the world) and a number of experts it places.
+struct RandomMesh {
+  parallel::MeshShape m;
+  int64_t experts = 0;
+};
+rc::Gen<RandomMesh> gen_mesh(int max_world) {
   return rc::gen::exec([max_world] {
-    MeshConfig c;
+    RandomMesh r;
+    parallel::MeshShape& c = r.m;
     c.d_rep = *rc::gen::inRange(1, 5);
     c.fsdp = *rc::gen::inRange(1, 5);
     c.cp = *rc::gen::suchThat(rc::gen::inRange(1, 9), [&](int cp) { return c.d_rep * c.fsdp * cp <= max_world; });
-    const int world = c.d_rep * c.fsdp * c.cp;
-    std::vector<int> divs;
-    for (int d = 1; d <= world; ++d)
+    const int64_t world = c.world();
+    std::vector<int64_t> divs;
+    for (int64_t d = 1; d <= world; ++d)
       if (world % d == 0) divs.push_back(d);
     c.ep = *rc::gen::elementOf(divs);
     c.e_fsdp = world / c.ep;
-    c.experts = c.ep * *rc::gen::inRange(1, 4);
-    return c;
+    r.experts = c.ep * *rc::gen::inRange(1, 4);
+    return r;
   });
 }
 
@@ -44,9 +49,10 @@ std::vector<std::vector<std::string>> subsets(const DeviceMesh& m) {
 }
 
 RC_GTEST_PROP(MeshProps, GroupsPartitionAndCoordsRoundTrip, ()) {
-  const MeshConfig c = *gen_mesh(256);
-  const int world = c.d_rep * c.fsdp * c.cp;
-  RC_ASSERT(mesh_violations(c, world).empty());
+  const RandomMesh r = *gen_mesh(256);
+  const parallel::MeshShape& c = r.m;
+  const int world = static_cast<int>(c.world());
+  RC_ASSERT(parallel::violations(c, {.world = world, .experts = r.experts}).empty());
   for (const DeviceMesh& m : {dense_mesh(c), expert_mesh(c)}) {
     RC_ASSERT(m.world() == world);
     for (int r = 0; r < world; ++r) RC_ASSERT(m.rank_of(m.coords(r)) == r);
@@ -76,8 +82,8 @@ RC_GTEST_PROP(MeshProps, GroupsPartitionAndCoordsRoundTrip, ()) {
 }
 
 RC_GTEST_PROP(MeshProps, RanksAgreeOnSplitGroups, ()) {
-  const MeshConfig c = *gen_mesh(32);
-  const int world = c.d_rep * c.fsdp * c.cp;
+  const parallel::MeshShape c = (*gen_mesh(32)).m;
+  const int world = static_cast<int>(c.world());
   const DeviceMesh dense = dense_mesh(c), expert = expert_mesh(c);
   std::vector<std::string> errs(static_cast<size_t>(world));
   emu::spawn(world, [&](emu::RankContext& ctx) {

@@ -1,5 +1,5 @@
-// Meshes: coordinates, groups, the validator (every rule violated once, with its message), and the mesh
-// communicators built on the emulator.
+// Meshes: coordinates, groups, the dense and expert meshes of a MeshShape, and the mesh communicators built on
+// the emulator (the mesh rules themselves are tested in tests/parallel/test_layout.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,53 +38,33 @@ TEST(Mesh, Groups) {
   EXPECT_THROW(DeviceMesh({{"a", 0}}), Error);
 }
 
-std::vector<std::string> viol(MeshConfig c, int world) { return mesh_violations(c, world); }
-
-TEST(MeshValidator, ValidSourceDocumentMesh) {
-  // 753B on GB200 NVL72 with 64 job ranks per rack: (4,1,64)x(4,64), 256 experts.
-  EXPECT_TRUE(viol({4, 1, 64, 4, 64, 256, 64}, 256).empty());
-  EXPECT_NO_THROW(validate_mesh({4, 1, 64, 4, 64, 256, 64}, 256));
-  EXPECT_TRUE(viol({1, 1, 1, 1, 1, 0, 0}, 1).empty());
+TEST(Mesh, DenseAndExpertMeshesOfAShape) {
+  const parallel::MeshShape m{2, 3, 4, 6, 4};
+  const DeviceMesh dense = dense_mesh(m), expert = expert_mesh(m);
+  EXPECT_EQ(dense.world(), 24);
+  EXPECT_EQ(expert.world(), 24);
+  EXPECT_EQ(dense.group_name({"fsdp", "cp"}), "fsdp*cp");
+  for (int r = 0; r < 24; ++r) {
+    const auto dc = parallel::dense_coord(m, r);
+    const auto ec = parallel::expert_coord(m, r);
+    EXPECT_EQ(dense.coords(r), (std::vector<int>{int(dc.d), int(dc.f), int(dc.c)}));
+    EXPECT_EQ(expert.coords(r), (std::vector<int>{int(ec.ef), int(ec.p)}));
+  }
+  EXPECT_THROW(dense_mesh(parallel::MeshShape{0, 1, 1, 1, 1}), Error);
 }
 
-TEST(MeshValidator, EachRuleOnce) {
-  EXPECT_EQ(viol({0, 1, 1, 1, 1, 0, 0}, 1), (std::vector<std::string>{"size rule: d_rep = 0 must be >= 1"}));
-  EXPECT_EQ(viol({2, 1, 3, 1, 8, 0, 0}, 8),
-            (std::vector<std::string>{"dense mesh rule: d_rep*fsdp*cp = 2*1*3 = 6 != world 8"}));
-  EXPECT_EQ(viol({2, 2, 4, 2, 4, 0, 0}, 16),
-            (std::vector<std::string>{"expert mesh rule: e_fsdp*ep = 2*4 = 8 != world 16"}));
-  EXPECT_EQ(viol({1, 1, 4, 1, 4, 10, 0}, 4),
-            (std::vector<std::string>{"expert placement rule: experts % ep = 10 % 4 = 2 != 0 (each ep rank must own "
-                                      "experts/ep whole experts)"}));
-  EXPECT_EQ(viol({2, 1, 8, 1, 16, 0, 8}, 16),
-            (std::vector<std::string>{
-                "NVLink rule: ep = 16 > NVLink domain size 8 (an ep group must fit in one domain)"}));
-  EXPECT_EQ(viol({1, 2, 8, 2, 8, 0, 8}, 16),
-            (std::vector<std::string>{"NVLink rule: fsdp*cp = 2*8 = 16 > NVLink domain size 8 (an fsdp*cp group "
-                                      "must fit in one domain)"}));
-  EXPECT_EQ(viol({6, 1, 2, 3, 4, 0, 6}, 12),
-            (std::vector<std::string>{"NVLink rule: the ep group of ranks 4..7 straddles NVLink domains 0 and 1 (6 "
-                                      "ranks per domain; ep=4 must divide 6)"}));
-  EXPECT_EQ(viol({3, 1, 4, 6, 2, 0, 6}, 12),
-            (std::vector<std::string>{"NVLink rule: the fsdp*cp group of ranks 4..7 straddles NVLink domains 0 and 1 "
-                                      "(6 ranks per domain; fsdp*cp=4 must divide 6)"}));
-  // The source document's mesh with all 72 GPUs of an NVL72 rack as job ranks straddles racks.
-  EXPECT_EQ(viol({4, 1, 64, 4, 64, 256, 72}, 256).size(), 2u);
+// make_mesh_comms checks the mesh against the communicator with the shared validator (parallel::validate).
+TEST(MeshComms, RejectsAMeshOfAnotherWorld) {
   try {
-    validate_mesh({2, 1, 3, 2, 4, 6, 0}, 8);
-    ADD_FAILURE() << "no throw";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("invalid mesh (d_rep,fsdp,cp)x(e_fsdp,ep)=(2,1,3)x(2,4) experts=6 for world 8"),
-              std::string::npos)
-        << m;
-    EXPECT_NE(m.find("d_rep*fsdp*cp = 2*1*3 = 6 != world 8"), std::string::npos) << m;
-    EXPECT_NE(m.find("experts % ep = 6 % 4 = 2 != 0"), std::string::npos) << m;
+    emu::spawn(4, [&](emu::RankContext& ctx) { make_mesh_comms(ctx.world(), parallel::MeshShape{1, 1, 2, 1, 2}); });
+    ADD_FAILURE() << "no error";
+  } catch (const emu::RankError& e) {
+    EXPECT_NE(e.original.find("d_rep*fsdp*cp = 2 but the world size is 4"), std::string::npos) << e.what();
   }
 }
 
 // The mesh communicators on the emulator: every rank's communicator holds exactly its mesh group, in order.
-void check_mesh_comms(const MeshConfig& cfg, int world) {
+void check_mesh_comms(const parallel::MeshShape& cfg, int world) {
   const DeviceMesh dense = dense_mesh(cfg), expert = expert_mesh(cfg);
   std::vector<std::string> errs(static_cast<size_t>(world));
   emu::spawn(world, [&](emu::RankContext& ctx) {
@@ -108,8 +88,8 @@ void check_mesh_comms(const MeshConfig& cfg, int world) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r << " " << cfg.str();
 }
 
-TEST(MeshComms, Small) { check_mesh_comms({2, 2, 2, 2, 4, 8, 0}, 8); }
-TEST(MeshComms, SourceDocument256) { check_mesh_comms({4, 1, 64, 4, 64, 64, 64}, 256); }
+TEST(MeshComms, Small) { check_mesh_comms({2, 2, 2, 2, 4}, 8); }
+TEST(MeshComms, SourceDocument256) { check_mesh_comms({4, 1, 64, 4, 64}, 256); }
 
 }  // namespace
 }  // namespace trident

@@ -1,6 +1,8 @@
-// Layout arithmetic of docs/parallel.md: zig-zag data, dim-0 shards, validation messages.
+// Layout arithmetic of docs/parallel.md: zig-zag data, dim-0 shards, and the mesh validator (violations: every
+// rule alone, several at once, messages that name the fix, fixes that work).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <map>
 #include <set>
 
@@ -18,7 +20,8 @@ TEST(Layout, ParseMesh) {
   auto m = parse_mesh("d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64");
   EXPECT_EQ(m.world(), 256);
   EXPECT_EQ(m.e_fsdp * m.ep, 256);
-  EXPECT_THROW(parse_mesh("cp=2,ep=3"), Error);
+  EXPECT_EQ(parse_mesh("cp=2,ep=3"), (MeshShape{1, 1, 2, 1, 3}));  // syntax only: the products are violations()
+  EXPECT_EQ(parse_mesh(m.spec()), m);
   EXPECT_THROW(parse_mesh("cp=two"), Error);
   EXPECT_THROW(parse_mesh("tp=2,ep=2"), Error);
   EXPECT_THROW(parse_mesh("cp=0"), Error);
@@ -113,22 +116,192 @@ TEST(Layout, VocabSlicesPartition) {
   EXPECT_THROW(vocab_slices(512, 128, 4, -1), Error);
 }
 
-TEST(Layout, ValidateNamesTheRule) {
-  auto msg = [](auto fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+// ---- the validator: every rule, several at once, messages that name the fix -------------------------------------
+
+// The step's inputs (tiny preset: 8 experts, tile 8).
+LayoutInputs step_inputs(int64_t experts, int64_t seqs, int64_t seq_len, int64_t tile, int64_t chunks) {
+  return {.experts = experts, .sequences = seqs, .seq_len = seq_len, .tile = tile, .ep_chunks = chunks};
+}
+uint32_t bit(LayoutRule r) { return rule_bit(r); }
+
+TEST(Validator, ValidMeshes) {
+  EXPECT_TRUE(violations(mesh(1, 1, 1, 1, 1), {}).empty());
+  EXPECT_TRUE(violations(mesh(1, 1, 4, 2, 2), step_inputs(8, 2, 64, 8, 2)).empty());
+  EXPECT_TRUE(violations(mesh(4, 1, 64, 4, 64), {.world = 256, .experts = 256, .seq_len = 1 << 20}).empty());
+  EXPECT_EQ(broken_rules(mesh(4, 1, 64, 4, 64), {.world = 256, .experts = 256, .seq_len = 1 << 20}), 0u);
+  EXPECT_NO_THROW(validate(mesh(2, 2, 2, 2, 4), step_inputs(8, 4, 32, 8, 1)));
   EXPECT_NO_THROW(validate_layout(mesh(1, 1, 4, 2, 2), 8, 2, 64, 8, 2));
-  EXPECT_NE(msg([] { validate_layout(mesh(1, 1, 2, 1, 3), 8, 2, 64, 8, 1); }).find("e_fsdp*ep"), std::string::npos);
-  EXPECT_NE(msg([] { validate_layout(mesh(1, 1, 3, 1, 3), 8, 2, 96, 8, 1); }).find("experts % ep"), std::string::npos);
-  EXPECT_NE(msg([] { validate_layout(mesh(3, 1, 1, 1, 3), 9, 2, 64, 8, 1); }).find("sequences % (d_rep*fsdp)"),
-            std::string::npos);
-  EXPECT_NE(msg([] { validate_layout(mesh(1, 1, 3, 1, 3), 9, 1, 64, 8, 1); }).find("seq_len % (2*cp)"),
-            std::string::npos);
-  EXPECT_NE(msg([] { validate_layout(mesh(1, 1, 4, 1, 4), 8, 1, 32, 8, 1); }).find("straddle"), std::string::npos);
-  EXPECT_NE(msg([] { validate_layout(mesh(1, 1, 2, 1, 2), 8, 1, 32, 8, 3); }).find("EP chunks"), std::string::npos);
+}
+
+// Each rule broken alone: exactly that rule's bit, one line, naming the numbers and the fix (emulate's flags).
+TEST(Validator, EachRuleAlone) {
+  struct Case {
+    MeshShape m;
+    LayoutInputs in;
+    LayoutRule rule;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {mesh(1, 0, 2, 1, 2), {}, LayoutRule::sizes,
+       "mesh size fsdp = 0 must be >= 1: use --mesh d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2"},
+      {mesh(1, 1, 2, 1, 2), {.seq_len = 0}, LayoutRule::sizes, "seq_len = 0 must be >= 1: use --seq-len 1"},
+      {mesh(1, 1, 2, 1, 4), step_inputs(8, 2, 32, 8, 1), LayoutRule::products,
+       "d_rep*fsdp*cp = 2 but e_fsdp*ep = 4 (both must be the world size): use --mesh "
+       "d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2"},
+      {mesh(2, 1, 2, 1, 4), {.world = 8}, LayoutRule::world,
+       "d_rep*fsdp*cp = 4 but the world size is 8: use a mesh of 8 ranks"},
+      {mesh(1, 1, 3, 1, 3), step_inputs(8, 2, 48, 8, 1), LayoutRule::experts,
+       "experts 8 is not a multiple of ep = 3 (each ep rank owns experts/ep whole experts): use --mesh "
+       "d_rep=1,fsdp=1,cp=3,e_fsdp=3,ep=1 or --experts 9"},
+      {mesh(3, 1, 1, 1, 3), step_inputs(9, 2, 64, 8, 1), LayoutRule::sequences,
+       "sequences 2 do not split over d_rep*fsdp = 3 data-parallel groups (each group holds whole sequences): use "
+       "--seqs 3"},
+      {mesh(1, 1, 16, 1, 16), {.experts = 16, .sequences = 1, .seq_len = 48}, LayoutRule::zigzag,
+       "seq_len 48 is not a multiple of 2*cp = 32 (each sequence is cut into 2*cp zig-zag chunks): use --seq-len 64"},
+      {mesh(1, 1, 4, 1, 4), step_inputs(8, 1, 32, 8, 1), LayoutRule::tile,
+       "the zig-zag chunk seq_len/(2*cp) = 32/8 = 4 tokens is not a multiple of the reduction tile 8: a reduction "
+       "tile would straddle two CP ranks: use --seq-len 64 or --tile 4"},
+      {mesh(1, 1, 2, 1, 2), step_inputs(8, 1, 32, 8, 3), LayoutRule::ep_chunks,
+       "EP chunks 3 exceed the 2 reduction tiles a rank holds (1 sequence(s) x 2 zig-zag chunks of 8 tokens, tile "
+       "8; an EP chunk holds whole tiles): use --chunks 2"},
+      {mesh(1, 1, 2, 1, 2), step_inputs(8, 1, 32, 8, 0), LayoutRule::ep_chunks,
+       "EP chunks 0 must be >= 1: use --chunks 1"},
+  };
+  for (const Case& c : cases) {
+    const auto v = violations(c.m, c.in);
+    ASSERT_EQ(v.size(), 1u) << rule_text(c.rule) << ": " << fmt::format("{}", fmt::join(v, " | "));
+    EXPECT_EQ(v[0], c.message) << rule_text(c.rule);
+    EXPECT_EQ(broken_rules(c.m, c.in), bit(c.rule)) << rule_text(c.rule);
+    try {
+      validate(c.m, c.in);
+      ADD_FAILURE() << rule_text(c.rule) << ": no throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "invalid mesh " + c.m.str() + ": " + c.message);
+    }
+  }
+}
+
+// With a tile, the seq_len fix of the zig-zag rule also keeps tiles whole; the tile rule is then not reported.
+TEST(Validator, ZigzagFixKeepsTilesWhole) {
+  const auto v = violations(mesh(1, 1, 16, 1, 16), {.experts = 16, .sequences = 1, .seq_len = 48, .tile = 8});
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0],
+            "seq_len 48 is not a multiple of 2*cp = 32 (each sequence is cut into 2*cp zig-zag chunks): use --seq-len "
+            "256 (a multiple of 2*cp*tile = 256, so every chunk holds whole reduction tiles)");
+}
+
+TEST(Validator, SeveralAtOnce) {
+  // experts 8 over ep 16, 3 sequences over 2 data groups, seq_len 48 over 2*cp = 32, 9 EP chunks (not checkable
+  // while the data rules fail), and the world given as 16.
+  const MeshShape m = mesh(1, 2, 16, 2, 16);
+  const LayoutInputs in{.world = 16, .experts = 8, .sequences = 3, .seq_len = 48, .tile = 8, .ep_chunks = 9};
+  const auto v = violations(m, in);
+  ASSERT_EQ(v.size(), 4u) << fmt::format("{}", fmt::join(v, "\n"));
+  EXPECT_EQ(v[0], "d_rep*fsdp*cp = 32 but the world size is 16: use a mesh of 16 ranks");
+  EXPECT_EQ(v[1],
+            "experts 8 is not a multiple of ep = 16 (each ep rank owns experts/ep whole experts): use --mesh "
+            "d_rep=1,fsdp=2,cp=16,e_fsdp=4,ep=8 or --experts 16");
+  EXPECT_EQ(v[2].rfind("sequences 3 do not split over d_rep*fsdp = 2", 0), 0u) << v[2];
+  EXPECT_NE(v[2].find("use --seqs 4"), std::string::npos) << v[2];
+  EXPECT_EQ(v[3].rfind("seq_len 48 is not a multiple of 2*cp = 32", 0), 0u) << v[3];
+  EXPECT_EQ(broken_rules(m, in),
+            bit(LayoutRule::world) | bit(LayoutRule::experts) | bit(LayoutRule::sequences) | bit(LayoutRule::zigzag));
+  try {
+    validate(m, in);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), fmt::format("invalid mesh {}, 4 problems:\n  {}", m.str(), fmt::join(v, "\n  ")));
+  }
+  // validate_layout (the step's entry) reports the same lines.
+  try {
+    validate_layout(mesh(1, 1, 16, 1, 16), 8, 3, 48, 8, 1);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("2 problems:\n  experts 8 is not a multiple of ep = 16"), std::string::npos) << w;
+    EXPECT_NE(w.find("\n  seq_len 48 is not a multiple of 2*cp = 32"), std::string::npos) << w;
+  }
+}
+
+// The planner's vocabulary: config keys, the world as cluster.world, no sequences / tile / EP chunks.
+TEST(Validator, ConfigKeyNames) {
+  InputNames n;
+  n.config_keys = true;
+  n.mesh = "mesh";
+  n.world = "cluster.world";
+  n.experts = "model.experts";
+  n.seq_len = "workload.context";
+  n.sequences = n.tile = n.ep_chunks = "";
+  const auto v = violations(mesh(4, 1, 64, 2, 96), {.world = 128, .experts = 256, .seq_len = 1000000}, n);
+  ASSERT_EQ(v.size(), 4u) << fmt::format("{}", fmt::join(v, "\n"));
+  EXPECT_EQ(v[0], "d_rep*fsdp*cp = 256 but e_fsdp*ep = 192 (both must be the world size): use mesh.e_fsdp = 8, "
+                  "mesh.ep = 32");
+  EXPECT_EQ(v[1], "d_rep*fsdp*cp = 256 but the world size is 128: use cluster.world = 256 or a mesh of 128 ranks");
+  EXPECT_EQ(v[2], "experts 256 is not a multiple of ep = 96 (each ep rank owns experts/ep whole experts): use "
+                  "mesh.e_fsdp = 8, mesh.ep = 32 or model.experts = 288");
+  EXPECT_EQ(v[3], "seq_len 1000000 is not a multiple of 2*cp = 128 (each sequence is cut into 2*cp zig-zag "
+                  "chunks): use workload.context = 1000064");
+  // A nameless input is not offered as a fix.
+  const auto t = violations(mesh(1, 1, 4, 1, 4), {.seq_len = 32, .tile = 8}, n);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0], "the zig-zag chunk seq_len/(2*cp) = 32/8 = 4 tokens is not a multiple of the reduction tile 8: a "
+                  "reduction tile would straddle two CP ranks: use workload.context = 64");
+}
+
+// Meshes whose products do not fit 64 bits are one sizes violation (no overflow); rules without inputs are skipped.
+TEST(Validator, HugeAndMissing) {
+  const int64_t big = int64_t{1} << 40;
+  const auto v = violations(mesh(big, big, 1, 1, 1), {.experts = 8});
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_NE(v[0].find("more ranks than 64-bit integers hold"), std::string::npos) << v[0];
+  EXPECT_EQ(broken_rules(mesh(big, big, 1, 1, 1), {}), bit(LayoutRule::sizes));
+  EXPECT_EQ(broken_rules(mesh(1, 1, 3, 1, 3), {}), 0u);  // no experts, no seq_len: nothing else to check
+  EXPECT_EQ(broken_rules(mesh(1, 1, 3, 1, 3), {.seq_len = 32}), bit(LayoutRule::zigzag));
+}
+
+// Over a grid of small meshes and inputs: broken_rules and violations agree, and applying the first fix a
+// message offers (a flag value or a whole --mesh) makes that rule hold.
+TEST(Validator, FixesWork) {
+  int64_t checked = 0;
+  for (int64_t d : {1, 2, 3})
+    for (int64_t f : {1, 2})
+      for (int64_t c : {1, 2, 3, 4})
+        for (int64_t ep : {1, 2, 3, 4, 6, 8})
+          for (int64_t ef : {1, 2, 3})
+            for (int64_t E : {4, 6, 8})
+              for (int64_t B : {1, 2, 3, 4})
+                for (int64_t S : {24, 32, 48, 64})
+                  for (int64_t chunks : {1, 2, 5}) {
+                    const MeshShape m = mesh(d, f, c, ef, ep);
+                    const LayoutInputs in = step_inputs(E, B, S, 4, chunks);
+                    const auto v = violations(m, in);
+                    const uint32_t bits = broken_rules(m, in);
+                    ASSERT_EQ(v.empty(), bits == 0) << m.str();
+                    ASSERT_EQ(v.size(), static_cast<size_t>(std::popcount(bits))) << m.str();
+                    uint32_t rest = bits;
+                    for (const std::string& line : v) {
+                      const uint32_t rule = rest & (~rest + 1);  // lines come in rule order, one per rule here
+                      rest &= ~rule;
+                      const auto at = line.find(": use ");
+                      ASSERT_NE(at, std::string::npos) << line;
+                      std::string fix = line.substr(at + 6);
+                      fix = fix.substr(0, fix.find(" or "));
+                      fix = fix.substr(0, fix.find(" ("));
+                      const auto sp = fix.find(' ');
+                      const std::string flag = fix.substr(0, sp), value = fix.substr(sp + 1);
+                      MeshShape m2 = m;
+                      LayoutInputs in2 = in;
+                      if (flag == "--mesh") m2 = parse_mesh(value);
+                      else if (flag == "--experts") in2.experts = std::stoll(value);
+                      else if (flag == "--seqs") in2.sequences = std::stoll(value);
+                      else if (flag == "--seq-len") in2.seq_len = std::stoll(value);
+                      else if (flag == "--tile") in2.tile = std::stoll(value);
+                      else if (flag == "--chunks") in2.ep_chunks = std::stoll(value);
+                      else FAIL() << "unknown fix '" << fix << "' in: " << line;
+                      // The fixed rule holds (other rules may still fail, or fail anew: each line fixes its own).
+                      EXPECT_EQ(broken_rules(m2, in2) & rule, 0u) << m.str() << ": " << line << " -> " << fix;
+                      ++checked;
+                    }
+                  }
+  EXPECT_GT(checked, 10000);
 }

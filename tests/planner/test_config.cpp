@@ -7,9 +7,11 @@
 
 #include "planner/config.h"
 #include "planner/plan.h"
+#include "planner/run.h"
 #include "reference/check.h"
 
 using namespace trident::planner;
+using trident::parallel::MeshShape;
 using nlohmann::json;
 
 namespace {
@@ -124,13 +126,19 @@ TEST(PlannerConfig, BadInputNamesTheKey) {
       {"mfu 0", [](json& j) { j["cluster"]["mfu"] = 0; }, "cluster.mfu: must be in (0,1]"},
       {"section not an object", [](json& j) { j["mesh"] = 5; }, "'mesh' must be a table/object"},
       {"top_k > experts", [](json& j) { j["model"]["top_k"] = 300; }, "model.top_k: must be <= experts"},
-      {"mesh products", [](json& j) { j["mesh"]["e_fsdp"] = 2; }, "d_rep*fsdp*cp == e_fsdp*ep == world fails"},
+      // The mesh rules are parallel::violations (shared with trident emulate), with the fix in config keys.
+      {"mesh products", [](json& j) { j["mesh"]["e_fsdp"] = 2; },
+       "invalid mesh (d_rep,fsdp,cp)x(e_fsdp,ep) = (4,1,64)x(2,64): d_rep*fsdp*cp = 256 but e_fsdp*ep = 128 (both "
+       "must be the world size): use mesh.e_fsdp = 4"},
       {"experts % ep", [](json& j) { j["mesh"]["ep"] = 48; j["mesh"]["e_fsdp"] = 1; j["mesh"]["d_rep"] = 3; j["mesh"]["cp"] = 16; },
-       "experts % ep == 0 fails"},
-      {"ep > NVL", [](json& j) { j["mesh"]["ep"] = 128; j["mesh"]["e_fsdp"] = 2; }, "ep <= NVL fails"},
-      {"zig-zag", [](json& j) { j["workload"]["context"] = 1000000; j["mesh"]["cp"] = 64; }, "context % (2*cp) == 0 fails"},
+       "experts 256 is not a multiple of ep = 48 (each ep rank owns experts/ep whole experts): use mesh.e_fsdp = 3, "
+       "mesh.ep = 16 or model.experts = 288"},
+      {"zig-zag", [](json& j) { j["workload"]["context"] = 1000000; j["mesh"]["cp"] = 64; },
+       "seq_len 1000000 is not a multiple of 2*cp = 128 (each sequence is cut into 2*cp zig-zag chunks): use "
+       "workload.context = 1000064"},
       {"mesh key missing", [](json& j) { j["mesh"].erase("ep"); }, "mesh.ep: missing"},
-      {"world mismatch", [](json& j) { j["cluster"]["world"] = 128; }, "cluster.world: d_rep*fsdp*cp == e_fsdp*ep == world fails"},
+      {"world mismatch", [](json& j) { j["cluster"]["world"] = 128; },
+       "d_rep*fsdp*cp = 256 but the world size is 128: use cluster.world = 256 or a mesh of 128 ranks"},
       {"huge mesh axis", [](json& j) { j["mesh"]["fsdp"] = 9e15; }, "mesh.fsdp: must be <= 16777216 GPUs"},
       {"huge nvl", [](json& j) { j["cluster"]["nvl"] = 1e12; }, "cluster.nvl: must be <= 16777216 GPUs"},
       {"recipe range", [](json& j) { j["recipe"] = {{"local_seq_min", 65536}}; }, "recipe.local_seq_min: must be <="},
@@ -153,21 +161,76 @@ TEST(PlannerConfig, BadFiles) {
   EXPECT_NE(error_of([] { parse_config(json::array(), "x"); }).find("top level"), std::string::npos);
 }
 
-TEST(PlannerConfig, MeshRulesAreIndependentOfParsing) {
-  // check_mesh names each rule; a mesh that breaks only fsdp*cp <= NVL is accepted (costed), not rejected.
+TEST(PlannerConfig, SeveralMeshViolationsAtOnce) {
+  json j = example("nvl72_1m.json");
+  j["mesh"]["e_fsdp"] = 2;
+  j["workload"]["context"] = 1000000;
+  j["cluster"]["world"] = 512;
+  const std::string err = error_of([&] { parse_config(j, "bad.json"); });
+  EXPECT_EQ(err,
+            "bad.json: invalid mesh (d_rep,fsdp,cp)x(e_fsdp,ep) = (4,1,64)x(2,64), 3 problems:\n"
+            "  d_rep*fsdp*cp = 256 but e_fsdp*ep = 128 (both must be the world size): use mesh.e_fsdp = 4\n"
+            "  d_rep*fsdp*cp = 256 but the world size is 512: use cluster.world = 256 or a mesh of 512 ranks\n"
+            "  seq_len 1000000 is not a multiple of 2*cp = 128 (each sequence is cut into 2*cp zig-zag chunks): use "
+            "workload.context = 1000064");
+}
+
+TEST(PlannerConfig, SameRulesAsTheEmulator) {
+  // check_mesh's layout bits are parallel::broken_rules of the config's inputs, for valid and invalid meshes.
+  const PlanInput in = load_config(ex("nvl72_1m.json"));
+  for (const MeshShape& m : {MeshShape{4, 1, 64, 4, 64}, MeshShape{4, 1, 64, 2, 64}, MeshShape{1, 3, 16, 1, 48},
+                             MeshShape{2, 1, 3, 3, 2}})
+    EXPECT_EQ(check_mesh(in, m).layout,
+              trident::parallel::broken_rules(m, {.experts = in.model.experts, .seq_len = in.workload.context}))
+        << m.str();
+  EXPECT_EQ(check_mesh(in, MeshShape{2, 1, 3, 3, 2}).layout,
+            trident::parallel::rule_bit(trident::parallel::LayoutRule::zigzag));  // 2^20 % 6 != 0
+}
+
+TEST(PlannerConfig, PlacementRulesAreWarnings) {
+  // check_mesh names each NVLink placement rule; a mesh that breaks one is parsed and evaluated, with a warning.
   const PlanInput in = load_config(ex("nvl8_256k_a.json"));
-  const MeshCheck c = check_mesh(in, Mesh{1, 32, 8, 32, 8});
-  EXPECT_EQ(c.failed, uint32_t(kRuleFsdpCpNvl));
-  EXPECT_NE(c.describe(in, Mesh{1, 32, 8, 32, 8}, false).find("fsdp*cp <= NVL"), std::string::npos);
-  // ep = 16 on 8-GPU nodes
-  EXPECT_TRUE(check_mesh(in, Mesh{32, 1, 8, 16, 16}).failed & kRuleEpNvl);
+  const MeshShape dense_wide{1, 32, 8, 32, 8};
+  const MeshCheck c = check_mesh(in, dense_wide);
+  EXPECT_EQ(c.layout, 0u);
+  EXPECT_EQ(c.placement, uint32_t(kPlaceFsdpCpNvl));
+  EXPECT_TRUE(c.ranked());
+  const auto w = placement_warnings(in, dense_wide, c);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0], "fsdp*cp <= NVL broken: fsdp*cp = 256 > NVL = 8: dense FSDP traffic crosses RDMA (costed below)");
+  // ep = 16 on 8-GPU nodes: a warning for a config mesh, dropped by the search
+  const MeshShape ep16{32, 1, 8, 16, 16};
+  const MeshCheck e = check_mesh(in, ep16);
+  EXPECT_EQ(e.layout, 0u);
+  EXPECT_TRUE(e.placement & kPlaceEpNvl);
+  EXPECT_FALSE(e.ranked());
+  const auto we = placement_warnings(in, ep16, e);
+  ASSERT_FALSE(we.empty());
+  EXPECT_EQ(we[0].rfind("ep <= NVL broken: ep = 16 > NVL = 8: the EP all-to-all crosses RDMA", 0), 0u) << we[0];
+  json j = example("nvl8_256k_a.json");
+  j["mesh"] = {{"d_rep", 32}, {"fsdp", 1}, {"cp", 8}, {"e_fsdp", 16}, {"ep", 16}};
+  PlanInput parsed;
+  EXPECT_NO_THROW(parsed = parse_config(j, "ep16.json"));
+  ASSERT_TRUE(parsed.mesh);
+  EXPECT_EQ(*parsed.mesh, ep16);
+  RunOptions opt;
+  std::ostringstream out, warn;
+  EXPECT_EQ(run_plan(parsed, opt, out, warn), 0);
+  EXPECT_EQ(warn.str().rfind("warning: ep <= NVL broken: ep = 16 > NVL = 8", 0), 0u) << warn.str();
+  EXPECT_EQ(out.str().find("warning:"), std::string::npos);
+  EXPECT_NE(out.str().find("NVLink placement rule(s) broken, see the warnings: ep <= NVL"), std::string::npos);
   // fsdp*cp = 6 and ep = 8 cannot share 8-GPU domains: lcm(6, 8) = 24 > 8
   PlanInput odd = in;
   odd.workload.context = 262144 * 3;
-  EXPECT_TRUE(check_mesh(odd, Mesh{8, 1, 6, 6, 8}).failed & kRuleStraddle);
+  const MeshCheck s = check_mesh(odd, MeshShape{8, 1, 6, 6, 8});
+  EXPECT_EQ(s.layout, 0u);
+  EXPECT_TRUE(s.placement & kPlaceStraddle);
+  EXPECT_FALSE(s.ranked());
   // NVL72 hosts 64 GPUs of a (.., 64) x (.., 64) mesh per domain (no group straddles)
   const PlanInput n72 = load_config(ex("nvl72_1m.json"));
   const MeshCheck c72 = check_mesh(n72, *n72.mesh);
+  EXPECT_TRUE(c72.nvlink_ok());
   EXPECT_EQ(c72.gpus_per_domain, 64);
   EXPECT_EQ(c72.domains, 4);
+  EXPECT_TRUE(placement_warnings(n72, *n72.mesh, c72).empty());
 }

@@ -42,6 +42,13 @@ TEST(PlannerReport, JsonHasEveryRequiredKeyAsNumbersAndBools) {
     EXPECT_TRUE(j[k].is_boolean()) << k;
   }
   EXPECT_TRUE(j["two_d_cp"].get<bool>());
+  // the NVLink placement rule this mesh breaks: in rules_failed, and a warning with the numbers
+  EXPECT_EQ(j["rules_failed"], json::array({"fsdp*cp <= NVL"}));
+  ASSERT_EQ(j["warnings"].size(), 1u);
+  EXPECT_EQ(j["warnings"][0].get<std::string>().rfind("fsdp*cp <= NVL broken: fsdp*cp = 64 > NVL = 8: dense FSDP "
+                                                      "traffic crosses RDMA and CP spans 8 domains", 0),
+            0u)
+      << j["warnings"][0];
   EXPECT_GT(j["cp_rdma_ms_per_layer"].get<double>(), 0.0);
   // dynamic = activations + FSDP buffers; total = static + dynamic; headroom = capacity - total
   EXPECT_NEAR(j["dynamic_gb"].get<double>(), j["activations_gb"].get<double>() + j["fsdp_buffers_gb"].get<double>(),

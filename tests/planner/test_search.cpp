@@ -9,6 +9,7 @@
 #include "reference/check.h"
 
 using namespace trident::planner;
+using trident::parallel::MeshShape;
 
 namespace {
 std::string ex(const std::string& name) { return std::string(TRIDENT_PLANNER_EXAMPLES) + "/" + name; }
@@ -71,7 +72,7 @@ TEST(PlannerSearch, RankedInObjectiveOrder) {
     else EXPECT_FALSE(seen_unfit) << "a fitting mesh ranked after one that does not fit";
   }
   // Seed 000's choice for 256 GB200 at 1M context is the winner.
-  EXPECT_EQ(s.ranked[0].mesh, (Mesh{4, 1, 64, 4, 64}));
+  EXPECT_EQ(s.ranked[0].mesh, (MeshShape{4, 1, 64, 4, 64}));
   EXPECT_NE(wins_on(in, s.ranked[0], s.ranked[1]), "");
   // search_count agrees on the best
   Candidate best;
@@ -87,7 +88,7 @@ TEST(PlannerSearch, MemoryForcesTwoDimensionalCpOnNvl8AtOneMillion) {
   for (int64_t cp = 1; cp <= 8; cp *= 2)
     for (int64_t fsdp = 1; fsdp * cp <= 8; fsdp *= 2)
       for (int64_t ep = 1; ep <= 8; ep *= 2) {
-        const Mesh m{256 / (fsdp * cp), fsdp, cp, 256 / ep, ep};
+        const MeshShape m{256 / (fsdp * cp), fsdp, cp, 256 / ep, ep};
         if (!check_mesh(in, m).nvlink_ok()) continue;
         EXPECT_FALSE(evaluate(in, m).fits) << "strict mesh fits: cp " << cp << " fsdp " << fsdp << " ep " << ep;
       }
@@ -124,12 +125,12 @@ TEST(PlannerRecipe, SeedMeshes) {
   const Recommendation a = recommend(without_mesh("nvl8_256k_a.json"), 256);
   ASSERT_TRUE(a.found);
   EXPECT_EQ(a.ep, 8);
-  EXPECT_EQ(a.mesh, (Mesh{32, 1, 8, 32, 8}));
+  EXPECT_EQ(a.mesh, (MeshShape{32, 1, 8, 32, 8}));
   EXPECT_FALSE(a.memory_forced);
   // NVL72, 1M: EP 64 (largest divisor of 256 experts inside 72); CP 32 does not fit 200 GB, CP 64 does.
   const Recommendation b = recommend(without_mesh("nvl72_1m.json"), 256);
   ASSERT_TRUE(b.found);
-  EXPECT_EQ(b.mesh, (Mesh{4, 1, 64, 4, 64}));
+  EXPECT_EQ(b.mesh, (MeshShape{4, 1, 64, 4, 64}));
   bool says_tp = false, says_pp = false, says_cp32 = false;
   for (const auto& l : b.lines) {
     says_tp |= l.rfind("TP: not used", 0) == 0;

@@ -9,9 +9,11 @@
 
 #include "planner/config.h"
 #include "planner/plan.h"
+#include "reference/check.h"
 #include "tests/planner/planner_tolerances.h"
 
 using namespace trident::planner;
+using trident::parallel::MeshShape;
 using trident::planner::test::kFirstPrinciplesRel;
 using trident::planner::test::kSeedRoundedRel;
 
@@ -60,10 +62,10 @@ TEST(PlannerSeed000, Nvl72OneMillion) {
   const PlanInput in = load_config(ex("nvl72_1m.json"));
   check_inputs_are_the_seeds(in);
   ASSERT_TRUE(in.mesh.has_value());
-  const Mesh m = *in.mesh;
-  ASSERT_EQ(m, (Mesh{4, 1, 64, 4, 64}));
+  const MeshShape m = *in.mesh;
+  ASSERT_EQ(m, (MeshShape{4, 1, 64, 4, 64}));
   const MeshCheck chk = check_mesh(in, m);
-  EXPECT_TRUE(chk.nvlink_ok()) << chk.describe(in, m, false);
+  EXPECT_TRUE(chk.nvlink_ok()) << fmt::format("{}", fmt::join(placement_warnings(in, m, chk), "; "));
   const Plan p = evaluate(in, m, chk);
 
   const double tokens = 1048576.0 * 1 / 64;
@@ -119,14 +121,14 @@ TEST(PlannerSeed000, Nvl8TwoFiftySixK) {
   const PlanInput b = load_config(ex("nvl8_256k_b.json"));
   check_inputs_are_the_seeds(a);
   check_inputs_are_the_seeds(b);
-  ASSERT_EQ(*a.mesh, (Mesh{1, 32, 8, 32, 8}));
-  ASSERT_EQ(*b.mesh, (Mesh{32, 1, 8, 32, 8}));
+  ASSERT_EQ(*a.mesh, (MeshShape{1, 32, 8, 32, 8}));
+  ASSERT_EQ(*b.mesh, (MeshShape{32, 1, 8, 32, 8}));
   const MeshCheck ca = check_mesh(a, *a.mesh), cb = check_mesh(b, *b.mesh);
   // (1,32,8): the dense group of 256 spans 32 nodes: the seed's "dense FSDP also over RDMA" case.
   EXPECT_FALSE(ca.hard());
-  EXPECT_TRUE(ca.failed & kRuleFsdpCpNvl);
+  EXPECT_TRUE(ca.placement & kPlaceFsdpCpNvl);
   EXPECT_TRUE(ca.dense_spans);
-  EXPECT_TRUE(cb.nvlink_ok()) << cb.describe(b, *b.mesh, false);
+  EXPECT_TRUE(cb.nvlink_ok()) << fmt::format("{}", fmt::join(placement_warnings(b, *b.mesh, cb), "; "));
   const Plan pa = evaluate(a, *a.mesh, ca), pb = evaluate(b, *b.mesh, cb);
 
   const double tokens = 262144.0 * 32 / 256;  // the seed's per-GPU token count
@@ -175,9 +177,9 @@ TEST(PlannerSeed000, Nvl8TwoDimensionalCp) {
   const PlanInput in = load_config(ex("nvl8_2dcp_1m.json"));
   check_inputs_are_the_seeds(in);
   ASSERT_EQ(in.model.kv_latent_bytes_per_token, 512 * 2 + 64 * 2 + 128 * 2);  // kv_lora + rope + indexer K, bf16
-  const Mesh m = *in.mesh;
+  const MeshShape m = *in.mesh;
   const MeshCheck chk = check_mesh(in, m);
-  EXPECT_FALSE(chk.hard()) << chk.describe(in, m, true);
+  EXPECT_FALSE(chk.hard()) << chk.layout;
   ASSERT_EQ(chk.cp_inner, 8);
   ASSERT_EQ(chk.cp_outer, 8);
   const Plan p = evaluate(in, m, chk);
@@ -212,9 +214,9 @@ TEST(PlannerSeed002, NaiveLogits) {
   PlanInput in = load_config(ex("nvl8_256k_b.json"));
   in.model.vocab = 248320;
   in.workload.context = 131072;
-  const Mesh m{1, 1, 4, 1, 4};
+  const MeshShape m{1, 1, 4, 1, 4};
   const MeshCheck chk = check_mesh(in, m);
-  ASSERT_FALSE(chk.hard()) << chk.describe(in, m, true);
+  ASSERT_FALSE(chk.hard()) << chk.layout;
   const Plan p = evaluate(in, m, chk);
   EXPECT_EQ(p.tokens_per_gpu, 32768);
   near_rel(p.naive_logits_bytes, 32768.0 * 248320 * 4, kFirstPrinciplesRel, "logits TP1 CP4", "-");
