@@ -58,11 +58,11 @@ int run(const Opts& o, emu::EmulateSpec spec) {
               static_cast<long long>(spec.run.seq_len), static_cast<long long>(m.cp),
               static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1) * spec.run.seq_len / m.cp),
               static_cast<long long>(spec.ep_chunks), spec.run.recompute ? ", full recompute" : "");
-  const parallel::VocabSlices vs =
-      parallel::vocab_slices(c.vocab, c.vocab_chunk, m.fsdp * m.cp, spec.vocab_slices);
+  const VocabSlices vs =
+      vocab_slices(c.vocab, c.vocab_chunk, m.fsdp * m.cp, spec.vocab_slices);
   int64_t hw = 0, er = 0;
-  for (const parallel::Range& r : vs.head_cols) hw = std::max(hw, r.end - r.begin);
-  for (const parallel::Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
+  for (const Range& r : vs.head_cols) hw = std::max(hw, r.end - r.begin);
+  for (const Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
   std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
   if (spec.device.mode == emu::DeviceMode::deferred)
@@ -76,7 +76,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
                 "element on the wire)\n");
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
-  spec.progress = [&](int64_t s, const parallel::RankStepStats& st) {
+  spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int width = 30, fill = static_cast<int>(width * (s + 1) / spec.run.steps);
     std::printf("step %3lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
@@ -220,17 +220,17 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.run.data_seed = static_cast<uint64_t>(o->data_seed);
                      spec.run.token_chunk = o->token_chunk;
                      spec.run.validate();
-                     spec.mesh = parallel::parse_mesh(o->mesh);
+                     spec.mesh = parse_mesh(o->mesh);
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
                      spec.device.seed = static_cast<uint64_t>(o->device_seed);
                      spec.device.check_hazards = o->check_hazards;
-                     (void)parallel::vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
+                     (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      // Every mesh rule at once, each naming the flag to change (parallel/layout.h).
-                     parallel::validate(spec.mesh, {.experts = spec.cfg.experts,
+                     validate(spec.mesh, {.experts = spec.cfg.experts,
                                                     .sequences = spec.run.sequences,
                                                     .seq_len = spec.run.seq_len,
                                                     .tile = spec.cfg.tile,

@@ -57,6 +57,12 @@ Event EmuDevice::create_event() {
   return Event{static_cast<int>(events_.size()) - 1};
 }
 
+void EmuDevice::check_event(Event e, loc_t loc) const {
+  TD_CHECK(e.id >= 0 && static_cast<size_t>(e.id) < events_.size(),
+           "rank {}: unknown event {} (create it with create_event) at {}:{}", rank_, e.id, loc.file_name(),
+           loc.line());
+}
+
 void EmuDevice::check_stream(Stream s, loc_t loc) const {
   TD_CHECK(s.id >= 0 && static_cast<size_t>(s.id) < streams_.size(), "rank {}: unknown stream {} at {}:{}", rank_,
            s.id, loc.file_name(), loc.line());
@@ -205,9 +211,7 @@ void EmuDevice::push_trace(Stream s, TraceEntry&& t) {
 
 void EmuDevice::record(Event e, Stream s, loc_t loc) {
   check_stream(s, loc);
-  TD_CHECK(e.id >= 0 && static_cast<size_t>(e.id) < events_.size(),
-           "rank {}: unknown event {} (create it with create_event) at {}:{}", rank_, e.id, loc.file_name(),
-           loc.line());
+  check_event(e, loc);
   raise_pending();
   Ev& ev = events_[static_cast<size_t>(e.id)];
   ev.stream = s.id;
@@ -217,22 +221,24 @@ void EmuDevice::record(Event e, Stream s, loc_t loc) {
     ev.clock = clock(s.id + 1);
   }
   ev.index = static_cast<int64_t>(trace_[static_cast<size_t>(s.id)].entries.size());
+  trace_event(s, TraceEntry::Kind::record, e, ev, loc);  // always kept: wait() refers to it
+}
+
+void EmuDevice::trace_event(Stream s, TraceEntry::Kind kind, Event e, const Ev& ev, loc_t loc) {
   TraceEntry t;
-  t.kind = TraceEntry::Kind::record;
-  t.name = "record";
+  t.kind = kind;
+  t.name = kind == TraceEntry::Kind::record ? "record" : "wait";
   t.event = e.id;
-  t.event_stream = s.id;
+  t.event_stream = ev.stream;
   t.event_index = ev.index;
   t.file = loc.file_name();
   t.line = loc.line();
-  push_trace(s, std::move(t));  // always kept: wait() refers to it
+  push_trace(s, std::move(t));
 }
 
 void EmuDevice::wait(Stream s, Event e, loc_t loc) {
   check_stream(s, loc);
-  TD_CHECK(e.id >= 0 && static_cast<size_t>(e.id) < events_.size(),
-           "rank {}: unknown event {} (create it with create_event) at {}:{}", rank_, e.id, loc.file_name(),
-           loc.line());
+  check_event(e, loc);
   raise_pending();
   const Ev& ev = events_[static_cast<size_t>(e.id)];
   TD_CHECK(ev.stream >= 0, "rank {}: wait on event {} that was never recorded (at {}:{})", rank_, e.id,
@@ -245,15 +251,7 @@ void EmuDevice::wait(Stream s, Event e, loc_t loc) {
     op.wait_count = ev.count;
     issue(s, std::move(op));
   }
-  TraceEntry t;
-  t.kind = TraceEntry::Kind::wait;
-  t.name = "wait";
-  t.event = e.id;
-  t.event_stream = ev.stream;
-  t.event_index = ev.index;
-  t.file = loc.file_name();
-  t.line = loc.line();
-  push_trace(s, std::move(t));
+  trace_event(s, TraceEntry::Kind::wait, e, ev, loc);
 }
 
 void EmuDevice::launch(Stream s, std::string_view name, const Accesses& acc, double flops, std::function<void()> fn,

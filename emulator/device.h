@@ -118,6 +118,8 @@ class EmuDevice final : public Device {
   void tick(int agent);
   std::string agent_name(int agent) const;
   void raise_pending();
+  void check_event(Event e, loc_t loc) const;
+  void trace_event(Stream s, TraceEntry::Kind kind, Event e, const Ev& ev, loc_t loc);
   void trace_simple(Stream s, TraceEntry::Kind kind, std::string_view name, const Accesses& acc, double flops,
                     loc_t loc);
 

@@ -16,7 +16,6 @@
 namespace trident::emu {
 
 namespace md = trident::model;
-namespace par = trident::parallel;
 
 std::string EmulateSpec::repro() const {
   std::string s = fmt::format(
@@ -77,7 +76,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   if (spec.mesh.world() > kMaxEmulatedRanks)
     fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
                      spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
-  par::StepShared<T> sh;
+  StepShared<T> sh;
   sh.cfg = spec.cfg;
   sh.run = spec.run;
   sh.mesh = spec.mesh;
@@ -101,8 +100,8 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
     res.grads.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
     res.params.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
   }
-  std::vector<std::vector<par::RankStepStats>> per_rank(static_cast<size_t>(W),
-                                                        std::vector<par::RankStepStats>(static_cast<size_t>(steps)));
+  std::vector<std::vector<RankStepStats>> per_rank(static_cast<size_t>(W),
+                                                        std::vector<RankStepStats>(static_cast<size_t>(steps)));
   SpawnOptions so;
   so.record_trace = spec.record_trace;
   so.device = spec.device;
@@ -117,11 +116,11 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
         omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
         const int r = ctx.rank();
         MeshComms mc = make_mesh_comms(ctx.world(), spec.mesh);
-        std::unique_ptr<par::Kernels<T>> k =
-            kernels ? kernels(r, ctx.device()) : std::make_unique<par::CpuKernels<T>>(ctx.device());
-        par::RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
+        std::unique_ptr<Kernels<T>> k =
+            kernels ? kernels(r, ctx.device()) : std::make_unique<CpuKernels<T>>(ctx.device());
+        RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
         for (int64_t s = 0; s < steps; ++s) {
-          const par::RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
+          const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
           per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;
           if (spec.keep_tensors) {
             step.write_grads(res.grads[static_cast<size_t>(s)]);
@@ -139,9 +138,9 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
     if (spec.record_trace) res.traces.push_back(std::move(rr.trace));
   }
   for (int64_t s = 0; s < steps; ++s) {
-    const par::RankStepStats& a = per_rank[0][static_cast<size_t>(s)];
+    const RankStepStats& a = per_rank[0][static_cast<size_t>(s)];
     for (int r = 1; r < W; ++r) {
-      const par::RankStepStats& b = per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)];
+      const RankStepStats& b = per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)];
       TD_CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0 && a.n_valid == b.n_valid &&
                    std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0,
                "emulate: rank {} disagrees with rank 0 on step {} (loss {} vs {})", r, s, b.loss, a.loss);

@@ -27,9 +27,9 @@ struct EmulateSpec {
   model::Config cfg;
   std::string preset = "tiny";  // for repro(): the preset cfg came from
   model::RunConfig run;         // sequences, seq_len, steps, token_chunk, recompute, optimizer, data_seed
-  parallel::MeshShape mesh;
+  MeshShape mesh;
   int64_t ep_chunks = 1;
-  int64_t vocab_slices = 0;     // see parallel::StepShared::vocab_slices (0: one per vocab chunk)
+  int64_t vocab_slices = 0;     // see StepShared::vocab_slices (0: one per vocab chunk)
   std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, step)
   // Initial values replacing ParamSet::init's for named tensors (e.g. router biases that force routing);
   // applied to the emulated run and to the reference alike.
@@ -40,24 +40,24 @@ struct EmulateSpec {
   // Each rank's Device (emulator/device.h): eager (default) or deferred execution with a seed; check_hazards runs
   // the stream-hazard checker in eager mode too. Every mode gives the same bits.
   DeviceOptions device;
-  // Test hook: drop one event wait of the step (parallel::StepShared::skip_wait), to see the checker catch it.
+  // Test hook: drop one event wait of the step (StepShared::skip_wait), to see the checker catch it.
   std::string skip_wait;
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
   bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
   // Called by rank 0 after each step (progress display).
-  std::function<void(int64_t step, const parallel::RankStepStats&)> progress;
+  std::function<void(int64_t step, const RankStepStats&)> progress;
   std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)
 };
 
 template <class T>
 struct EmulateResult {
-  std::vector<parallel::RankStepStats> steps;  // rank 0's view (identical on every rank, checked)
+  std::vector<RankStepStats> steps;  // rank 0's view (identical on every rank, checked)
   std::vector<model::ParamSet<T>> grads;       // per step: full rounded gradients (keep_tensors)
   std::vector<model::ParamSet<T>> params;      // per step: full parameters after the step (keep_tensors)
   std::vector<int64_t> peak_bytes;             // per rank: peak of the step's tracked buffers
   std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
-  std::vector<parallel::PhaseCounts> phases;   // per rank: collectives per phase of the last step
+  std::vector<PhaseCounts> phases;   // per rank: collectives per phase of the last step
   std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
@@ -65,7 +65,7 @@ struct EmulateResult {
 
 // kernels: one kernel set per rank, launching on that rank's device (nullptr factory: CpuKernels).
 template <class T>
-using KernelFactory = std::function<std::unique_ptr<parallel::Kernels<T>>(int rank, Device& dev)>;
+using KernelFactory = std::function<std::unique_ptr<Kernels<T>>(int rank, Device& dev)>;
 
 template <class T>
 EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr);

@@ -7,7 +7,7 @@
 
 #include "reference/check.h"
 
-namespace trident::parallel {
+namespace trident {
 
 std::string MeshShape::str() const {
   return fmt::format("(d_rep,fsdp,cp)x(e_fsdp,ep) = ({},{},{})x({},{})", d_rep, fsdp, cp, e_fsdp, ep);
@@ -316,4 +316,4 @@ void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int
                            .ep_chunks = ep_chunks});
 }
 
-}  // namespace trident::parallel
+}  // namespace trident

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace trident::parallel {
+namespace trident {
 
 // The mesh of a run (the one mesh type of the emulator, the step and the planner): two meshes over one world.
 // Dense rank = (d * fsdp + f) * cp + c; expert rank = ef * ep + p. Whether a shape is usable for a model and a
@@ -136,4 +136,4 @@ void validate(const MeshShape& m, const LayoutInputs& in, const InputNames& name
 void validate_layout(const MeshShape& m, int64_t experts, int64_t sequences, int64_t seq_len, int64_t tile,
                      int64_t ep_chunks);
 
-}  // namespace trident::parallel
+}  // namespace trident

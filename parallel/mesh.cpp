@@ -128,12 +128,12 @@ int narrow_dim(const char* name, int64_t v) {
 }
 }  // namespace
 
-DeviceMesh dense_mesh(const parallel::MeshShape& m) {
+DeviceMesh dense_mesh(const MeshShape& m) {
   return DeviceMesh({{"d_rep", narrow_dim("d_rep", m.d_rep)},
                      {"fsdp", narrow_dim("fsdp", m.fsdp)},
                      {"cp", narrow_dim("cp", m.cp)}});
 }
-DeviceMesh expert_mesh(const parallel::MeshShape& m) {
+DeviceMesh expert_mesh(const MeshShape& m) {
   return DeviceMesh({{"e_fsdp", narrow_dim("e_fsdp", m.e_fsdp)}, {"ep", narrow_dim("ep", m.ep)}});
 }
 

@@ -2,7 +2,7 @@
 // varies fastest). The dense mesh is (d_rep, fsdp, cp) and the expert mesh (e_fsdp, ep), over the same ranks,
 // so cp and ep are innermost (contiguous ranks). Pure functions: no threads, no communicators (see
 // parallel/mesh_comm.h for building the sub-communicators). The run's mesh and its rules are
-// parallel::MeshShape and parallel::violations (parallel/layout.h).
+// MeshShape and violations (parallel/layout.h).
 #pragma once
 #include <span>
 #include <string>
@@ -54,7 +54,7 @@ class DeviceMesh {
 
 // The dense mesh (d_rep, fsdp, cp) and the expert mesh (e_fsdp, ep) of a run's MeshShape (parallel/layout.h),
 // over the same ranks. Sizes must be >= 1 and the world at most 2^30 ranks (DeviceMesh's limit).
-DeviceMesh dense_mesh(const parallel::MeshShape& m);
-DeviceMesh expert_mesh(const parallel::MeshShape& m);
+DeviceMesh dense_mesh(const MeshShape& m);
+DeviceMesh expert_mesh(const MeshShape& m);
 
 }  // namespace trident

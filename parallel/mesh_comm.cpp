@@ -13,8 +13,8 @@ std::unique_ptr<Communicator> split_mesh(Communicator& world, const DeviceMesh& 
   return c;
 }
 
-MeshComms make_mesh_comms(Communicator& world, const parallel::MeshShape& mesh, std::source_location loc) {
-  parallel::validate(mesh, {.world = world.size()});
+MeshComms make_mesh_comms(Communicator& world, const MeshShape& mesh, std::source_location loc) {
+  validate(mesh, {.world = world.size()});
   const DeviceMesh dense = dense_mesh(mesh), expert = expert_mesh(mesh);
   MeshComms m;
   m.fsdp_cp = split_mesh(world, dense, {"fsdp", "cp"}, loc);

@@ -18,7 +18,7 @@ std::unique_ptr<Communicator> split_mesh(Communicator& world, const DeviceMesh& 
                                          std::source_location loc = std::source_location::current());
 
 // The communicators of FSDP x CP x EP (DESIGN.md section 4). Validates the mesh against the world size first
-// (parallel::validate).
+// (validate).
 struct MeshComms {
   std::unique_ptr<Communicator> fsdp_cp;  // "fsdp*cp": dense parameter shards (reduce-scatter / all-gather)
   std::unique_ptr<Communicator> d_rep;    // "d_rep":   dense gradient all-reduce across replicas
@@ -27,7 +27,7 @@ struct MeshComms {
   std::unique_ptr<Communicator> e_fsdp;   // "e_fsdp":  expert parameter shards
   std::unique_ptr<Communicator> ep;       // "ep":      token dispatch / combine (all-to-all(v))
 };
-MeshComms make_mesh_comms(Communicator& world, const parallel::MeshShape& mesh,
+MeshComms make_mesh_comms(Communicator& world, const MeshShape& mesh,
                           std::source_location loc = std::source_location::current());
 
 }  // namespace trident

@@ -7,7 +7,7 @@
 #include "parallel/step_impl.h"
 #include "reference/check.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -20,7 +20,7 @@ void StepShared<T>::validate() const {
     fail(fmt::format("step: policy {} needs {} parameters", to_string(cfg.policy),
                      cfg.policy == Policy::fp64 ? "double" : "float"));
   validate_layout(mesh, cfg.experts, run.sequences, run.seq_len, cfg.tile, ep_chunks);
-  (void)parallel::vocab_slices(cfg.vocab, cfg.vocab_chunk, mesh.fsdp * mesh.cp, vocab_slices);
+  (void)trident::vocab_slices(cfg.vocab, cfg.vocab_chunk, mesh.fsdp * mesh.cp, vocab_slices);
   TD_CHECK(rope.max_pos >= run.seq_len, "StepShared: rope table of {} positions for seq_len {}", rope.max_pos,
            run.seq_len);
 }
@@ -56,4 +56,4 @@ template struct StepShared<double>;
 template class RankStep<float>;
 template class RankStep<double>;
 
-}  // namespace trident::parallel
+}  // namespace trident

@@ -24,7 +24,7 @@
 #include "reference/model/model.h"
 #include "reference/model/params.h"
 
-namespace trident::parallel {
+namespace trident {
 
 // Bytes of the step's big per-rank buffers (gathered parameters, gradient accumulators, saved activations,
 // gathered KV, EP buffers, shards and optimizer state), counted where they are allocated and freed.
@@ -96,4 +96,4 @@ extern template struct StepShared<double>;
 extern template class RankStep<float>;
 extern template class RankStep<double>;
 
-}  // namespace trident::parallel
+}  // namespace trident

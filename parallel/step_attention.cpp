@@ -3,7 +3,7 @@
 // payload gradient (exact, over the full sequence) reordered back and reduce-scattered to the keys' owners.
 #include "parallel/step_impl.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -92,4 +92,4 @@ TD_STEP_ATTN(float)
 TD_STEP_ATTN(double)
 #undef TD_STEP_ATTN
 
-}  // namespace trident::parallel
+}  // namespace trident

@@ -5,7 +5,7 @@
 // reference's order and its weight gradient adds the same tile partials.
 #include "parallel/step_impl.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -285,4 +285,4 @@ TD_STEP_EP(float)
 TD_STEP_EP(double)
 #undef TD_STEP_EP
 
-}  // namespace trident::parallel
+}  // namespace trident

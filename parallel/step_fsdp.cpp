@@ -4,7 +4,7 @@
 
 #include "parallel/step_impl.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -352,4 +352,4 @@ TD_STEP_FSDP(float)
 TD_STEP_FSDP(double)
 #undef TD_STEP_FSDP
 
-}  // namespace trident::parallel
+}  // namespace trident

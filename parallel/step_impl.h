@@ -20,7 +20,7 @@
 #include "parallel/step.h"
 #include "reference/check.h"
 
-namespace trident::parallel {
+namespace trident {
 
 template <class T>
 using Buf = DeviceBuffer<T>;
@@ -202,4 +202,4 @@ void StepImpl<T>::reduce_head_slices(const std::string& ph, Fill&& fill) {
   reduced[i]++;
 }
 
-}  // namespace trident::parallel
+}  // namespace trident

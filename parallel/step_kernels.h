@@ -21,7 +21,7 @@
 #include "reference/model/ops.h"
 #include "reference/policy.h"
 
-namespace trident::parallel {
+namespace trident {
 
 template <class T>
 class Kernels {
@@ -237,4 +237,4 @@ class CpuKernels : public Kernels<T> {
 extern template class CpuKernels<float>;
 extern template class CpuKernels<double>;
 
-}  // namespace trident::parallel
+}  // namespace trident

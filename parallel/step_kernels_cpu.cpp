@@ -9,7 +9,7 @@
 #include "reference/model/linear_ce.h"
 #include "reference/model/rows.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace m = trident::model;
 
@@ -33,6 +33,26 @@ Access acc_all(P* p) {  // an accumulator added into: read and written
   return Access{p, kToEnd, true};
 }
 double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * static_cast<double>(M) * N * K; }
+// SwiGLU forward / dgrad launched under a name (the dense MLP and shared expert, or a routed expert).
+template <class T>
+void launch_swiglu_forward(Device& dev, std::string_view name, Policy pol, const T* x, const T* wg, const T* wu,
+                           const T* wd, int64_t N, int64_t d, int64_t F, T* ug, T* uu, T* h, T* y, Stream s,
+                           std::source_location loc) {
+  dev.launch(s, name,
+             {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
+              wr(y, N * d)},
+             3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
+}
+template <class T>
+void launch_swiglu_dgrad(Device& dev, std::string_view name, Policy pol, const T* dy, const T* wg, const T* wu,
+                         const T* wd, const T* ug, const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
+                         Stream s, std::source_location loc) {
+  dev.launch(s, name,
+             {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
+              wr(duu, N * F), wr(dx, N * d)},
+             3 * gemm_flops(N, F, d),
+             [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
+}
 }  // namespace
 
 template <class T>
@@ -92,39 +112,23 @@ void CpuKernels<T>::residual_forward(T* out, const T* a, const T* b, int64_t n, 
 }
 template <class T>
 void CpuKernels<T>::swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d,
-                                   int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc) {
-  dev_.launch(s, "swiglu_forward",
-              {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
-               wr(y, N * d)},
-              3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
+                       int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc) {
+  launch_swiglu_forward<T>(dev_, "swiglu_forward", pol, x, wg, wu, wd, N, d, F, ug, uu, h, y, s, loc);
 }
 template <class T>
 void CpuKernels<T>::swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
-                                          const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
-                                          Stream s, loc_t loc) {
-  dev_.launch(s, "swiglu_backward_dgrad",
-              {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
-               wr(duu, N * F), wr(dx, N * d)},
-              3 * gemm_flops(N, F, d),
-              [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
+                       const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s, loc_t loc) {
+  launch_swiglu_dgrad<T>(dev_, "swiglu_backward_dgrad", pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx, s, loc);
 }
 template <class T>
 void CpuKernels<T>::expert_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d,
-                                   int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc) {
-  dev_.launch(s, "expert_forward",
-              {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
-               wr(y, N * d)},
-              3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
+                       int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc) {
+  launch_swiglu_forward<T>(dev_, "expert_forward", pol, x, wg, wu, wd, N, d, F, ug, uu, h, y, s, loc);
 }
 template <class T>
 void CpuKernels<T>::expert_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
-                                          const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
-                                          Stream s, loc_t loc) {
-  dev_.launch(s, "expert_backward_dgrad",
-              {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
-               wr(duu, N * F), wr(dx, N * d)},
-              3 * gemm_flops(N, F, d),
-              [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
+                       const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s, loc_t loc) {
+  launch_swiglu_dgrad<T>(dev_, "expert_backward_dgrad", pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx, s, loc);
 }
 template <class T>
 void CpuKernels<T>::router_forward(Policy pol, const T* a, const T* wr_, const T* bias, int64_t N, int64_t d,
@@ -277,4 +281,4 @@ void CpuKernels<T>::router_bias_update(T* b, const int64_t* load, int64_t E, dou
 template class CpuKernels<float>;
 template class CpuKernels<double>;
 
-}  // namespace trident::parallel
+}  // namespace trident

@@ -6,7 +6,7 @@
 #include "parallel/step_impl.h"
 #include "reference/model/linear_ce.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -256,4 +256,4 @@ TD_STEP_LAYERS(float)
 TD_STEP_LAYERS(double)
 #undef TD_STEP_LAYERS
 
-}  // namespace trident::parallel
+}  // namespace trident

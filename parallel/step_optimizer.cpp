@@ -5,7 +5,7 @@
 #include "parallel/step_impl.h"
 #include "reference/model/train.h"
 
-namespace trident::parallel {
+namespace trident {
 
 namespace md = trident::model;
 
@@ -57,4 +57,4 @@ void StepImpl<T>::optimizer(RankStepStats& res) {
 template void StepImpl<float>::optimizer(RankStepStats&);
 template void StepImpl<double>::optimizer(RankStepStats&);
 
-}  // namespace trident::parallel
+}  // namespace trident

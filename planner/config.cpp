@@ -130,8 +130,8 @@ nlohmann::json toml_text_to_json(const std::string& text, const std::string& sou
   return toml_to_json(v);
 }
 
-parallel::InputNames config_names() {
-  parallel::InputNames n;
+InputNames config_names() {
+  InputNames n;
   n.config_keys = true;
   n.mesh = "mesh";
   n.world = "cluster.world";
@@ -143,8 +143,8 @@ parallel::InputNames config_names() {
   return n;
 }
 
-parallel::LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world) {
-  return parallel::LayoutInputs{.world = world, .experts = in.model.experts, .seq_len = in.workload.context};
+LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world) {
+  return LayoutInputs{.world = world, .experts = in.model.experts, .seq_len = in.workload.context};
 }
 
 PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
@@ -214,7 +214,7 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
 
   Section s(j, "mesh", source, false);
   if (s.present()) {
-    parallel::MeshShape mesh;
+    MeshShape mesh;
     s.integer("d_rep", mesh.d_rep, true, true);
     s.integer("fsdp", mesh.fsdp, true, true);
     s.integer("cp", mesh.cp, true, true);
@@ -227,7 +227,7 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
     // The layout rules shared with `trident emulate` are errors, every broken one listed; the NVLink placement
     // rules are warnings (plan.h: placement_warnings).
     try {
-      parallel::validate(
+      validate(
           mesh, layout_inputs(in, in.cluster.world ? std::optional<int64_t>(in.cluster.world) : std::nullopt),
           config_names());
     } catch (const Error& e) {

@@ -59,16 +59,16 @@ struct PlanInput {
   ClusterSpec cluster;
   WorkloadSpec workload;
   RecipeSpec recipe;
-  std::optional<parallel::MeshShape> mesh;  // checked with parallel::violations (the rules of trident emulate)
+  std::optional<MeshShape> mesh;  // checked with violations (the rules of trident emulate)
 };
 
 // The names of the planner's inputs in mesh-rule messages ("use workload.context = 1048576", "use mesh.ep = 32").
-parallel::InputNames config_names();
+InputNames config_names();
 // The shared mesh rules' inputs from a config: experts and context (as seq_len); `world` when given.
-parallel::LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world = std::nullopt);
+LayoutInputs layout_inputs(const PlanInput& in, std::optional<int64_t> world = std::nullopt);
 
 // Parses and validates a config object. `source` names the file in error messages. A mesh that breaks a rule of
-// parallel::violations is an error listing every broken rule; NVLink placement rules are warnings (plan.h).
+// violations is an error listing every broken rule; NVLink placement rules are warnings (plan.h).
 PlanInput parse_config(const nlohmann::json& j, const std::string& source = "config");
 // Reads a .json or .toml file (by extension; anything else is tried as JSON).
 PlanInput load_config(const std::string& path);

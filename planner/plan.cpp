@@ -8,9 +8,6 @@
 
 namespace trident::planner {
 
-using parallel::LayoutRule;
-using parallel::MeshShape;
-using parallel::rule_bit;
 
 const char* rule_text(PlacementRule r) {
   switch (r) {
@@ -48,8 +45,8 @@ const char* search_rule_text(int i) { return kSearchRules[i].text; }
 
 std::vector<std::string> failed_rule_texts(const MeshCheck& c) {
   std::vector<std::string> out;
-  for (int i = 0; i < parallel::kNumLayoutRules; ++i)
-    if (c.layout & rule_bit(LayoutRule(i))) out.push_back(parallel::rule_text(LayoutRule(i)));
+  for (int i = 0; i < kNumLayoutRules; ++i)
+    if (c.layout & rule_bit(LayoutRule(i))) out.push_back(rule_text(LayoutRule(i)));
   for (int i = 0; i < kNumPlacementRules; ++i)
     if (c.placement & (1u << i)) out.push_back(rule_text(PlacementRule(1u << i)));
   return out;
@@ -80,7 +77,7 @@ std::vector<std::string> placement_warnings(const PlanInput& in, const MeshShape
 
 MeshCheck check_mesh(const PlanInput& in, const MeshShape& m) {
   MeshCheck c;
-  c.layout = parallel::broken_rules(m, layout_inputs(in));
+  c.layout = broken_rules(m, layout_inputs(in));
   const int64_t nvl = in.cluster.nvl;
   const int64_t dense = m.fsdp * m.cp;
   const int64_t world = m.d_rep * dense;

@@ -12,7 +12,7 @@
 namespace trident::planner {
 
 // Mesh rules, two kinds.
-// 1. The layout rules of parallel/layout.h (parallel::violations / broken_rules), shared with `trident emulate`:
+// 1. The layout rules of parallel/layout.h (violations / broken_rules), shared with `trident emulate`:
 //    products, experts % ep, seq_len (= workload.context) % (2*cp). A mesh that breaks one is invalid: an error
 //    for a config mesh, dropped by the search.
 // 2. NVLink placement rules, the planner's own (a cluster's NVLink domains): a mesh that breaks one still runs,
@@ -30,7 +30,7 @@ inline constexpr uint32_t kUnrankedPlacement = kPlaceEpNvl | kPlaceStraddle;  //
 const char* rule_text(PlacementRule r);  // "ep <= NVL", ...
 
 struct MeshCheck {
-  uint32_t layout = 0;          // parallel::rule_bit bits of the broken layout rules (invalid mesh)
+  uint32_t layout = 0;          // rule_bit bits of the broken layout rules (invalid mesh)
   uint32_t placement = 0;       // PlacementRule bits (warnings)
   int64_t gpus_per_domain = 0;  // GPUs used in each NVLink domain (a multiple of every in-domain group)
   int64_t domains = 0;          // NVLink domains the world occupies
@@ -43,9 +43,9 @@ struct MeshCheck {
   bool nvlink_ok() const { return layout == 0 && placement == 0; }
 };
 
-MeshCheck check_mesh(const PlanInput& in, const parallel::MeshShape& m);
+MeshCheck check_mesh(const PlanInput& in, const MeshShape& m);
 // One line per broken placement rule, with the numbers and what the evaluation does about it (empty: none).
-std::vector<std::string> placement_warnings(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& c);
+std::vector<std::string> placement_warnings(const PlanInput& in, const MeshShape& m, const MeshCheck& c);
 // The texts of every broken rule (layout rules first), for the JSON "rules_failed".
 std::vector<std::string> failed_rule_texts(const MeshCheck& c);
 
@@ -108,15 +108,15 @@ struct Plan {
 };
 
 // Evaluates one mesh. `chk` must come from check_mesh(in, m); hard-invalid meshes are evaluated anyway.
-Plan evaluate(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk);
-inline Plan evaluate(const PlanInput& in, const parallel::MeshShape& m) { return evaluate(in, m, check_mesh(in, m)); }
+Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk);
+inline Plan evaluate(const PlanInput& in, const MeshShape& m) { return evaluate(in, m, check_mesh(in, m)); }
 
 // Seed 002's logits example: local tokens x vocab partition x 4 B.
 constexpr double naive_logits_bytes(double local_tokens, double vocab) { return local_tokens * vocab * 4.0; }
 
 // ---- search -------------------------------------------------------------------------------------------------
 struct Candidate {
-  parallel::MeshShape mesh;
+  MeshShape mesh;
   MeshCheck check;
   Plan plan;
 };
@@ -144,7 +144,7 @@ int64_t search_count(const PlanInput& in, int64_t world, Candidate* best);
 // ---- recipe (seed 002) ----------------------------------------------------------------------------------------
 struct Recommendation {
   bool found = false;
-  parallel::MeshShape mesh;
+  MeshShape mesh;
   int64_t ep = 0;                  // the fixed EP
   std::vector<std::string> lines;  // the advice, one line each (EP, CP, FSDP, TP, PP, memory notes)
   bool memory_forced = false;      // memory forced something beyond EP + CP-in-range

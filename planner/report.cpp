@@ -38,11 +38,11 @@ struct Table {
 
 }  // namespace
 
-std::string mesh_str(const parallel::MeshShape& m) {
+std::string mesh_str(const MeshShape& m) {
   return fmt::format("(d_rep,fsdp,cp)=({},{},{}) x (e_fsdp,ep)=({},{})", m.d_rep, m.fsdp, m.cp, m.e_fsdp, m.ep);
 }
 
-std::string render_text(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p) {
+std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck& chk, const Plan& p) {
   const auto& mo = in.model;
   const auto& cl = in.cluster;
   const auto& wl = in.workload;
@@ -164,7 +164,7 @@ std::string render_text(const PlanInput& in, const parallel::MeshShape& m, const
   return t.out;
 }
 
-nlohmann::json plan_json(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p) {
+nlohmann::json plan_json(const PlanInput& in, const MeshShape& m, const MeshCheck& chk, const Plan& p) {
   nlohmann::json j;
   j["mesh"] = {{"d_rep", m.d_rep}, {"fsdp", m.fsdp}, {"cp", m.cp}, {"e_fsdp", m.e_fsdp}, {"ep", m.ep}};
   j["world"] = m.world();
@@ -344,7 +344,7 @@ std::string esc(const std::string& s) {
 }
 }  // namespace
 
-std::string render_svg(const PlanInput& in, const parallel::MeshShape& m, const Plan& p) {
+std::string render_svg(const PlanInput& in, const MeshShape& m, const Plan& p) {
   struct Seg {
     std::string name;
     double bytes;

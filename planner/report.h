@@ -7,8 +7,8 @@
 
 namespace trident::planner {
 
-std::string render_text(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p);
-nlohmann::json plan_json(const PlanInput& in, const parallel::MeshShape& m, const MeshCheck& chk, const Plan& p);
+std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck& chk, const Plan& p);
+nlohmann::json plan_json(const PlanInput& in, const MeshShape& m, const MeshCheck& chk, const Plan& p);
 
 std::string render_recipe_text(const Recommendation& r, int64_t world);
 nlohmann::json recipe_json(const Recommendation& r);
@@ -18,8 +18,8 @@ std::string render_search_text(const PlanInput& in, const SearchResult& s, int t
 nlohmann::json search_json(const PlanInput& in, const SearchResult& s, int top);
 
 // Stacked bar of the per-GPU memory breakdown with labels and the GPU capacity line.
-std::string render_svg(const PlanInput& in, const parallel::MeshShape& m, const Plan& p);
+std::string render_svg(const PlanInput& in, const MeshShape& m, const Plan& p);
 
-std::string mesh_str(const parallel::MeshShape& m);  // "(d_rep,fsdp,cp)=(4,1,64) x (e_fsdp,ep)=(4,64)"
+std::string mesh_str(const MeshShape& m);  // "(d_rep,fsdp,cp)=(4,1,64) x (e_fsdp,ep)=(4,64)"
 
 }  // namespace trident::planner

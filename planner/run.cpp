@@ -43,7 +43,7 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std:
 
   SearchResult sr;
   if (do_search) sr = search(in, lo, hi);
-  parallel::MeshShape shown;
+  MeshShape shown;
   if (in.mesh) {
     shown = *in.mesh;
   } else if (!sr.ranked.empty()) {

@@ -14,7 +14,7 @@
 #include "planner/report.h"
 
 using namespace trident::planner;
-using trident::parallel::MeshShape;
+using trident::MeshShape;
 
 namespace {
 

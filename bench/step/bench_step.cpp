@@ -37,15 +37,15 @@ constexpr bool kPlainBuild = false;
 
 struct Conf {
   std::string name;  // "256" or "1024", plus "r" with full recompute
-  parallel::MeshShape mesh;
+  MeshShape mesh;
   int64_t seqs, seq_len, tile, chunks;
   bool recompute;
 };
 const std::vector<Conf> kConfs = {
-    {"256", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, false},
-    {"256r", parallel::MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
-    {"1024", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, false},
-    {"1024r", parallel::MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
+    {"256", MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, false},
+    {"256r", MeshShape{4, 1, 64, 4, 64}, 4, 1024, 8, 2, true},
+    {"1024", MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, false},
+    {"1024r", MeshShape{16, 4, 16, 16, 64}, 64, 256, 8, 2, true},
 };
 
 struct Out {  // written by the child to the fd it is given
@@ -80,7 +80,7 @@ int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size
   s.keep_tensors = false;
   s.eager_bytes = eager;
   auto last = std::chrono::steady_clock::now();
-  s.progress = [&](int64_t k, const parallel::RankStepStats& st) {
+  s.progress = [&](int64_t k, const RankStepStats& st) {
     const auto now = std::chrono::steady_clock::now();
     if (k < 8) o.step_s[k] = std::chrono::duration<double>(now - last).count();
     last = now;

@@ -16,13 +16,13 @@ namespace {
 
 // A random valid mesh with world <= max_world (ep a divisor of the world) and a number of experts it places.
 struct RandomMesh {
-  parallel::MeshShape m;
+  MeshShape m;
   int64_t experts = 0;
 };
 rc::Gen<RandomMesh> gen_mesh(int max_world) {
   return rc::gen::exec([max_world] {
     RandomMesh r;
-    parallel::MeshShape& c = r.m;
+    MeshShape& c = r.m;
     c.d_rep = *rc::gen::inRange(1, 5);
     c.fsdp = *rc::gen::inRange(1, 5);
     c.cp = *rc::gen::suchThat(rc::gen::inRange(1, 9), [&](int cp) { return c.d_rep * c.fsdp * cp <= max_world; });
@@ -50,9 +50,9 @@ std::vector<std::vector<std::string>> subsets(const DeviceMesh& m) {
 
 RC_GTEST_PROP(MeshProps, GroupsPartitionAndCoordsRoundTrip, ()) {
   const RandomMesh r = *gen_mesh(256);
-  const parallel::MeshShape& c = r.m;
+  const MeshShape& c = r.m;
   const int world = static_cast<int>(c.world());
-  RC_ASSERT(parallel::violations(c, {.world = world, .experts = r.experts}).empty());
+  RC_ASSERT(violations(c, {.world = world, .experts = r.experts}).empty());
   for (const DeviceMesh& m : {dense_mesh(c), expert_mesh(c)}) {
     RC_ASSERT(m.world() == world);
     for (int r = 0; r < world; ++r) RC_ASSERT(m.rank_of(m.coords(r)) == r);
@@ -82,7 +82,7 @@ RC_GTEST_PROP(MeshProps, GroupsPartitionAndCoordsRoundTrip, ()) {
 }
 
 RC_GTEST_PROP(MeshProps, RanksAgreeOnSplitGroups, ()) {
-  const parallel::MeshShape c = (*gen_mesh(32)).m;
+  const MeshShape c = (*gen_mesh(32)).m;
   const int world = static_cast<int>(c.world());
   const DeviceMesh dense = dense_mesh(c), expert = expert_mesh(c);
   std::vector<std::string> errs(static_cast<size_t>(world));

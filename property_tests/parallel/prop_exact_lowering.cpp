@@ -20,6 +20,7 @@
 #include "emulator/world.h"
 #include "parallel/exact_lowering.h"
 #include "reference/exact_acc.h"
+#include "tests/emulator/values.h"
 
 namespace trident {
 namespace {
@@ -28,13 +29,9 @@ namespace xl = exact_lowering;
 
 template <class T>
 constexpr DataType dt_of() {
-  return sizeof(T) == 4 ? DataType::exact_f32 : DataType::exact_f64;
+  return emutest::exact_dtype_of<T>();
 }
-template <class T>
-auto bits(T x) {
-  if constexpr (sizeof(T) == 4) return std::bit_cast<uint32_t>(x);
-  else return std::bit_cast<uint64_t>(x);
-}
+using emutest::bits;
 
 // Any bit pattern, named extremes, values at random exponents over the whole range, and small integers (so that
 // cancellations and carries between limbs happen).

@@ -32,7 +32,7 @@ emu::EmulateSpec random_spec() {
   for (int64_t e = 1; e <= W; ++e)
     if (W % e == 0 && s.cfg.experts % e == 0) eps.push_back(e);
   const int64_t ep = eps[static_cast<size_t>(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(eps.size())))];
-  s.mesh = parallel::MeshShape{d_rep, fsdp, cp, W / ep, ep};
+  s.mesh = MeshShape{d_rep, fsdp, cp, W / ep, ep};
   const int64_t groups = d_rep * fsdp, per = *rc::gen::inRange(1, 3), m = *rc::gen::inRange(1, 3);
   s.run.sequences = groups * per;
   s.run.seq_len = 2 * cp * s.cfg.tile * m;

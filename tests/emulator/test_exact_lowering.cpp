@@ -14,6 +14,7 @@
 #include "emulator/world.h"
 #include "parallel/exact_lowering.h"
 #include "reference/exact_acc.h"
+#include "tests/emulator/values.h"
 
 namespace trident {
 namespace {
@@ -22,13 +23,9 @@ namespace xl = exact_lowering;
 
 template <class T>
 constexpr DataType dt_of() {
-  return sizeof(T) == 4 ? DataType::exact_f32 : DataType::exact_f64;
+  return emutest::exact_dtype_of<T>();
 }
-template <class T>
-auto bits(T x) {
-  if constexpr (sizeof(T) == 4) return std::bit_cast<uint32_t>(x);
-  else return std::bit_cast<uint64_t>(x);
-}
+using emutest::bits;
 template <class T>
 bool same_bytes(const ExactAcc<T>& a, const ExactAcc<T>& b) {
   return std::memcmp(&a, &b, sizeof(a)) == 0;

@@ -39,24 +39,24 @@ TEST(Mesh, Groups) {
 }
 
 TEST(Mesh, DenseAndExpertMeshesOfAShape) {
-  const parallel::MeshShape m{2, 3, 4, 6, 4};
+  const MeshShape m{2, 3, 4, 6, 4};
   const DeviceMesh dense = dense_mesh(m), expert = expert_mesh(m);
   EXPECT_EQ(dense.world(), 24);
   EXPECT_EQ(expert.world(), 24);
   EXPECT_EQ(dense.group_name({"fsdp", "cp"}), "fsdp*cp");
   for (int r = 0; r < 24; ++r) {
-    const auto dc = parallel::dense_coord(m, r);
-    const auto ec = parallel::expert_coord(m, r);
+    const auto dc = dense_coord(m, r);
+    const auto ec = expert_coord(m, r);
     EXPECT_EQ(dense.coords(r), (std::vector<int>{int(dc.d), int(dc.f), int(dc.c)}));
     EXPECT_EQ(expert.coords(r), (std::vector<int>{int(ec.ef), int(ec.p)}));
   }
-  EXPECT_THROW(dense_mesh(parallel::MeshShape{0, 1, 1, 1, 1}), Error);
+  EXPECT_THROW(dense_mesh(MeshShape{0, 1, 1, 1, 1}), Error);
 }
 
-// make_mesh_comms checks the mesh against the communicator with the shared validator (parallel::validate).
+// make_mesh_comms checks the mesh against the communicator with the shared validator (validate).
 TEST(MeshComms, RejectsAMeshOfAnotherWorld) {
   try {
-    emu::spawn(4, [&](emu::RankContext& ctx) { make_mesh_comms(ctx.world(), parallel::MeshShape{1, 1, 2, 1, 2}); });
+    emu::spawn(4, [&](emu::RankContext& ctx) { make_mesh_comms(ctx.world(), MeshShape{1, 1, 2, 1, 2}); });
     ADD_FAILURE() << "no error";
   } catch (const emu::RankError& e) {
     EXPECT_NE(e.original.find("d_rep*fsdp*cp = 2 but the world size is 4"), std::string::npos) << e.what();
@@ -64,7 +64,7 @@ TEST(MeshComms, RejectsAMeshOfAnotherWorld) {
 }
 
 // The mesh communicators on the emulator: every rank's communicator holds exactly its mesh group, in order.
-void check_mesh_comms(const parallel::MeshShape& cfg, int world) {
+void check_mesh_comms(const MeshShape& cfg, int world) {
   const DeviceMesh dense = dense_mesh(cfg), expert = expert_mesh(cfg);
   std::vector<std::string> errs(static_cast<size_t>(world));
   emu::spawn(world, [&](emu::RankContext& ctx) {

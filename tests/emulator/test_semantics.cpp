@@ -185,7 +185,7 @@ TEST(Streams, WaitOnUnrecordedEventIsAnError) {
 
 // Collective accounting: calls and bytes per communicator name and op (what the distributed step checks).
 TEST(Stats, PerCommunicatorNameAndOp) {
-  const parallel::MeshShape cfg{1, 2, 2, 2, 2};
+  const MeshShape cfg{1, 2, 2, 2, 2};
   auto res = emu::spawn(4, [&](emu::RankContext& ctx) {
     auto mc = make_mesh_comms(ctx.world(), cfg);
     std::vector<float> a(8, 1.f), b(16);

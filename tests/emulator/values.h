@@ -1,6 +1,7 @@
 // Test values whose reductions are exact: element values are small integers, expectations are computed in
 // int64 and converted once to the dtype (bf16: one RNE rounding of the exact sum, as the contract says).
 #pragma once
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -9,6 +10,17 @@
 #include "reference/bf16.h"
 
 namespace trident::emutest {
+
+// The exact_* dtype of ExactAcc<T>, and a float's bits (for bitwise comparisons of exact sums).
+template <class T>
+constexpr DataType exact_dtype_of() {
+  return sizeof(T) == 4 ? DataType::exact_f32 : DataType::exact_f64;
+}
+template <class T>
+auto bits(T x) {
+  if constexpr (sizeof(T) == 4) return std::bit_cast<uint32_t>(x);
+  else return std::bit_cast<uint64_t>(x);
+}
 
 // Rank r's value at index i: small non-negative integers (0..10), never all zero over 11 consecutive i.
 inline int64_t val(int r, uint64_t i) { return static_cast<int64_t>((static_cast<uint64_t>(r) * 7 + i * 3) % 11); }

@@ -10,7 +10,6 @@
 #include "reference/check.h"
 
 using namespace trident;
-using namespace trident::parallel;
 
 namespace {
 MeshShape mesh(int64_t d, int64_t f, int64_t c, int64_t ef, int64_t p) { return {d, f, c, ef, p}; }

@@ -11,7 +11,7 @@
 #include "reference/check.h"
 
 using namespace trident::planner;
-using trident::parallel::MeshShape;
+using trident::MeshShape;
 using nlohmann::json;
 
 namespace {
@@ -126,7 +126,7 @@ TEST(PlannerConfig, BadInputNamesTheKey) {
       {"mfu 0", [](json& j) { j["cluster"]["mfu"] = 0; }, "cluster.mfu: must be in (0,1]"},
       {"section not an object", [](json& j) { j["mesh"] = 5; }, "'mesh' must be a table/object"},
       {"top_k > experts", [](json& j) { j["model"]["top_k"] = 300; }, "model.top_k: must be <= experts"},
-      // The mesh rules are parallel::violations (shared with trident emulate), with the fix in config keys.
+      // The mesh rules are violations (shared with trident emulate), with the fix in config keys.
       {"mesh products", [](json& j) { j["mesh"]["e_fsdp"] = 2; },
        "invalid mesh (d_rep,fsdp,cp)x(e_fsdp,ep) = (4,1,64)x(2,64): d_rep*fsdp*cp = 256 but e_fsdp*ep = 128 (both "
        "must be the world size): use mesh.e_fsdp = 4"},
@@ -176,15 +176,15 @@ TEST(PlannerConfig, SeveralMeshViolationsAtOnce) {
 }
 
 TEST(PlannerConfig, SameRulesAsTheEmulator) {
-  // check_mesh's layout bits are parallel::broken_rules of the config's inputs, for valid and invalid meshes.
+  // check_mesh's layout bits are broken_rules of the config's inputs, for valid and invalid meshes.
   const PlanInput in = load_config(ex("nvl72_1m.json"));
   for (const MeshShape& m : {MeshShape{4, 1, 64, 4, 64}, MeshShape{4, 1, 64, 2, 64}, MeshShape{1, 3, 16, 1, 48},
                              MeshShape{2, 1, 3, 3, 2}})
     EXPECT_EQ(check_mesh(in, m).layout,
-              trident::parallel::broken_rules(m, {.experts = in.model.experts, .seq_len = in.workload.context}))
+              trident::broken_rules(m, {.experts = in.model.experts, .seq_len = in.workload.context}))
         << m.str();
   EXPECT_EQ(check_mesh(in, MeshShape{2, 1, 3, 3, 2}).layout,
-            trident::parallel::rule_bit(trident::parallel::LayoutRule::zigzag));  // 2^20 % 6 != 0
+            trident::rule_bit(trident::LayoutRule::zigzag));  // 2^20 % 6 != 0
 }
 
 TEST(PlannerConfig, PlacementRulesAreWarnings) {

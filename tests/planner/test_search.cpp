@@ -9,7 +9,7 @@
 #include "reference/check.h"
 
 using namespace trident::planner;
-using trident::parallel::MeshShape;
+using trident::MeshShape;
 
 namespace {
 std::string ex(const std::string& name) { return std::string(TRIDENT_PLANNER_EXAMPLES) + "/" + name; }

@@ -13,7 +13,7 @@
 #include "tests/planner/planner_tolerances.h"
 
 using namespace trident::planner;
-using trident::parallel::MeshShape;
+using trident::MeshShape;
 using trident::planner::test::kFirstPrinciplesRel;
 using trident::planner::test::kSeedRoundedRel;
 

@@ -11,7 +11,6 @@
 
 namespace trident::steptest {
 
-using parallel::MeshShape;
 
 struct Case {
   std::string preset = "tiny";
@@ -68,7 +67,7 @@ inline void run_case(const Case& c) {
 }
 
 // ---- the documented schedule (docs/parallel.md "Schedule and collective accounting") -------------------------
-using Counts = parallel::PhaseCounts;
+using Counts = PhaseCounts;
 inline void add(Counts& c, const std::string& ph, const std::string& comm, CollOp op, int64_t n) {
   if (n > 0) c[ph][comm][static_cast<size_t>(op)] += n;
 }

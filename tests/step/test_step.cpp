@@ -130,8 +130,8 @@ TEST(StepLayout, TileSplitRejected) {
 
 // ---- the comparison can fail: a kernel set that differs from the reference is caught, with the tensor named -----
 template <class T>
-struct IdentityExperts : parallel::CpuKernels<T> {
-  explicit IdentityExperts(Device& dev) : parallel::CpuKernels<T>(dev) {}
+struct IdentityExperts : CpuKernels<T> {
+  explicit IdentityExperts(Device& dev) : CpuKernels<T>(dev) {}
   void expert_forward(Policy, const T* x, const T*, const T*, const T*, int64_t n, int64_t d, int64_t F, T* ug, T* uu,
                       T* h, T* y, Stream, std::source_location) override {
     std::copy_n(x, n * d, y);
