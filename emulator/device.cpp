@@ -356,11 +356,21 @@ void EmuDevice::free(void* p, Stream s, loc_t loc) {
 }
 
 void EmuDevice::copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
+  if (immediate()) {
+    check_stream(s, loc);
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return;
+  }
   launch(s, "copy", {Access{src, bytes, false}, Access{dst, bytes, true}}, 0,
          [dst, src, bytes] { std::memcpy(dst, src, static_cast<size_t>(bytes)); }, loc);
 }
 
 void EmuDevice::memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc) {
+  if (immediate()) {
+    check_stream(s, loc);
+    std::memset(dst, value, static_cast<size_t>(bytes));
+    return;
+  }
   launch(s, "memset", {Access{dst, bytes, true}}, 0,
          [dst, value, bytes] { std::memset(dst, value, static_cast<size_t>(bytes)); }, loc);
 }
@@ -382,6 +392,11 @@ void EmuDevice::copy_2d(void* dst, int64_t dpitch, const void* src, int64_t spit
 }
 
 void EmuDevice::upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
+  if (immediate()) {
+    check_stream(s, loc);
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return;
+  }
   // The host buffer is consumed now (staged), as cudaMemcpyAsync from pageable memory does.
   auto stage = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes));
   if (bytes > 0) std::memcpy(stage->data(), src, static_cast<size_t>(bytes));
@@ -390,6 +405,11 @@ void EmuDevice::upload(void* dst, const void* src, int64_t bytes, Stream s, loc_
 }
 
 void EmuDevice::download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
+  if (immediate()) {
+    check_stream(s, loc);
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return;
+  }
   launch(s, "download", {Access{src, bytes, false}}, 0,
          [dst, src, bytes] { std::memcpy(dst, src, static_cast<size_t>(bytes)); }, loc);
 }

@@ -62,6 +62,7 @@ class EmuDevice final : public Device {
   void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   DeviceMemory memory() const override { return mem_; }
+  bool immediate() const override { return !deferred_ && !checking_ && !opt_.record_trace; }
 
   // ---- for the emulated communicator
   void check_stream(Stream s, loc_t loc) const;

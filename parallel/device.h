@@ -86,6 +86,9 @@ class Device {
                       loc_t loc = loc_t::current()) = 0;
   // Host waits for all work issued to `s`.
   virtual void synchronize(Stream s, loc_t loc = loc_t::current()) = 0;
+  // True when launched work would run at once on the calling thread, unrecorded and unchecked (the emulator's eager
+  // mode without trace or checker): a host kernel set may then call its function directly, skipping the launch.
+  virtual bool immediate() const { return false; }
 
   // ---- memory
   virtual void* allocate(int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
