@@ -105,8 +105,8 @@ void EmuDevice::check(int agent, std::string_view name, const Accesses& acc, loc
       if (p >= pr.first + static_cast<uintptr_t>(pr.second.bytes)) continue;
       a.bytes = static_cast<int64_t>(pr.first + static_cast<uintptr_t>(pr.second.bytes) - p);
     }
-    if (it == allocs_.begin() || p + static_cast<uintptr_t>(a.bytes) > std::prev(it)->first +
-                                                                        static_cast<uintptr_t>(std::prev(it)->second.bytes)) {
+    const auto end_of = [](const auto& al) { return al.first + static_cast<uintptr_t>(al.second.bytes); };
+    if (it == allocs_.begin() || p + static_cast<uintptr_t>(a.bytes) > end_of(*std::prev(it))) {
       bool inside = false;
       if (it != allocs_.begin()) {
         auto pr = std::prev(it);

@@ -41,8 +41,8 @@ class Kernels {
   virtual void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                   bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc = loc_t::current()) = 0;
   // acc (K,M) += X^T dY over the tiles of segs; X (rows,K) ldx, dY (rows,M) ldy.
-  virtual void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
-                         Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M, Segs segs,
+                         ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
   // acc (J) += sum of the rows of x (rows,J) over the tiles of segs.
   virtual void sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
   // out (n) = round(acc (n)).
@@ -56,11 +56,12 @@ class Kernels {
   virtual void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                                   Segs segs, Stream s, loc_t loc = loc_t::current()) = 0;
   // y (N,d) ldy = rmsnorm(x (N,d) ldx) * g (d); rinv (N).
-  virtual void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y,
-                               int64_t ldy, T* rinv, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y, int64_t ldy,
+                               T* rinv, Stream s, loc_t loc = loc_t::current()) = 0;
   // dx (N,d) written; dg (d) += per tile.
   virtual void rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int64_t ldx, const T* rinv, const T* g,
-                                int64_t N, int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg, Stream s, loc_t loc = loc_t::current()) = 0;
+                                int64_t N, int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg, Stream s,
+                                loc_t loc = loc_t::current()) = 0;
   // out (n) = a (n) + b (n) elementwise (the residual adds of layer_forward / layer_backward).
   virtual void residual_forward(T* out, const T* a, const T* b, int64_t n, Stream s, loc_t loc = loc_t::current()) = 0;
   // Dense MLP and shared expert: SwiGLU (reference/model/ops.h). x (N,d); wg, wu (d,F); wd (F,d);
@@ -69,8 +70,8 @@ class Kernels {
                               int64_t F, T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) = 0;
   // dy (N,d) -> dug, duu (N,F), dx (N,d).
   virtual void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
-                                     const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
-                                     Stream s, loc_t loc = loc_t::current()) = 0;
+                                     const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s,
+                                     loc_t loc = loc_t::current()) = 0;
   // (SwiGLU weight gradients: the step issues the reference's swiglu_backward_wgrad as its three wgrad_acc calls,
   // one tensor at a time, so one accumulator is live at a time.)
   // A routed expert on a row list: x (n, d) -> y (n, d) with its SwiGLU activations. The default is the
@@ -91,35 +92,41 @@ class Kernels {
                                int64_t N, int64_t d, int64_t K, Stream s, loc_t loc = loc_t::current()) {}
   // a (N,d), wr (d,E), bias (E) -> logits, scores (N,E), sel (N,K) ascending, gates (N,K).
   virtual void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E,
-                              int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates, Stream s, loc_t loc = loc_t::current()) = 0;
+                              int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates, Stream s,
+                              loc_t loc = loc_t::current()) = 0;
   // dgates (N,K) -> dlogits (N,E).
   virtual void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,
                                double alpha, T* dlogits, Stream s, loc_t loc = loc_t::current()) = 0;
   // MoE combine (moe_forward's order): out (N,d) = sum over k ascending of gates (N,K) [t,k] * yk (N*K, d) [t*K+k].
-  virtual void moe_combine_forward(T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K,
-                                   Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void moe_combine_forward(T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K, Stream s,
+                                   loc_t loc = loc_t::current()) = 0;
   // Its backward into the routed rows: dgates (N,K) [t,k] = dout[t] . yk[t*K+k] (ascending c); dyk (N*K, d)
   // [t*K+k] = gates[t,k] * dout[t]. Rows listed in tk (entries t*K+k; host metadata) only, dyk packed in that
   // order.
-  virtual void moe_combine_backward(const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk,
-                                    int64_t d, int64_t K, T* dgates, T* dyk, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void moe_combine_backward(const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk, int64_t d,
+                                    int64_t K, T* dgates, T* dyk, Stream s, loc_t loc = loc_t::current()) = 0;
   // Sum of the expert gradients (moe_backward's order): dx (N,d) = +0 + dxk[t*K+0] + ... + dxk[t*K+K-1].
-  virtual void moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_t K, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_t K, Stream s,
+                          loc_t loc = loc_t::current()) = 0;
   // Rows by index: dst (n, w) row j = src row idx[j] (gather_rows) / dst row idx[j] = src (n, w) row j
   // (scatter_rows). idx is host metadata, copied at issue.
-  virtual void gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc = loc_t::current()) = 0;
-  virtual void scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s,
+                           loc_t loc = loc_t::current()) = 0;
+  virtual void scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s,
+                            loc_t loc = loc_t::current()) = 0;
 
   // ---- attention (reference/model/attention.h) ----------------------------------------------------------------
   virtual void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos,
-                                int64_t N, const Rope& rope, AttnActs& acts, Stream s, loc_t loc = loc_t::current()) = 0;
+                                int64_t N, const Rope& rope, AttnActs& acts, Stream s,
+                                loc_t loc = loc_t::current()) = 0;
   // kv (2cp blocks of `block` values) from gather order to position order: block b of dst = block slot(b) of src,
   // slot(b) = 2b for b < cp, 2(2cp-1-b)+1 otherwise (docs/parallel.md zig-zag). to_gather: the inverse.
-  virtual void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
+                                 loc_t loc = loc_t::current()) = 0;
   // Exact accumulators x (2cp blocks of `block`) from position order to gather order in place (the key-side
   // gradient before its reduce-scatter); scratch: one block.
-  virtual void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block,
-                                       Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block, Stream s,
+                                       loc_t loc = loc_t::current()) = 0;
   virtual void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                  const T* kv, int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
@@ -128,29 +135,31 @@ class Kernels {
   virtual void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y,
                                 Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
-                                 const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc = loc_t::current()) = 0;
+                                 const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                                 loc_t loc = loc_t::current()) = 0;
   virtual void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
-                                 const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts,
-                                 const T* dqc, const T* dpayload, Segs segs, T* da, Stream s, loc_t loc = loc_t::current()) = 0;
+                                 const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts, const T* dqc,
+                                 const T* dpayload, Segs segs, T* da, Stream s, loc_t loc = loc_t::current()) = 0;
 
   // ---- loss and optimizer -------------------------------------------------------------------------------------
   // hidden (N,d), W (d,V), targets (N) -> token_loss (N), lse (N).
-  virtual void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N,
-                                 int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss,
-                                 T* lse, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
+                                 int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
+                                 loc_t loc = loc_t::current()) = 0;
   // The columns [j_begin, j_end) of the backward (linear_ce_backward_cols): dhidden (N,d) continued in order,
   // dW (d, j_end - j_begin) += tile sums.
   virtual void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
                                   int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk,
-                                  T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden,
-                                  ExactAcc<T>* dW, Stream s, loc_t loc = loc_t::current()) = 0;
+                                  T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW,
+                                  Stream s, loc_t loc = loc_t::current()) = 0;
   // acc += sum of g (n) squared, exactly.
   virtual void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
   // w, m, v (n) updated from g (n).
   virtual void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step,
                           double clip, bool decay, Stream s, loc_t loc = loc_t::current()) = 0;
   // b (E) from load (E).
-  virtual void router_bias_update(T* b, const int64_t* load, int64_t E, double gamma, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void router_bias_update(T* b, const int64_t* load, int64_t E, double gamma, Stream s,
+                                  loc_t loc = loc_t::current()) = 0;
 };
 
 // The CPU instance: every kernel is the reference op of the same name (bits of the reference), launched on the
@@ -168,25 +177,27 @@ class CpuKernels : public Kernels<T> {
   using typename Kernels<T>::Segs;
   using typename Kernels<T>::loc_t;
   explicit CpuKernels(Device& dev) : dev_(dev) {}
-  void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-          bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc = loc_t::current()) override;
+  void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
+          T* C, int64_t ldc, Stream s, loc_t loc = loc_t::current()) override;
   void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M, Segs segs,
                  ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) override;
   void sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) override;
   void exact_round(const ExactAcc<T>* acc, T* out, int64_t n, Stream s, loc_t loc = loc_t::current()) override;
-  void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V,
-                         Stream s, loc_t loc = loc_t::current()) override;
+  void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V, Stream s,
+                         loc_t loc = loc_t::current()) override;
   void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, Segs segs,
                           Stream s, loc_t loc = loc_t::current()) override;
   void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y, int64_t ldy,
                        T* rinv, Stream s, loc_t loc = loc_t::current()) override;
   void rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int64_t ldx, const T* rinv, const T* g, int64_t N,
-                        int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg, Stream s, loc_t loc = loc_t::current()) override;
+                        int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg, Stream s,
+                        loc_t loc = loc_t::current()) override;
   void residual_forward(T* out, const T* a, const T* b, int64_t n, Stream s, loc_t loc = loc_t::current()) override;
   void swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d, int64_t F,
                       T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) override;
   void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug, const T* uu,
-                             int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s, loc_t loc = loc_t::current()) override;
+                             int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s,
+                             loc_t loc = loc_t::current()) override;
   // The routed experts launch under their own names (traces count them per EP chunk).
   void expert_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t n, int64_t d, int64_t F,
                       T* ug, T* uu, T* h, T* y, Stream s, loc_t loc = loc_t::current()) override;
@@ -194,41 +205,50 @@ class CpuKernels : public Kernels<T> {
                              int64_t n, int64_t d, int64_t F, T* dug, T* duu, T* dx, Stream s,
                              loc_t loc = loc_t::current()) override;
   void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E, int64_t K,
-                      double alpha, T* logits, T* scores, int32_t* sel, T* gates, Stream s, loc_t loc = loc_t::current()) override;
+                      double alpha, T* logits, T* scores, int32_t* sel, T* gates, Stream s,
+                      loc_t loc = loc_t::current()) override;
   void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,
                        double alpha, T* dlogits, Stream s, loc_t loc = loc_t::current()) override;
-  void moe_combine_forward(T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K, Stream s, loc_t loc = loc_t::current()) override;
+  void moe_combine_forward(T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K, Stream s,
+                           loc_t loc = loc_t::current()) override;
   void moe_combine_backward(const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk, int64_t d,
                             int64_t K, T* dgates, T* dyk, Stream s, loc_t loc = loc_t::current()) override;
-  void moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_t K, Stream s, loc_t loc = loc_t::current()) override;
-  void gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc = loc_t::current()) override;
-  void scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc = loc_t::current()) override;
+  void moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_t K, Stream s,
+                  loc_t loc = loc_t::current()) override;
+  void gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s,
+                   loc_t loc = loc_t::current()) override;
+  void scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s,
+                    loc_t loc = loc_t::current()) override;
   void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N,
                         const Rope& rope, AttnActs& acts, Stream s, loc_t loc = loc_t::current()) override;
-  void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s, loc_t loc = loc_t::current()) override;
-  void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block, Stream s, loc_t loc = loc_t::current()) override;
+  void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
+                         loc_t loc = loc_t::current()) override;
+  void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block, Stream s,
+                               loc_t loc = loc_t::current()) override;
   void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                          int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) override;
   void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                           int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
                           Stream s, loc_t loc = loc_t::current()) override;
-  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y,
-                        Stream s, loc_t loc = loc_t::current()) override;
-  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
-                         const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc = loc_t::current()) override;
-  void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
-                         const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts, const T* dqc,
-                         const T* dpayload, Segs segs, T* da, Stream s, loc_t loc = loc_t::current()) override;
+  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y, Stream s,
+                        loc_t loc = loc_t::current()) override;
+  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnActs& acts,
+                         const T* dy, Segs segs, T* dO, Stream s, loc_t loc = loc_t::current()) override;
+  void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos,
+                         int64_t N, const Rope& rope, const AttnActs& acts, const T* dqc, const T* dpayload, Segs segs,
+                         T* da, Stream s, loc_t loc = loc_t::current()) override;
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
-                         int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse,
-                         Stream s, loc_t loc = loc_t::current()) override;
+                         int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
+                         loc_t loc = loc_t::current()) override;
   void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
                           int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale, Segs segs,
-                          int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream s, loc_t loc = loc_t::current()) override;
+                          int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream s,
+                          loc_t loc = loc_t::current()) override;
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) override;
-  void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step,
-                  double clip, bool decay, Stream s, loc_t loc = loc_t::current()) override;
-  void router_bias_update(T* b, const int64_t* load, int64_t E, double gamma, Stream s, loc_t loc = loc_t::current()) override;
+  void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step, double clip,
+                  bool decay, Stream s, loc_t loc = loc_t::current()) override;
+  void router_bias_update(T* b, const int64_t* load, int64_t E, double gamma, Stream s,
+                          loc_t loc = loc_t::current()) override;
 
  protected:
   Device& dev_;

@@ -58,19 +58,19 @@ void launch_swiglu_forward(Device& dev, std::string_view name, Policy pol, const
                            const T* wd, int64_t N, int64_t d, int64_t F, T* ug, T* uu, T* h, T* y, Stream s,
                            std::source_location loc) {
   go(dev, s, name,
-             {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
-              wr(y, N * d)},
-             3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
+     {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
+      wr(y, N * d)},
+     3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
 }
 template <class T>
 void launch_swiglu_dgrad(Device& dev, std::string_view name, Policy pol, const T* dy, const T* wg, const T* wu,
                          const T* wd, const T* ug, const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
                          Stream s, std::source_location loc) {
   go(dev, s, name,
-             {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
-              wr(duu, N * F), wr(dx, N * d)},
-             3 * gemm_flops(N, F, d),
-             [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
+     {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
+      wr(duu, N * F), wr(dx, N * d)},
+     3 * gemm_flops(N, F, d),
+     [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
 }
 }  // namespace
 
@@ -78,20 +78,20 @@ template <class T>
 void CpuKernels<T>::mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                        bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc) {
   go(dev_, s, "mm", {rd(A, M * lda), rd_all(B), wr(C, M * ldc)}, gemm_flops(M, N, K),
-              [=] { m::mm<T>(pol, M, N, K, A, lda, B, ldb, trans_b, C, ldc); }, loc);
+     [=] { m::mm<T>(pol, M, N, K, A, lda, B, ldb, trans_b, C, ldc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                               Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
   const int64_t rows = segs.empty() ? 0 : segs.back();
   go(dev_, s, "wgrad_acc", {rd(X, rows * ldx), rd(dY, rows * ldy), acc_all(acc)}, gemm_flops(K, M, rows),
-              [=, sg = hold(dev_, segs)] { m::wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, sg.v, acc); }, loc);
+     [=, sg = hold(dev_, segs)] { m::wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, sg.v, acc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
   const int64_t rows = segs.empty() ? 0 : segs.back();
   go(dev_, s, "sum_acc", {rd(x, rows * J), acc_all(acc)}, static_cast<double>(rows * J),
-              [=, sg = hold(dev_, segs)] { m::sum_acc<T>(x, J, sg.v, acc); }, loc);
+     [=, sg = hold(dev_, segs)] { m::sum_acc<T>(x, J, sg.v, acc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::exact_round(const ExactAcc<T>* acc, T* out, int64_t n, Stream s, loc_t loc) {
@@ -101,33 +101,33 @@ template <class T>
 void CpuKernels<T>::embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V,
                                       Stream s, loc_t loc) {
   go(dev_, s, "embedding_forward", {rd(tokens, N), rd_all(embed), wr(out, N * d)}, 0,
-              [=] { m::embedding_forward<T>(out, tokens, embed, N, d, V); }, loc);
+     [=] { m::embedding_forward<T>(out, tokens, embed, N, d, V); }, loc);
 }
 template <class T>
 void CpuKernels<T>::embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N,
                                        int64_t d, Segs segs, Stream s, loc_t loc) {
   go(dev_, s, "embedding_backward", {rd(tokens, N), rd(dout, N * d), acc_all(dembed)}, 0,
-              [=, sg = hold(dev_, segs)] { m::embedding_backward<T>(dembed, tokens, dout, N, d, sg.v); }, loc);
+     [=, sg = hold(dev_, segs)] { m::embedding_backward<T>(dembed, tokens, dout, N, d, sg.v); }, loc);
 }
 template <class T>
 void CpuKernels<T>::rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y,
                                     int64_t ldy, T* rinv, Stream s, loc_t loc) {
   go(dev_, s, "rmsnorm_forward", {rd(x, N * ldx), rd(g, d), wr(y, N * ldy), wr(rinv, N)},
-              4.0 * static_cast<double>(N * d), [=] { m::rmsnorm_forward<T>(x, ldx, g, N, d, eps, y, ldy, rinv); }, loc);
+     4.0 * static_cast<double>(N * d), [=] { m::rmsnorm_forward<T>(x, ldx, g, N, d, eps, y, ldy, rinv); }, loc);
 }
 template <class T>
 void CpuKernels<T>::rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int64_t ldx, const T* rinv, const T* g,
                                      int64_t N, int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg,
                                      Stream s, loc_t loc) {
   go(dev_, s, "rmsnorm_backward",
-              {rd(dy, N * lddy), rd(x, N * ldx), rd(rinv, N), rd(g, d), wr(dx, N * lddx), acc_all(dg)},
-              8.0 * static_cast<double>(N * d),
-              [=, sg = hold(dev_, segs)] { m::rmsnorm_backward<T>(dy, lddy, x, ldx, rinv, g, N, d, sg.v, dx, lddx, dg); }, loc);
+     {rd(dy, N * lddy), rd(x, N * ldx), rd(rinv, N), rd(g, d), wr(dx, N * lddx), acc_all(dg)},
+     8.0 * static_cast<double>(N * d),
+     [=, sg = hold(dev_, segs)] { m::rmsnorm_backward<T>(dy, lddy, x, ldx, rinv, g, N, d, sg.v, dx, lddx, dg); }, loc);
 }
 template <class T>
 void CpuKernels<T>::residual_forward(T* out, const T* a, const T* b, int64_t n, Stream s, loc_t loc) {
   go(dev_, s, "residual_forward", {rd(a, n), rd(b, n), wr(out, n)}, static_cast<double>(n),
-              [=] { m::residual_forward<T>(out, a, b, n); }, loc);
+     [=] { m::residual_forward<T>(out, a, b, n); }, loc);
 }
 template <class T>
 void CpuKernels<T>::swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d,
@@ -154,22 +154,22 @@ void CpuKernels<T>::router_forward(Policy pol, const T* a, const T* wr_, const T
                                    int64_t E, int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates,
                                    Stream s, loc_t loc) {
   go(dev_, s, "router_forward",
-              {rd(a, N * d), rd_all(wr_), rd(bias, E), wr(logits, N * E), wr(scores, N * E), wr(sel, N * K),
-               wr(gates, N * K)},
-              gemm_flops(N, E, d),
-              [=] { m::router_forward<T>(pol, a, wr_, bias, N, d, E, K, alpha, logits, scores, sel, gates); }, loc);
+     {rd(a, N * d), rd_all(wr_), rd(bias, E), wr(logits, N * E), wr(scores, N * E), wr(sel, N * K),
+      wr(gates, N * K)},
+     gemm_flops(N, E, d),
+     [=] { m::router_forward<T>(pol, a, wr_, bias, N, d, E, K, alpha, logits, scores, sel, gates); }, loc);
 }
 template <class T>
 void CpuKernels<T>::router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E,
                                     int64_t K, double alpha, T* dlogits, Stream s, loc_t loc) {
   go(dev_, s, "router_backward", {rd(dgates, N * K), rd(scores, N * E), rd(sel, N * K), wr(dlogits, N * E)}, 0,
-              [=] { m::router_backward<T>(dgates, scores, sel, N, E, K, alpha, dlogits); }, loc);
+     [=] { m::router_backward<T>(dgates, scores, sel, N, E, K, alpha, dlogits); }, loc);
 }
 template <class T>
 void CpuKernels<T>::moe_combine_forward(T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K,
                                         Stream s, loc_t loc) {
   go(dev_, s, "moe_combine_forward", {rd(gates, N * K), rd(yk, N * K * d), wr(out, N * d)},
-              2.0 * static_cast<double>(N * K * d), [=] { m::moe_combine_forward<T>(out, gates, yk, N, d, K); }, loc);
+     2.0 * static_cast<double>(N * K * d), [=] { m::moe_combine_forward<T>(out, gates, yk, N, d, K); }, loc);
 }
 template <class T>
 void CpuKernels<T>::moe_combine_backward(const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk,
@@ -177,86 +177,87 @@ void CpuKernels<T>::moe_combine_backward(const T* dout, const T* gates, const T*
   const int64_t n = static_cast<int64_t>(tk.size());
   // dout, gates, yk, dgates: indexed through tk (the whole token range may be read / written)
   go(dev_, s, "moe_combine_backward",
-              {Access{dout, kToEnd, false}, Access{gates, kToEnd, false}, Access{yk, kToEnd, false},
-               Access{dgates, kToEnd, true}, wr(dyk, n * d)},
-              3.0 * static_cast<double>(n * d),
-              [=, ix = hold(dev_, tk)] { m::moe_combine_backward<T>(dout, gates, yk, ix.v.data(), n, d, K, dgates, dyk); }, loc);
+     {Access{dout, kToEnd, false}, Access{gates, kToEnd, false}, Access{yk, kToEnd, false},
+      Access{dgates, kToEnd, true}, wr(dyk, n * d)},
+     3.0 * static_cast<double>(n * d),
+     [=, ix = hold(dev_, tk)] { m::moe_combine_backward<T>(dout, gates, yk, ix.v.data(), n, d, K, dgates, dyk); }, loc);
 }
 template <class T>
 void CpuKernels<T>::moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_t K, Stream s, loc_t loc) {
   go(dev_, s, "moe_dx_sum", {rd(dxk, N * K * d), wr(dx, N * d)}, static_cast<double>(N * K * d),
-              [=] { m::moe_dx_sum<T>(dx, dxk, N, d, K); }, loc);
+     [=] { m::moe_dx_sum<T>(dx, dxk, N, d, K); }, loc);
 }
 template <class T>
 void CpuKernels<T>::gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc) {
   const int64_t n = static_cast<int64_t>(idx.size());
   go(dev_, s, "gather_rows", {Access{src, kToEnd, false}, wr(dst, n * w)}, 0,
-              [=, ix = hold(dev_, idx)] { m::gather_rows<T>(dst, src, ix.v, w); }, loc);
+     [=, ix = hold(dev_, idx)] { m::gather_rows<T>(dst, src, ix.v, w); }, loc);
 }
 template <class T>
 void CpuKernels<T>::scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc) {
   const int64_t n = static_cast<int64_t>(idx.size());
   go(dev_, s, "scatter_rows", {rd(src, n * w), Access{dst, kToEnd, true}}, 0,
-              [=, ix = hold(dev_, idx)] { m::scatter_rows<T>(dst, src, ix.v, w); }, loc);
+     [=, ix = hold(dev_, idx)] { m::scatter_rows<T>(dst, src, ix.v, w); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos,
                                      int64_t N, const Rope& rope, AttnActs& acts, Stream s, loc_t loc) {
-  // acts: host-side activation vectors sized by the op (not device memory yet: see docs/architecture.md).
+  // acts: host vectors sized by the caller (attn_acts_size), not declared (docs/architecture.md).
   go(dev_, s, "attn_qkv_forward", {rd(a, N * cfg.d_model), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk)}, 0,
-              [=, &cfg, &rope, &acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, acts); }, loc);
+     [=, &cfg, &rope, &acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, acts); }, loc);
 }
 template <class T>
-void CpuKernels<T>::kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s, loc_t loc) {
+void CpuKernels<T>::kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
+                                      loc_t loc) {
   go(dev_, s, "kv_zigzag_reorder", {rd(src, 2 * cp * block), wr(dst, 2 * cp * block)}, 0,
-              [=] { m::kv_zigzag_reorder<T>(dst, src, cp, block, to_gather); }, loc);
+     [=] { m::kv_zigzag_reorder<T>(dst, src, cp, block, to_gather); }, loc);
 }
 template <class T>
 void CpuKernels<T>::kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block,
                                             Stream s, loc_t loc) {
   go(dev_, s, "kv_zigzag_to_gather_acc", {wr(x, 2 * cp * block), wr(scratch, block)}, 0,
-              [=] { m::kv_zigzag_to_gather_inplace(x, scratch, cp, block); }, loc);
+     [=] { m::kv_zigzag_to_gather_inplace(x, scratch, cp, block); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                       const T* kv, int64_t S, T* o, T* stats, Stream s, loc_t loc) {
   go(dev_, s, "attn_core_forward",
-              {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2)},
-              2.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
-              [=] { m::attn_core_forward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats); }, loc);
+     {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2)},
+     2.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=] { m::attn_core_forward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                        const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
                                        T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc) {
   go(dev_, s, "attn_core_backward",
-              {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
-               rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), Access{dkv, S * cd.P * static_cast<int64_t>(sizeof(ExactAcc<T>)), true}},
-              4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
-              [=, sg = hold(dev_, qsegs)] {
-                m::attn_core_backward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
+     {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
+      rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
+     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=, sg = hold(dev_, qsegs)] {
+       m::attn_core_backward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
               }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y,
                                      Stream s, loc_t loc) {
   go(dev_, s, "attn_out_forward", {rd_all(W.wo), wr(y, N * cfg.d_model)}, 0,
-              [=, &cfg, &acts] { m::attn_out_forward<T>(pol, cfg, W, N, acts, y); }, loc);
+     [=, &cfg, &acts] { m::attn_out_forward<T>(pol, cfg, W, N, acts, y); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
                                       const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc) {
   go(dev_, s, "attn_out_backward", {rd_all(W.wo), rd(dy, N * cfg.d_model)}, 0,
-              [=, &cfg, &acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, acts, dy, sg.v, dO); }, loc);
+     [=, &cfg, &acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, acts, dy, sg.v, dO); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
                                       const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts,
                                       const T* dqc, const T* dpayload, Segs segs, T* da, Stream s, loc_t loc) {
   go(dev_, s, "attn_qkv_backward",
-              {rd(a, N * cfg.d_model), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(da, N * cfg.d_model)}, 0,
-              [=, &cfg, &rope, &acts, sg = hold(dev_, segs)] {
-                m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, acts, dqc, dpayload, sg.v, da);
+     {rd(a, N * cfg.d_model), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(da, N * cfg.d_model)}, 0,
+     [=, &cfg, &rope, &acts, sg = hold(dev_, segs)] {
+       m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, acts, dqc, dpayload, sg.v, da);
               }, loc);
 }
 template <class T>
@@ -264,9 +265,9 @@ void CpuKernels<T>::linear_ce_forward(Policy pol, const T* hidden, const T* W, c
                                       int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss,
                                       T* lse, Stream s, loc_t loc) {
   go(dev_, s, "linear_ce_forward",
-              {rd(hidden, N * d), rd(W, d * V), rd(targets, N), wr(token_loss, N), wr(lse, N)}, gemm_flops(N, V, d),
-              [=] { m::linear_ce_forward<T>(hidden, W, targets, N, d, V, vocab_chunk, pol, token_chunk, token_loss,
-                                            lse); }, loc);
+     {rd(hidden, N * d), rd(W, d * V), rd(targets, N), wr(token_loss, N), wr(lse, N)}, gemm_flops(N, V, d),
+     [=] { m::linear_ce_forward<T>(hidden, W, targets, N, d, V, vocab_chunk, pol, token_chunk, token_loss,
+                                   lse); }, loc);
 }
 template <class T>
 void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
@@ -274,27 +275,27 @@ void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, 
                                        T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden,
                                        ExactAcc<T>* dW, Stream s, loc_t loc) {
   go(dev_, s, "linear_ce_backward",
-              {rd(hidden, N * d), rd(W, d * V), rd(targets, N), rd(lse, N), wr(dhidden, N * d), acc_all(dW)},
-              3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
-                m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,
-                                              grad_scale, sg.v, j_begin, j_end, dhidden, dW);
+     {rd(hidden, N * d), rd(W, d * V), rd(targets, N), rd(lse, N), wr(dhidden, N * d), acc_all(dW)},
+     3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
+       m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,
+                                     grad_scale, sg.v, j_begin, j_end, dhidden, dW);
               }, loc);
 }
 template <class T>
 void CpuKernels<T>::grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc) {
   go(dev_, s, "grad_sq_acc", {rd(g, n), wr(acc, 1)}, 2.0 * static_cast<double>(n),
-              [=] { m::grad_sq_acc<T>(g, n, *acc); }, loc);
+     [=] { m::grad_sq_acc<T>(g, n, *acc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::adamw_step(T* w, const T* g, T* mm_, T* v, int64_t n, const m::AdamWHyper& hyper, int64_t step,
                                double clip, bool decay, Stream s, loc_t loc) {
   go(dev_, s, "adamw_step", {rd(g, n), wr(w, n), wr(mm_, n), wr(v, n)}, 12.0 * static_cast<double>(n),
-              [=] { m::adamw_step<T>(w, g, mm_, v, n, hyper, step, clip, decay); }, loc);
+     [=] { m::adamw_step<T>(w, g, mm_, v, n, hyper, step, clip, decay); }, loc);
 }
 template <class T>
 void CpuKernels<T>::router_bias_update(T* b, const int64_t* load, int64_t E, double gamma, Stream s, loc_t loc) {
   go(dev_, s, "router_bias_update", {rd(load, E), wr(b, E)}, 0,
-              [=] { m::router_bias_update(b, load, E, gamma); }, loc);
+     [=] { m::router_bias_update(b, load, E, gamma); }, loc);
 }
 
 template class CpuKernels<float>;

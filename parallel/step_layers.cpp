@@ -147,7 +147,8 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   load.assign(sz(L * E), 0);
   auto fwd = [](int64_t u) { return u == 0 ? std::string("fwd.embed") : fmt::format("fwd.layer.{}", u - 1); };
   auto bwd = [&](int64_t u) {
-    return u == 0 ? std::string("bwd.embed") : u == L + 1 ? std::string("bwd.head") : fmt::format("bwd.layer.{}", u - 1);
+    if (u == 0) return std::string("bwd.embed");
+    return u == L + 1 ? std::string("bwd.head") : fmt::format("bwd.layer.{}", u - 1);
   };
   // ---- forward: unit u's gather was issued (prefetched) while unit u-1 computed
   std::vector<Buf<T>> xsave(sz(L + 1));

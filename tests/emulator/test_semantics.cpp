@@ -128,7 +128,8 @@ TEST(Streams, RecordWaitAndTrace) {
     std::vector<float> x(16, 1.f), y(32);
     ctx.world().all_gather(x.data(), y.data(), 16, DataType::f32, comm);  // "dispatch chunk c+1"
     d.record(gathered, comm);
-    d.launch(comp, "gemm chunk 0", {Access{x.data(), 1024, true}}, 2048.0, [&] { x[0] += 1; });  // overlaps with the gather
+    // overlaps with the gather
+    d.launch(comp, "gemm chunk 0", {Access{x.data(), 1024, true}}, 2048.0, [&] { x[0] += 1; });
     d.wait(comp, gathered);
     d.launch(comp, "gemm chunk 1", {Access{x.data(), 1024, true}}, 2048.0, [&] { x[1] += y[20]; });
     d.record(computed, comp);
