@@ -1,6 +1,8 @@
 // The step's context-parallel attention (parallel/step_impl.h, docs/parallel.md section 3): the per-token KV payload
 // all-gathered over cp per local sequence and reordered from zig-zag gather order into positions; the key-side
 // payload gradient (exact, over the full sequence) reordered back and reduce-scattered to the keys' owners.
+#include <utility>
+
 #include "parallel/step_impl.h"
 
 namespace trident {
@@ -13,20 +15,25 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   (void)i;
   const md::CoreDims cd = md::CoreDims::from(cfg);
   const int64_t P = cd.P;
-  st.attn = std::make_shared<md::AttnActs<T>>();
-  md::attn_acts_size<T>(cfg, N, *st.attn);  // sized before any op: the pointers below stay valid
-  md::AttnActs<T>& A = *st.attn;
+  // The activations in one zero-filled allocation, carved as AttnActSizes says.
+  const md::AttnActSizes z = md::AttnActSizes::of(cfg, N);
+  st.attn_mem = zeros(z.total(), CS);
+  T* p = st.attn_mem.data();
+  const auto take = [&p](int64_t n) { return std::exchange(p, p + n); };
+  st.attn = md::AttnBufs<T>{take(z.q), take(z.qc), take(z.c), take(z.kv_rinv), take(z.payload), take(z.o),
+                            take(z.stats), take(z.ocat)};
+  const md::AttnBufs<T>& A = st.attn;
   K.attn_qkv_forward(pol, cfg, w, st.a1.data(), pos.data(), N, sh.rope, A, CS);
   st.kv = Buf<T>(dev, nseq * S * P, CS);
   Buf<T> gbuf(dev, S * P, CS);
   for (int64_t j = 0; j < nseq; ++j) {
     const int64_t r0 = j * 2 * ch;
     T* kv = st.kv.data() + j * S * P;
-    mc.cp->all_gather(A.payload.data() + r0 * P, gbuf.data(), sz(2 * ch * P), dt<T>(), CS);
+    mc.cp->all_gather(A.payload + r0 * P, gbuf.data(), sz(2 * ch * P), dt<T>(), CS);
     note(ph, *mc.cp, CollOp::all_gather);
     K.kv_zigzag_reorder(kv, gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
-    K.attn_core_forward(pol, cd, A.qc.data() + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
-                        A.o.data() + r0 * cd.H * cd.Dv, A.stats.data() + r0 * cd.H * 2, CS);
+    K.attn_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
+                        A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
   }
   K.attn_out_forward(pol, cfg, w, N, A, y, CS);
 }
@@ -37,7 +44,7 @@ template <class T>
 void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
   const md::CoreDims cd = md::CoreDims::from(cfg);
   const int64_t P = cd.P;
-  const md::AttnActs<T>& A = *st.attn;
+  const md::AttnBufs<T>& A = st.attn;
   TD_CHECK(arena_live == 0, "key-side accumulators overlap a gradient group");
   const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P);
   grow_arena(nk + nb + nm);
@@ -48,8 +55,8 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
     const int64_t r0 = j * 2 * ch;
     if (j > 0) dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
-    K.attn_core_backward(pol, cd, A.qc.data() + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
-                         st.kv.data() + j * S * P, S, A.o.data() + r0 * cd.H * cd.Dv, A.stats.data() + r0 * cd.H * 2,
+    K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+                         st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
                          dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
     // Position order -> gather order, in place, then the exact reduce-scatter: each cp rank receives the key-side
     // sums of its own rows, unrounded.
@@ -72,13 +79,13 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   Buf<T> dO = zeros(N * cd.H * cd.Dv, CS), dqc = zeros(N * cd.H * cd.Dq, CS), dpay = zeros(N * P, CS);
   const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
   alloc_grads(out_g);
-  K.attn_out_backward(pol, cfg, w, attn_g(i), N, *st.attn, dy, rows.segs, dO.data(), CS);
+  K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
   reduce_grads(out_g, ph);
   core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), ph);  // key-side accumulators given back inside
   const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
                                         : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
   alloc_grads(qkv_g);
-  K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), pos.data(), N, sh.rope, *st.attn, dqc.data(),
+  K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), pos.data(), N, sh.rope, st.attn, dqc.data(),
                       dpay.data(), rows.segs, da, CS);
   reduce_grads(qkv_g, ph);
 }

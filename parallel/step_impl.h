@@ -144,7 +144,8 @@ struct StepImpl {
   struct LayerState {
     bool moe = false;
     Buf<T> a1, rinv1, h, a2, rinv2, ug, uu, hh;
-    std::shared_ptr<model::AttnActs<T>> attn;  // host vectors (sized before the ops; retired in stream order)
+    Buf<T> attn_mem;                            // the attention activations (model::AttnActSizes), one allocation
+    model::AttnBufs<T> attn;                    // pointers into attn_mem
     Buf<T> kv;                                  // (nseq, S, P) per local sequence, ascending positions
     Buf<T> logits, scores, gates, yk, sug, suu, sh, sy;
     Buf<int32_t> sel;
@@ -154,7 +155,7 @@ struct StepImpl {
   };
   std::vector<Event> ev_route, ev_disp, ev_comp, ev_comb, ev_pack;  // per EP chunk (ev_route: per layer use)
   // Frees a layer's buffers on the compute stream (every use on the comm stream is ordered before by the layer's
-  // last combine wait) and retires the attention activations in stream order.
+  // last combine wait).
   void retire(LayerState& st);
 
   void attention_fwd(int64_t i, const model::AttnW<T>& w, LayerState& st, T* y, const std::string& ph);

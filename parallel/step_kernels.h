@@ -30,7 +30,7 @@ class Kernels {
   using Config = model::Config;
   using AttnW = model::AttnW<T>;
   using AttnG = model::AttnG<T>;
-  using AttnActs = model::AttnActs<T>;
+  using AttnBufs = model::AttnBufs<T>;  // activation buffers (model::AttnActSizes)
   using CoreDims = model::CoreDims;
   using Rope = model::RopeTable<T>;
   using Segs = std::span<const int64_t>;  // tile segments of the rows (host metadata, copied at issue)
@@ -117,7 +117,7 @@ class Kernels {
 
   // ---- attention (reference/model/attention.h) ----------------------------------------------------------------
   virtual void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos,
-                                int64_t N, const Rope& rope, AttnActs& acts, Stream s,
+                                int64_t N, const Rope& rope, const AttnBufs& acts, Stream s,
                                 loc_t loc = loc_t::current()) = 0;
   // kv (2cp blocks of `block` values) from gather order to position order: block b of dst = block slot(b) of src,
   // slot(b) = 2b for b < cp, 2(2cp-1-b)+1 otherwise (docs/parallel.md zig-zag). to_gather: the inverse.
@@ -132,13 +132,13 @@ class Kernels {
   virtual void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                   const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
                                   ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) = 0;
-  virtual void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y,
+  virtual void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y,
                                 Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
-                                 const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                                 const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s,
                                  loc_t loc = loc_t::current()) = 0;
   virtual void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
-                                 const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts, const T* dqc,
+                                 const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc,
                                  const T* dpayload, Segs segs, T* da, Stream s, loc_t loc = loc_t::current()) = 0;
 
   // ---- loss and optimizer -------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class CpuKernels : public Kernels<T> {
   using typename Kernels<T>::Config;
   using typename Kernels<T>::AttnW;
   using typename Kernels<T>::AttnG;
-  using typename Kernels<T>::AttnActs;
+  using typename Kernels<T>::AttnBufs;
   using typename Kernels<T>::CoreDims;
   using typename Kernels<T>::Rope;
   using typename Kernels<T>::Segs;
@@ -220,7 +220,7 @@ class CpuKernels : public Kernels<T> {
   void scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s,
                     loc_t loc = loc_t::current()) override;
   void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N,
-                        const Rope& rope, AttnActs& acts, Stream s, loc_t loc = loc_t::current()) override;
+                        const Rope& rope, const AttnBufs& acts, Stream s, loc_t loc = loc_t::current()) override;
   void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
                          loc_t loc = loc_t::current()) override;
   void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block, Stream s,
@@ -230,12 +230,12 @@ class CpuKernels : public Kernels<T> {
   void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                           int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
                           Stream s, loc_t loc = loc_t::current()) override;
-  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y, Stream s,
+  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
                         loc_t loc = loc_t::current()) override;
-  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnActs& acts,
+  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts,
                          const T* dy, Segs segs, T* dO, Stream s, loc_t loc = loc_t::current()) override;
   void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos,
-                         int64_t N, const Rope& rope, const AttnActs& acts, const T* dqc, const T* dpayload, Segs segs,
+                         int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs,
                          T* da, Stream s, loc_t loc = loc_t::current()) override;
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                          int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,

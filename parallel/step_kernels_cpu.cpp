@@ -201,10 +201,12 @@ void CpuKernels<T>::scatter_rows(T* dst, const T* src, std::span<const int64_t> 
 }
 template <class T>
 void CpuKernels<T>::attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos,
-                                     int64_t N, const Rope& rope, AttnActs& acts, Stream s, loc_t loc) {
-  // acts: host vectors sized by the caller (attn_acts_size), not declared (docs/architecture.md).
-  go(dev_, s, "attn_qkv_forward", {rd(a, N * cfg.d_model), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk)}, 0,
-     [=, &cfg, &rope, &acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, acts); }, loc);
+                                     int64_t N, const Rope& rope, const AttnBufs& acts, Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
+  go(dev_, s, "attn_qkv_forward",
+     {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(acts.q, z.q),
+      wr(acts.qc, z.qc), wr(acts.c, z.c), wr(acts.kv_rinv, z.kv_rinv), wr(acts.payload, z.payload)},
+     0, [=, &cfg, &rope, A = acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, A); }, loc);
 }
 template <class T>
 void CpuKernels<T>::kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
@@ -239,25 +241,34 @@ void CpuKernels<T>::attn_core_backward(Policy pol, const CoreDims& cd, const T* 
               }, loc);
 }
 template <class T>
-void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, AttnActs& acts, T* y,
-                                     Stream s, loc_t loc) {
-  go(dev_, s, "attn_out_forward", {rd_all(W.wo), wr(y, N * cfg.d_model)}, 0,
-     [=, &cfg, &acts] { m::attn_out_forward<T>(pol, cfg, W, N, acts, y); }, loc);
+void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts,
+                                     T* y, Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
+  go(dev_, s, "attn_out_forward",
+     {rd_all(W.wo), rd(acts.o, z.o), wr(acts.ocat, z.ocat), wr(y, N * cfg.d_model)}, 0,
+     [=, &cfg, A = acts] { m::attn_out_forward<T>(pol, cfg, W, N, A, y); }, loc);
 }
 template <class T>
 void CpuKernels<T>::attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
-                                      const AttnActs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc) {
-  go(dev_, s, "attn_out_backward", {rd_all(W.wo), rd(dy, N * cfg.d_model)}, 0,
-     [=, &cfg, &acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, acts, dy, sg.v, dO); }, loc);
+                                      const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
+  go(dev_, s, "attn_out_backward",
+     {rd_all(W.wo), rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)}, 0,
+     [=, &cfg, A = acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, A, dy, sg.v, dO); },
+     loc);
 }
 template <class T>
 void CpuKernels<T>::attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
-                                      const int64_t* pos, int64_t N, const Rope& rope, const AttnActs& acts,
+                                      const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts,
                                       const T* dqc, const T* dpayload, Segs segs, T* da, Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_qkv_backward",
-     {rd(a, N * cfg.d_model), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(da, N * cfg.d_model)}, 0,
-     [=, &cfg, &rope, &acts, sg = hold(dev_, segs)] {
-       m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, acts, dqc, dpayload, sg.v, da);
+     {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), rd(acts.q, z.q),
+      rd(acts.qc, z.qc), rd(acts.c, z.c), rd(acts.kv_rinv, z.kv_rinv), rd(acts.payload, z.payload),
+      rd(dqc, z.qc), rd(dpayload, z.payload), wr(da, N * cfg.d_model)},
+     0,
+     [=, &cfg, &rope, A = acts, sg = hold(dev_, segs)] {
+       m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, sg.v, da);
               }, loc);
 }
 template <class T>

@@ -14,12 +14,7 @@ template <class T>
 int64_t StepImpl<T>::LayerState::bytes() const {
   int64_t b = a1.bytes() + rinv1.bytes() + h.bytes() + a2.bytes() + rinv2.bytes() + ug.bytes() + uu.bytes() +
               hh.bytes() + kv.bytes() + logits.bytes() + scores.bytes() + gates.bytes() + yk.bytes() + sug.bytes() +
-              suu.bytes() + sh.bytes() + sy.bytes() + sel.bytes();
-  if (attn) {
-    const md::AttnActs<T>& a = *attn;
-    for (const std::vector<T>* v : {&a.q, &a.qc, &a.c, &a.kv_rinv, &a.payload, &a.o, &a.stats, &a.ocat})
-      b += static_cast<int64_t>(v->capacity() * sizeof(T));
-  }
+              suu.bytes() + sh.bytes() + sy.bytes() + sel.bytes() + attn_mem.bytes();
   for (const EpChunk& C : chunks)
     for (const ExBlock& X : C.ex)
       b += X.x.bytes() + X.ug.bytes() + X.uu.bytes() + X.h.bytes() + X.y.bytes() + X.dy.bytes() + X.dug.bytes() +
@@ -29,17 +24,13 @@ int64_t StepImpl<T>::LayerState::bytes() const {
 
 template <class T>
 void StepImpl<T>::retire(LayerState& st) {
-  for (Buf<T>* b : {&st.a1, &st.rinv1, &st.h, &st.a2, &st.rinv2, &st.ug, &st.uu, &st.hh, &st.kv, &st.logits,
-                    &st.scores, &st.gates, &st.yk, &st.sug, &st.suu, &st.sh, &st.sy})
+  for (Buf<T>* b : {&st.a1, &st.rinv1, &st.h, &st.a2, &st.rinv2, &st.ug, &st.uu, &st.hh, &st.attn_mem, &st.kv,
+                    &st.logits, &st.scores, &st.gates, &st.yk, &st.sug, &st.suu, &st.sh, &st.sy})
     b->reset(CS);
   st.sel.reset(CS);
   for (EpChunk& C : st.chunks)
     for (ExBlock& X : C.ex)
       for (Buf<T>* b : {&X.x, &X.ug, &X.uu, &X.h, &X.y, &X.dy, &X.dug, &X.duu, &X.dx}) b->reset(CS);
-  if (st.attn) {  // host vectors the queued attention ops still use: destroyed when the compute stream gets here
-    std::shared_ptr<md::AttnActs<T>> a = std::move(st.attn);
-    dev.launch(CS, "retire_attention_activations", {}, 0, [a] {});
-  }
   st = LayerState();
 }
 

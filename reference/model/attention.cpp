@@ -233,98 +233,102 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
 }
 
 // ---- activations ----------------------------------------------------------------------------------------------
-namespace {
-// The ops fill the caller's buffers (sized by attn_acts_size) and never reallocate them: a caller may hand out
-// pointers into them before the op runs.
-template <class T>
-void zero_sized(std::vector<T>& v, int64_t n, const char* what) {
-  TD_CHECK_EQ(static_cast<int64_t>(v.size()), n, "attention activations: {} not sized by attn_acts_size", what);
-  std::fill(v.begin(), v.end(), T(0));
-}
-}  // namespace
-
-template <class T>
-void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& A) {
+AttnActSizes AttnActSizes::of(const Config& cfg, int64_t N) {
   const CoreDims cd = CoreDims::from(cfg);
   const int64_t H = cfg.heads;
   const bool mla = cfg.attn == AttnKind::mla;
-  auto z = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
-  z(A.q, mla ? N * H * (cfg.nope_dim + cfg.rope_dim) : 0);
-  z(A.qc, N * H * cd.Dq);
-  z(A.c, mla ? N * (cfg.kv_lora_rank + cfg.rope_dim) : 0);
-  z(A.kv_rinv, mla ? N : 0);
-  z(A.payload, N * cd.P);
-  z(A.o, N * H * cd.Dv);
-  z(A.stats, N * H * 2);
-  z(A.ocat, mla ? N * H * cfg.v_dim : 0);
+  AttnActSizes z;
+  z.q = mla ? N * H * (cfg.nope_dim + cfg.rope_dim) : 0;
+  z.qc = N * H * cd.Dq;
+  z.c = mla ? N * (cfg.kv_lora_rank + cfg.rope_dim) : 0;
+  z.kv_rinv = mla ? N : 0;
+  z.payload = N * cd.P;
+  z.o = N * H * cd.Dv;
+  z.stats = N * H * 2;
+  z.ocat = mla ? N * H * cfg.v_dim : 0;
+  return z;
+}
+
+template <class T>
+void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& A) {
+  const AttnActSizes z = AttnActSizes::of(cfg, N);
+  auto set = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
+  set(A.q, z.q);
+  set(A.qc, z.qc);
+  set(A.c, z.c);
+  set(A.kv_rinv, z.kv_rinv);
+  set(A.payload, z.payload);
+  set(A.o, z.o);
+  set(A.stats, z.stats);
+  set(A.ocat, z.ocat);
 }
 
 // ---- (a) projections ----------------------------------------------------------------------------------------
 template <class T>
 void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
-                      const RopeTable<T>& rope, AttnActs<T>& A) {
+                      const RopeTable<T>& rope, const AttnBufs<T>& A) {
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
-  zero_sized(A.payload, N * P, "payload");
+  std::fill_n(A.payload, N * P, T(0));
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads;
-    zero_sized(A.qc, N * H * Dh, "qc");
-    mm<T>(pol, N, H * Dh, d, a, d, W.wq, H * Dh, false, A.qc.data(), H * Dh);
-    rope_forward<T>(A.qc.data(), H * Dh, H, Dh, pos, N, rope);
-    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wk, Hkv * Dh, false, A.payload.data(), P);
-    rope_forward<T>(A.payload.data(), P, Hkv, Dh, pos, N, rope);
-    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wv, Hkv * Dh, false, A.payload.data() + Hkv * Dh, P);
+    std::fill_n(A.qc, N * H * Dh, T(0));
+    mm<T>(pol, N, H * Dh, d, a, d, W.wq, H * Dh, false, A.qc, H * Dh);
+    rope_forward<T>(A.qc, H * Dh, H, Dh, pos, N, rope);
+    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wk, Hkv * Dh, false, A.payload, P);
+    rope_forward<T>(A.payload, P, Hkv, Dh, pos, N, rope);
+    mm<T>(pol, N, Hkv * Dh, d, a, d, W.wv, Hkv * Dh, false, A.payload + Hkv * Dh, P);
     return;
   }
   const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
-  zero_sized(A.q, N * Qw, "q");
-  mm<T>(pol, N, Qw, d, a, d, W.wq, Qw, false, A.q.data(), Qw);
-  zero_sized(A.qc, N * H * Dq, "qc");
+  std::fill_n(A.q, N * Qw, T(0));
+  mm<T>(pol, N, Qw, d, a, d, W.wq, Qw, false, A.q, Qw);
+  std::fill_n(A.qc, N * H * Dq, T(0));
   for (int64_t h = 0; h < H; ++h) {
     // absorbed query: q_nope_h (N, Dn) @ W_uk_h^T (Dn, r), W_uk_h = columns h*Dn.. of W_uk (r, H*Dn)
-    mm<T>(pol, N, r, Dn, A.q.data() + h * (Dn + Dr), Qw, W.wuk + h * Dn, H * Dn, true, A.qc.data() + h * Dq, H * Dq);
+    mm<T>(pol, N, r, Dn, A.q + h * (Dn + Dr), Qw, W.wuk + h * Dn, H * Dn, true, A.qc + h * Dq, H * Dq);
     for (int64_t t = 0; t < N; ++t)
-      std::copy_n(A.q.data() + t * Qw + h * (Dn + Dr) + Dn, Dr, A.qc.data() + (t * H + h) * Dq + r);
+      std::copy_n(A.q + t * Qw + h * (Dn + Dr) + Dn, Dr, A.qc + (t * H + h) * Dq + r);
   }
-  rope_forward<T>(A.qc.data() + r, H * Dq, H, Dq, pos, N, rope);
-  zero_sized(A.c, N * Dq, "c");
-  mm<T>(pol, N, r + Dr, d, a, d, W.wdkv, r + Dr, false, A.c.data(), r + Dr);
-  zero_sized(A.kv_rinv, N, "kv_rinv");
-  rmsnorm_forward<T>(A.c.data(), r + Dr, W.kv_norm, N, r, cfg.norm_eps, A.payload.data(), P, A.kv_rinv.data());
-  for (int64_t t = 0; t < N; ++t) std::copy_n(A.c.data() + t * (r + Dr) + r, Dr, A.payload.data() + t * P + r);
-  rope_forward<T>(A.payload.data() + r, P, 1, 0, pos, N, rope);
+  rope_forward<T>(A.qc + r, H * Dq, H, Dq, pos, N, rope);
+  std::fill_n(A.c, N * Dq, T(0));
+  mm<T>(pol, N, r + Dr, d, a, d, W.wdkv, r + Dr, false, A.c, r + Dr);
+  std::fill_n(A.kv_rinv, N, T(0));
+  rmsnorm_forward<T>(A.c, r + Dr, W.kv_norm, N, r, cfg.norm_eps, A.payload, P, A.kv_rinv);
+  for (int64_t t = 0; t < N; ++t) std::copy_n(A.c + t * (r + Dr) + r, Dr, A.payload + t * P + r);
+  rope_forward<T>(A.payload + r, P, 1, 0, pos, N, rope);
 }
 
 template <class T>
-void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, AttnActs<T>& A, T* y) {
+void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, const AttnBufs<T>& A, T* y) {
   const int64_t d = cfg.d_model, H = cfg.heads;
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim;
-    mm<T>(pol, N, d, H * Dh, A.o.data(), H * Dh, W.wo, d, false, y, d);
+    mm<T>(pol, N, d, H * Dh, A.o, H * Dh, W.wo, d, false, y, d);
     return;
   }
   const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
-  zero_sized(A.ocat, N * H * Dv, "ocat");
+  std::fill_n(A.ocat, N * H * Dv, T(0));
   for (int64_t h = 0; h < H; ++h)  // o_h = o_lat_h (N, r) @ W_uv_h (r, Dv)
-    mm<T>(pol, N, Dv, r, A.o.data() + h * r, H * r, W.wuv + h * Dv, H * Dv, false, A.ocat.data() + h * Dv, H * Dv);
-  mm<T>(pol, N, d, H * Dv, A.ocat.data(), H * Dv, W.wo, d, false, y, d);
+    mm<T>(pol, N, Dv, r, A.o + h * r, H * r, W.wuv + h * Dv, H * Dv, false, A.ocat + h * Dv, H * Dv);
+  mm<T>(pol, N, d, H * Dv, A.ocat, H * Dv, W.wo, d, false, y, d);
 }
 
 template <class T>
 void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
-                       const AttnActs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+                       const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
   const int64_t d = cfg.d_model, H = cfg.heads;
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim;
-    wgrad_acc<T>(pol, A.o.data(), H * Dh, dy, d, H * Dh, d, segs, G.wo);
+    wgrad_acc<T>(pol, A.o, H * Dh, dy, d, H * Dh, d, segs, G.wo);
     mm<T>(pol, N, H * Dh, d, dy, d, W.wo, d, true, dO, H * Dh);
     return;
   }
   const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
-  wgrad_acc<T>(pol, A.ocat.data(), H * Dv, dy, d, H * Dv, d, segs, G.wo);
+  wgrad_acc<T>(pol, A.ocat, H * Dv, dy, d, H * Dv, d, segs, G.wo);
   std::vector<T> docat(static_cast<size_t>(N * H * Dv));
   mm<T>(pol, N, H * Dv, d, dy, d, W.wo, d, true, docat.data(), H * Dv);
   for (int64_t h = 0; h < H; ++h) {
-    wgrad_acc_block<T>(pol, A.o.data() + h * r, H * r, docat.data() + h * Dv, H * Dv, r, Dv, segs, G.wuv + h * Dv,
+    wgrad_acc_block<T>(pol, A.o + h * r, H * r, docat.data() + h * Dv, H * Dv, r, Dv, segs, G.wuv + h * Dv,
                        H * Dv);
     mm<T>(pol, N, r, Dv, docat.data() + h * Dv, H * Dv, W.wuv + h * Dv, H * Dv, true, dO + h * r, H * r);
   }
@@ -332,7 +336,7 @@ void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const A
 
 template <class T>
 void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
-                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnActs<T>& A, const T* dqc,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
                        const T* dpayload, std::span<const int64_t> segs, T* da) {
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   std::vector<T> tmp(static_cast<size_t>(N * d));
@@ -358,13 +362,13 @@ void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const A
   for (int64_t h = 0; h < H; ++h) {
     // dq_nope_h = dqc_h[:, :r] (N, r) @ W_uk_h (r, Dn); dW_uk_h[c, i] += sum_t dqc_h[t, c] q_nope_h[t, i]
     mm<T>(pol, N, Dn, r, dqc + h * Dq, H * Dq, W.wuk + h * Dn, H * Dn, false, dq.data() + h * (Dn + Dr), Qw);
-    wgrad_acc_block<T>(pol, dqc + h * Dq, H * Dq, A.q.data() + h * (Dn + Dr), Qw, r, Dn, segs, G.wuk + h * Dn,
+    wgrad_acc_block<T>(pol, dqc + h * Dq, H * Dq, A.q + h * (Dn + Dr), Qw, r, Dn, segs, G.wuk + h * Dn,
                        H * Dn);
     for (int64_t t = 0; t < N; ++t)
       std::copy_n(dqc + (t * H + h) * Dq + r, Dr, dq.data() + t * Qw + h * (Dn + Dr) + Dn);
   }
   rope_backward<T>(dq.data() + Dn, Qw, H, Dn + Dr, pos, N, rope);
-  rmsnorm_backward<T>(dpayload, P, A.c.data(), Dq, A.kv_rinv.data(), W.kv_norm, N, r, segs, dc.data(), Dq, G.kv_norm);
+  rmsnorm_backward<T>(dpayload, P, A.c, Dq, A.kv_rinv, W.kv_norm, N, r, segs, dc.data(), Dq, G.kv_norm);
   for (int64_t t = 0; t < N; ++t) std::copy_n(dpayload + t * P + r, Dr, dc.data() + t * Dq + r);
   rope_backward<T>(dc.data() + r, Dq, 1, 0, pos, N, rope);
   wgrad_acc<T>(pol, a, d, dq.data(), Qw, d, Qw, segs, G.wq);
@@ -385,24 +389,27 @@ void check_run(const TokenRows& rows, const TokenRows::Run& run) {
 
 template <class T>
 void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const TokenRows& rows,
-                       const RopeTable<T>& rope, AttnActs<T>& A, T* y) {
+                       const RopeTable<T>& rope, AttnActs<T>& acts, T* y) {
   const int64_t N = rows.n;
   const CoreDims cd = CoreDims::from(cfg);
-  attn_acts_size<T>(cfg, N, A);
+  attn_acts_size<T>(cfg, N, acts);
+  const AttnBufs<T> A = acts.bufs();
   attn_qkv_forward<T>(pol, cfg, W, a, rows.pos.data(), N, rope, A);
   for (const auto& run : rows.sequence_runs()) {
     check_run(rows, run);
     const int64_t S = run.end - run.begin;
-    attn_core_forward<T>(pol, cd, A.qc.data() + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
-                         A.payload.data() + run.begin * cd.P, S, A.o.data() + run.begin * cd.H * cd.Dv,
-                         A.stats.data() + run.begin * cd.H * 2);
+    attn_core_forward<T>(pol, cd, A.qc + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
+                         A.payload + run.begin * cd.P, S, A.o + run.begin * cd.H * cd.Dv,
+                         A.stats + run.begin * cd.H * 2);
   }
   attn_out_forward<T>(pol, cfg, W, N, A, y);
 }
 
 template <class T>
 void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
-                        const TokenRows& rows, const RopeTable<T>& rope, const AttnActs<T>& A, const T* dy, T* da) {
+                        const TokenRows& rows, const RopeTable<T>& rope, const AttnActs<T>& acts, const T* dy,
+                        T* da) {
+  const AttnBufs<T> A = acts.bufs();
   const int64_t N = rows.n;
   const CoreDims cd = CoreDims::from(cfg);
   std::vector<T> dO(static_cast<size_t>(N * cd.H * cd.Dv)), dqc(static_cast<size_t>(N * cd.H * cd.Dq)),
@@ -414,9 +421,9 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
     const int64_t S = run.end - run.begin;
     const std::vector<int64_t> qsegs = rows.segs_in(run.begin, run.end);
     acc.assign(static_cast<size_t>(S * cd.P), ExactAcc<T>());
-    attn_core_backward<T>(pol, cd, A.qc.data() + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
-                          A.payload.data() + run.begin * cd.P, S, A.o.data() + run.begin * cd.H * cd.Dv,
-                          A.stats.data() + run.begin * cd.H * 2, dO.data() + run.begin * cd.H * cd.Dv, qsegs,
+    attn_core_backward<T>(pol, cd, A.qc + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
+                          A.payload + run.begin * cd.P, S, A.o + run.begin * cd.H * cd.Dv,
+                          A.stats + run.begin * cd.H * 2, dO.data() + run.begin * cd.H * cd.Dv, qsegs,
                           dqc.data() + run.begin * cd.H * cd.Dq, acc.data());
     {
       ReductionSection timer;
@@ -432,14 +439,14 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,        \
                                       int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,         \
                                       ExactAcc<T>*);                                                               \
-  template void attn_acts_size<T>(const Config&, int64_t, AttnActs<T>&);                                             \
+  template void attn_acts_size<T>(const Config&, int64_t, AttnActs<T>&);                                           \
   template void attn_qkv_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const int64_t*, int64_t,     \
-                                    const RopeTable<T>&, AttnActs<T>&);                                            \
-  template void attn_out_forward<T>(Policy, const Config&, const AttnW<T>&, int64_t, AttnActs<T>&, T*);            \
+                                    const RopeTable<T>&, const AttnBufs<T>&);                                      \
+  template void attn_out_forward<T>(Policy, const Config&, const AttnW<T>&, int64_t, const AttnBufs<T>&, T*);     \
   template void attn_out_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, int64_t,             \
-                                     const AttnActs<T>&, const T*, std::span<const int64_t>, T*);                  \
+                                     const AttnBufs<T>&, const T*, std::span<const int64_t>, T*);                  \
   template void attn_qkv_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, const T*,            \
-                                     const int64_t*, int64_t, const RopeTable<T>&, const AttnActs<T>&, const T*,   \
+                                     const int64_t*, int64_t, const RopeTable<T>&, const AttnBufs<T>&, const T*,   \
                                      const T*, std::span<const int64_t>, T*);                                      \
   template void attention_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const TokenRows&,           \
                                      const RopeTable<T>&, AttnActs<T>&, T*);                                       \

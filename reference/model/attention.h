@@ -80,37 +80,53 @@ void attn_view(const Config& cfg, int64_t i, At&& at, View& v) {
   }
 }
 
+// The activation buffers of attention for N rows, as pointers: host vectors (AttnActs) or device memory (the
+// distributed step). Sizes (elements) in AttnActSizes; unused ones (GQA: q, c, kv_rinv, ocat) 0 / null.
+template <class T>
+struct AttnBufs {
+  T* q = nullptr;        // MLA: (N, H*(Dn+Dr)) raw projection a Wq (q_nope needed for the W_uk gradient)
+  T* qc = nullptr;       // (N, H, Dq) core query
+  T* c = nullptr;        // MLA: (N, r+Dr) raw a W_dkv
+  T* kv_rinv = nullptr;  // MLA: (N) rinv of the kv_norm
+  T* payload = nullptr;  // (N, P) per-token KV payload
+  T* o = nullptr;        // (N, H, Dv_core) core output
+  T* stats = nullptr;    // (N, H, 2)
+  T* ocat = nullptr;     // MLA: (N, H*Dv) per-head o_h W_uv_h; GQA: unused (o is the W_o input)
+};
+struct AttnActSizes {
+  int64_t q = 0, qc = 0, c = 0, kv_rinv = 0, payload = 0, o = 0, stats = 0, ocat = 0;
+  int64_t total() const { return q + qc + c + kv_rinv + payload + o + stats + ocat; }
+  static AttnActSizes of(const Config& cfg, int64_t N);
+};
+// Host storage of the activations (single-rank reference).
 template <class T>
 struct AttnActs {
-  std::vector<T> q;        // MLA: (N, H*(Dn+Dr)) raw projection a Wq (q_nope needed for the W_uk gradient)
-  std::vector<T> qc;       // (N, H, Dq) core query
-  std::vector<T> c;        // MLA: (N, r+Dr) raw a W_dkv
-  std::vector<T> kv_rinv;  // MLA: (N) rinv of the kv_norm
-  std::vector<T> payload;  // (N, P) per-token KV payload
-  std::vector<T> o;        // (N, H, Dv_core) core output
-  std::vector<T> stats;    // (N, H, 2)
-  std::vector<T> ocat;     // MLA: (N, H*Dv) per-head o_h W_uv_h; GQA: unused (o is the W_o input)
+  std::vector<T> q, qc, c, kv_rinv, payload, o, stats, ocat;  // as AttnBufs
+  // The ops read and write through the view; a const AttnActs is only read by the backward ops.
+  AttnBufs<T> bufs() const {
+    auto p = [](const std::vector<T>& v) { return const_cast<T*>(v.data()); };
+    return {p(q), p(qc), p(c), p(kv_rinv), p(payload), p(o), p(stats), p(ocat)};
+  }
 };
-
-// Sizes every activation buffer for N rows (zero-filled). The ops below fill these buffers and never resize them.
+// Sizes every activation buffer for N rows (zero-filled). The ops below fill the buffers and never resize them.
 template <class T>
 void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& acts);
 // (a) a: (N, d) normed layer input; pos (N). Fills acts.q/qc/c/kv_rinv/payload.
 template <class T>
 void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
-                      const RopeTable<T>& rope, AttnActs<T>& acts);
+                      const RopeTable<T>& rope, const AttnBufs<T>& acts);
 // Output projection: acts.o -> y (N, d) (fills acts.ocat for MLA).
 template <class T>
-void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, AttnActs<T>& acts, T* y);
+void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, const AttnBufs<T>& acts, T* y);
 // dy (N, d) -> dO (N, H, Dv_core); accumulates wo (and wuv) gradients over segs.
 template <class T>
 void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
-                       const AttnActs<T>& acts, const T* dy, std::span<const int64_t> segs, T* dO);
+                       const AttnBufs<T>& acts, const T* dy, std::span<const int64_t> segs, T* dO);
 // (c) dqc (N, H, Dq) and the rounded payload gradient dpayload (N, P) of the same rows -> da (N, d) written;
 // accumulates wq, wk, wv / wdkv, kv_norm, wuk gradients. da = (dq Wq^T) + (dkv-side dgrad), in that order.
 template <class T>
 void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
-                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnActs<T>& acts,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& acts,
                        const T* dqc, const T* dpayload, std::span<const int64_t> segs, T* da);
 
 // Single-rank composition: (a), core per sequence (each sequence's rows must be positions 0..S-1 in order),

@@ -424,6 +424,20 @@ TEST(StepDeferred, MeshesAndSeedsBitwise) {
     }
 }
 
+// Strict device memory: every access the step declares (kernels and collectives) is to memory the device
+// allocated; a host std::vector anywhere in the step's data path fails with the launch's name.
+TEST(StepDeferred, EveryAccessIsDeviceMemory) {
+  for (const Case& c : {Case{.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = true, .steps = 1},
+                        Case{.preset = "tiny-gqa", .mesh = M(2, 1, 2, 1, 4), .chunks = 2, .steps = 1}}) {
+    emu::EmulateSpec s = make_spec(c);
+    s.device.mode = emu::DeviceMode::deferred;
+    s.device.seed = 4;
+    s.device.strict_memory = true;
+    SCOPED_TRACE(s.repro());
+    expect_equal<float>(s);
+  }
+}
+
 TEST(StepDeferred, MissingGatherWaitIsCaught) {
   emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 1, 1, 2), .steps = 1});
   s.device.mode = emu::DeviceMode::deferred;
