@@ -118,6 +118,22 @@ inline nlohmann::json toml_to_json(const toml::value& v, const std::string& key 
   }
 }
 
+// A multi-line parser message (toml11 draws the offending line with a gutter) as one line.
+inline std::string one_line(const std::string& msg) {
+  std::string out;
+  bool space = false;
+  for (char c : msg) {
+    if (c == '\n' || c == '\r' || c == '\t' || c == ' ') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
 // Throws when TOML text nests arrays, inline tables and dotted keys deeper than kMaxConfigNesting (toml11 parses
 // and destroys them recursively: a deep enough input would overflow the stack). Strings and comments are skipped.
 inline void check_toml_nesting(std::string_view text, const std::string& source) {

@@ -295,7 +295,7 @@ json toml_file_to_json(const std::string& path) {
     std::istringstream is(text);
     v = toml::parse(is, path);
   } catch (const std::exception& e) {
-    fail(fmt::format("cannot parse TOML file '{}': {}", path, e.what()));
+    fail(fmt::format("cannot parse TOML file '{}': {}", path, one_line(e.what())));
   }
   try {
     return toml_to_json(v);
