@@ -93,7 +93,7 @@ struct WriteOptions {
 void write_state(const std::string& path, const StateDump& s, const WriteOptions& opt = {});
 
 struct ReadOptions {
-  // Parse in a forked child process with a time limit (a minute plus 1 s per 50 MB) and get the result through
+  // Parse in a forked child process with a time limit (10 s plus 1 s per 50 MB) and get the result through
   // a pipe: HDF5 1.10 itself can crash or loop on corrupt metadata (a flipped bit in the global heap of a file
   // without checksum crashes it), and this turns that into an error too. false: parse in this process.
   bool isolate = true;

@@ -153,6 +153,30 @@ json random_config(Rng& r) {
   return c.to_json();
 }
 
+// The integer keys and their bounds (docs/model.md "Limits"), for values around and below the bounds.
+const std::vector<std::pair<std::string, int64_t>> kBoundedKeys = {
+    {"vocab", model::limits::vocab},       {"d_model", model::limits::d_model},
+    {"layers", model::limits::layers},     {"dense_layers", model::limits::layers},
+    {"experts", model::limits::experts},   {"top_k", model::limits::experts},
+    {"expert_ffn", model::limits::expert_ffn}, {"shared_ffn", model::limits::expert_ffn},
+    {"dense_ffn", model::limits::dense_ffn}, {"tile", model::limits::tile},
+    {"vocab_chunk", model::limits::vocab_chunk}, {"attention.heads", model::limits::heads},
+    {"attention.kv_heads", model::limits::heads}, {"attention.head_dim", model::limits::head_dim},
+    {"attention.nope_dim", model::limits::head_dim}, {"attention.rope_dim", model::limits::head_dim},
+    {"attention.v_dim", model::limits::head_dim}, {"attention.kv_lora_rank", model::limits::kv_lora_rank}};
+
+// A log-uniform value in [1, 2 * bound], or the bound itself or one past it.
+int64_t around_bound(Rng& r, int64_t bound) {
+  switch (r.range(0, 3)) {
+    case 0: return bound;
+    case 1: return bound + 1;
+    default: {
+      const int bits = static_cast<int>(r.range(0, 63 - __builtin_clzll(static_cast<uint64_t>(bound)) + 1));
+      return std::max<int64_t>(1, static_cast<int64_t>(r.u64() % (uint64_t{1} << bits)));
+    }
+  }
+}
+
 // A JSON value of an interesting kind.
 json interesting_json(Rng& r) {
   switch (r.range(0, 9)) {
@@ -280,7 +304,19 @@ void config_case(Rng& r, bool toml_kind, const std::string& dir, Outcome& o) {
   else base = model::Config::preset(r.pick<std::string>({"tiny", "tiny-gqa", "tiny-e64"})).to_json();
   std::string text;
   std::vector<std::string> steps;
-  if (!toml_kind) {
+  if (r.coin(0.3)) {  // mild: valid syntax, one or two integers around or below their bounds
+    const int64_t n = r.range(1, 2);
+    for (int64_t s = 0; s < n; ++s) {
+      const auto& [key, bound] = r.pick(kBoundedKeys);
+      const int64_t v = around_bound(r, bound);
+      json& obj = key.rfind("attention.", 0) == 0 ? base["attention"] : base;
+      const std::string k = key.rfind("attention.", 0) == 0 ? key.substr(10) : key;
+      if (!obj.contains(k)) continue;
+      obj[k] = v;
+      steps.push_back(fmt::format("{} = {}", key, v));
+    }
+    text = toml_kind ? to_toml(base) : base.dump(2);
+  } else if (!toml_kind) {
     json j = base;
     const int64_t n = r.range(1, 3);
     for (int64_t s = 0; s < n; ++s) {
