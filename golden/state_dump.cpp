@@ -598,6 +598,7 @@ std::string h5_error_text() {
 struct FileReader {
   std::string path;
   uint64_t file_size = 0;
+  mutable uint64_t stored_total = 0;  // bytes of contiguous and compact data read so far
 
   [[noreturn]] void bad(const std::string& what) const {
     fail(fmt::format("cannot read state dump '{}': {}", path, what));
@@ -755,9 +756,18 @@ struct FileReader {
       if (n > 0 && stored != static_cast<hsize_t>(nbytes))
         bad(fmt::format("{}: {} bytes stored, its shape {} and dtype {} need {}", where, stored, t.shape, t.dtype,
                         nbytes));
-      if (static_cast<uint64_t>(nbytes) > file_size)
-        bad(fmt::format("{}: {} bytes of data in a file of {} bytes", where, nbytes, file_size));
-    } else if (layout != H5D_CHUNKED) {
+      // Sound files store each dataset once: all of them together fit in the file (no dataset headers, hard
+      // links or copies pointing many datasets at the same bytes to multiply what is read into memory).
+      stored_total += static_cast<uint64_t>(nbytes);
+      if (stored_total > file_size)
+        bad(fmt::format("{}: the datasets so far hold {} bytes of data, more than the file's {} bytes", where,
+                        stored_total, file_size));
+    } else if (layout == H5D_CHUNKED) {
+      H5D_space_status_t st;
+      h5(H5Dget_space_status(ds.get(), &st), where + ": storage");
+      if (n > 0 && st != H5D_SPACE_STATUS_ALLOCATED)
+        bad(fmt::format("{}: not all of its data was written (it would read as fill values)", where));
+    } else {
       bad(fmt::format("{}: unsupported storage layout (virtual or invalid)", where));
     }
     t.bytes.resize(static_cast<size_t>(nbytes));

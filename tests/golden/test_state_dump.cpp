@@ -648,9 +648,41 @@ TEST(GoldenReader, DatasetsAreCheckedAgainstTheSchema) {
           "/weights_after is not a group");
     check([&](hid_t f) { H5Lmove(f, "grads/counts", f, "grads/zz_counts", H5P_DEFAULT, H5P_DEFAULT); },
           "in /weights but");
+    check(
+        [&](hid_t f) {  // a chunked dataset whose chunks were never written
+          H5Ldelete(f, "grads/specials.f32", H5P_DEFAULT);
+          const hsize_t dim = 12, chunk = 4;
+          const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+          H5Pset_chunk(dcpl, 1, &chunk);
+          const hid_t sp = H5Screate_simple(1, &dim, nullptr);
+          const hid_t ds = H5Dcreate2(f, "grads/specials.f32", H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+          const char* v = "f32";
+          put_attr(ds, "dtype", vlen_str(), H5Screate(H5S_SCALAR), &v);
+          H5Dclose(ds);
+          H5Sclose(sp);
+          H5Pclose(dcpl);
+        },
+        "/grads/specials.f32: not all of its data was written");
     check([&](hid_t f) { replace(f, "weights_after/empty", H5T_IEEE_F32LE, {3, 0}, true, "f32"); },
           "/weights_after/empty is f32 [3, 0], /weights/empty is f32 [0, 3]");
   }
+}
+
+TEST(GoldenReader, HardLinksCannotMultiplyWhatIsRead) {
+  // Ten more names for one 1 MiB dataset: the data read would be 11 times the file's; refused while listing.
+  TempDir td;
+  std::mt19937_64 rng(kSeed);
+  StateDump s = sample_state(rng, false);
+  std::vector<float> big(1 << 18, 0.5f);
+  for (auto* g : {&s.weights, &s.grads, &s.weights_after})
+    g->push_back(make_tensor("big", {1 << 18}, std::span<const float>(big)));
+  const std::string p = td.file("links.h5");
+  write_state(p, s);
+  edit_h5(p, [](hid_t f) {
+    for (int i = 0; i < 10; ++i)
+      H5Lcreate_hard(f, "weights/big", f, fmt::format("weights/big{}", i).c_str(), H5P_DEFAULT, H5P_DEFAULT);
+  });
+  expect_read_error(p, "more than the file's");
 }
 
 TEST(GoldenReader, ModelConfigDumpsMatchTheParameterLayout) {
