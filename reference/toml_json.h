@@ -2,12 +2,14 @@
 // planner inputs):
 //   toml_to_json       TOML document -> JSON; an integer or float literal outside int64 / double is an error
 //                      naming the key (toml11 3.x would silently clamp it to the largest value).
-//   check_toml_nesting refuses text nested deeper than kMaxConfigNesting before toml11 (a recursive parser) sees it.
+//   check_toml_text    refuses text nested deeper than kMaxConfigNesting, and binary literals toml11 would overflow
+//                      on, before toml11 sees it.
 //   parse_json_strict  JSON text -> JSON; a duplicate key (nlohmann keeps the last one silently) or nesting deeper
 //                      than kMaxConfigNesting is an error naming the key.
 // Every error is a trident::Error.
 #pragma once
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -134,21 +136,25 @@ inline std::string one_line(const std::string& msg) {
   return out;
 }
 
-// Throws when TOML text nests arrays, inline tables and dotted keys deeper than kMaxConfigNesting (toml11 parses
-// and destroys them recursively: a deep enough input would overflow the stack). Strings and comments are skipped.
-inline void check_toml_nesting(std::string_view text, const std::string& source) {
+// Checks TOML text before toml11 (3.x) sees it, for what toml11 would mishandle: nesting of arrays, inline tables
+// and dotted keys deeper than kMaxConfigNesting (it parses and destroys them recursively: a deep enough input would
+// overflow the stack), and binary integer literals of 63 or more digits (it accumulates them in a signed int64,
+// an overflow: undefined behaviour, in practice a silently wrapped value). Strings and comments are skipped.
+inline void check_toml_text(std::string_view text, const std::string& source) {
   int depth = 0, line_dots = 0, worst = 0;
-  size_t line = 1;
+  size_t line = 1, line_start = 0;
   auto check = [&] {
     worst = std::max(worst, depth + line_dots);
     if (worst > kMaxConfigNesting)
       fail(fmt::format("{}:{}: TOML nesting deeper than {} levels", source, line, kMaxConfigNesting));
   };
+  auto is_word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'; };
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '\n') {
       ++line;
       line_dots = 0;
+      line_start = i + 1;
     } else if (c == '#') {
       while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
     } else if (c == '"' || c == '\'') {
@@ -159,6 +165,7 @@ inline void check_toml_nesting(std::string_view text, const std::string& source)
         if (text[i] == '\\' && c == '"') ++i;  // basic strings escape; literal strings do not
         else if (text[i] == '\n') {
           ++line;
+          line_start = i + 1;
           if (!multi) break;  // an unterminated one-line string: toml11 reports it
         }
         ++i;
@@ -172,6 +179,19 @@ inline void check_toml_nesting(std::string_view text, const std::string& source)
     } else if (c == '.') {
       ++line_dots;
       check();
+    } else if (c == '0' && i + 1 < text.size() && text[i + 1] == 'b' && (i == 0 || !is_word(text[i - 1]))) {
+      size_t j = i + 2, digits = 0;
+      for (; j < text.size() && (text[j] == '0' || text[j] == '1' || text[j] == '_'); ++j) digits += text[j] != '_';
+      if (digits >= 63) {
+        const std::string_view l = text.substr(line_start, i - line_start);
+        const size_t eq = l.find('=');
+        std::string key(eq == std::string_view::npos ? std::string_view("<array element>") : l.substr(0, eq));
+        while (!key.empty() && key.back() == ' ') key.pop_back();
+        fail(fmt::format("TOML key '{}' ({}:{}): binary integer {} has {} digits: out of range (toml11 reads at "
+                         "most 62 into an int64)",
+                         key, source, line, text.substr(i, std::min<size_t>(j - i, 80)), digits));
+      }
+      i = j - 1;
     }
   }
 }

@@ -289,7 +289,7 @@ std::string read_text_file(const std::string& path, const char* kind) {
 
 json toml_file_to_json(const std::string& path) {
   const std::string text = read_text_file(path, "TOML");
-  check_toml_nesting(text, path);
+  check_toml_text(text, path);
   toml::value v;
   try {
     std::istringstream is(text);
