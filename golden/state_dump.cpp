@@ -890,10 +890,11 @@ namespace {
 // The in-process read: checksum first (before HDF5 parses a byte), then the validating reader.
 // HDF5 1.10's global heap loader (H5HG__cache_heap_deserialize) loops forever on a free-space object of size 0
 // in a collection and walks past the collection on an object larger than what is left of it (then copies out of
-// bounds in H5HG_read). Files with a verified checksum hold what write_state wrote; for files without one, walk
-// every global heap collection ("GCOL", version 1) exactly as HDF5 will and refuse one it would not survive, before
-// HDF5 sees it (the isolation's time limit would also end the loop, but only after a long wait).
-void check_global_heaps(const std::string& path, uint64_t file_size) {
+// bounds in H5HG_read). Walk every global heap collection ("GCOL", version 1) exactly as HDF5 will and refuse one
+// it would not survive, before HDF5 sees it (the isolation's time limit would also end the loop, but only after a
+// long wait). Needed for files without checksum; done for all (a re-sealed damaged file verifies too).
+// `superblock` is where the HDF5 data starts (0, or kChecksumBlock after the checksum header).
+void check_global_heaps(const std::string& path, uint64_t file_size, uint64_t superblock) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(fmt::format("cannot read state dump '{}': cannot open the file", path));
   auto read_at = [&](uint64_t off, size_t n) {
@@ -909,9 +910,9 @@ void check_global_heaps(const std::string& path, uint64_t file_size) {
     for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
     return v;
   };
-  // The width of lengths in this file (superblock at offset 0 here: no user block): only 8 (HDF5's default, and
-  // write_state's) is walked; other widths are left to the time limit.
-  const std::string sb = read_at(0, 16);
+  // The width of lengths in this file: only 8 (HDF5's default, and write_state's) is walked; other widths are
+  // left to the time limit.
+  const std::string sb = read_at(superblock, 16);
   if (sb.size() < 16) return;
   const int version = static_cast<unsigned char>(sb[8]);
   const int sizeof_len = static_cast<unsigned char>(sb[version <= 1 ? 14 : 10]);
@@ -953,7 +954,8 @@ void check_global_heaps(const std::string& path, uint64_t file_size) {
 StateDump read_in_process(const std::string& path, uint64_t file_size) {
   H5::Exception::dontPrint();
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (verify_checksum(path) == Checksum::absent) check_global_heaps(path, file_size);
+  const Checksum sum = verify_checksum(path);
+  check_global_heaps(path, file_size, sum == Checksum::absent ? 0 : kChecksumBlock);
   FileReader r;
   r.path = path;
   r.file_size = file_size;
