@@ -58,7 +58,7 @@ int run(const Opts& o, const Config& cfg) {
   rc.recompute = o.recompute;
   rc.lr = o.lr;
   rc.data_seed = static_cast<uint64_t>(o.data_seed);
-  rc.validate();
+  rc.validate_for(cfg);  // bounds of every run value and overflow-checked sizes of this model on this batch
   if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
   Trainer<T> tr(cfg, rc);
   std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",

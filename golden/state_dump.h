@@ -15,6 +15,13 @@
 // Every tensor dataset carries a string attribute `dtype` in {"f64","f32","bf16","i32"}; bf16 data is stored
 // as its uint16 bit pattern (HDF5 type uint16). Groups track creation order, so tensors read back (from C++
 // or h5py) in the order they were written.
+//
+// Integrity (docs/golden.md "Checksum"): write_state puts a 512-byte HDF5 user block in front of the HDF5 data
+// holding a text header with the CRC-32 (zlib.crc32) and the length of everything after it; read_state verifies
+// it before HDF5 parses a byte, so a flipped bit or a truncated file is one clear error, never HDF5 walking
+// corrupt metadata. Files without the header (they start with the HDF5 signature: older dumps, golden/data)
+// are still read. Then every attribute's type class, size and element count and every dataset's dtype, rank
+// and shape are checked against the schema before anything is read into memory.
 #pragma once
 #include <bit>
 #include <cstddef>
@@ -76,14 +83,46 @@ struct StateDump {
   std::string loss_dtype;
 };
 
+struct WriteOptions {
+  bool checksum = true;  // false: no user block, no checksum (the layout of files written before it existed)
+};
+
 // Writes `s` to `path` atomically (a temporary file in the same directory, renamed on success; nothing is
 // left behind on error). Throws trident::Error with the path and the reason (missing directory, permission,
-// invalid tensor names or sizes, HDF5 failures).
-void write_state(const std::string& path, const StateDump& s);
+// invalid tensor names or sizes, a state the reader would refuse (validate_state), HDF5 failures).
+void write_state(const std::string& path, const StateDump& s, const WriteOptions& opt = {});
 
-// Reads a file written by write_state (any schema_version 1 file). Throws trident::Error naming the file and
-// the missing/invalid item.
-StateDump read_state(const std::string& path);
+struct ReadOptions {
+  // Parse in a forked child process with a time limit (10 s plus 1 s per 50 MB) and get the result through
+  // a pipe: HDF5 1.10 itself can crash or loop on corrupt metadata (a flipped bit in the global heap of a file
+  // without checksum crashes it), and this turns that into an error too. false: parse in this process.
+  bool isolate = true;
+};
+
+// Reads a file written by write_state (any schema_version 1 file, with or without the checksum header).
+// Throws trident::Error naming the file and the missing/invalid item: a corrupt or hostile file is an error,
+// never a crash, a hang or an allocation its size does not justify.
+StateDump read_state(const std::string& path, const ReadOptions& opt = {});
+
+// The schema rules a StateDump must meet (docs/golden.md "What the reader checks"): tokens/targets i32
+// [sequences, seq_len]; config and optimizer JSON objects; weights, grads and weights_after listing the same
+// names in the same order with the same shapes and dtypes; and, when `config` is a model config (it has the key
+// "attention"), a valid one whose parameter layout (names, shapes, the policy's dtype) the tensors match, with
+// token ids in [0, vocab) and targets in [0, vocab) or -100. Throws trident::Error prefixed with `where`.
+void validate_state(const StateDump& s, const std::string& where);
+
+// The checksum header (docs/golden.md "Checksum").
+inline constexpr size_t kChecksumBlock = 512;  // the HDF5 user block holding the header
+enum class Checksum { absent, ok };
+// absent: the file starts with the HDF5 signature (no header); ok: the header is intact and the CRC-32 and
+// length of the payload match. Anything else (corrupt header, truncated or extended file, CRC mismatch, not
+// an HDF5 file) throws trident::Error.
+Checksum verify_checksum(const std::string& path);
+// (Re)writes the header of a file that has the 512-byte user block, e.g. after editing a dump in place with
+// HDF5 tools (which keep the user block but cannot update the checksum).
+void seal_checksum(const std::string& path);
+// CRC-32 (ISO-HDLC: the CRC of zlib.crc32 / binascii.crc32), continuing from `crc`.
+uint32_t crc32(std::span<const std::byte> data, uint32_t crc = 0);
 
 // Comparison: bitwise when both tolerances are 0, else |a - b| <= atol + rtol * |b| elementwise (NaN matches
 // NaN only bitwise). Compares config, seed, inputs, loss, then weights, grads, weights_after (names, order,

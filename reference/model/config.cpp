@@ -3,7 +3,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
+#include <sstream>
 #include <toml.hpp>
 
 #include "reference/check.h"
@@ -32,6 +34,8 @@ class Reader {
     const json& v = get(key);
     if (!v.is_number_integer())
       fail(fmt::format("{}: key '{}' must be an integer, got {} ({})", where_, key, v.type_name(), v.dump()));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(fmt::format("{}: key '{}' = {} is out of range (int64)", where_, key, v.dump()));
     return v.get<int64_t>();
   }
   uint64_t u64(const std::string& key) {
@@ -72,47 +76,127 @@ void require(bool ok, const std::string& rule) {
   if (!ok) fail("invalid model config: " + rule);
 }
 
+// The upper bound of one value: "attention.v_dim = 2305843009213693953 exceeds its bound 4096 (docs/model.md ...)".
+void bounded(const char* prefix, const char* key, int64_t v, int64_t bound) {
+  if (v > bound)
+    fail(fmt::format("{}: {} = {} exceeds its bound {} (docs/model.md \"Limits\")", prefix, key, v, bound));
+}
+void bounded(const char* prefix, const char* key, double v, double bound) {
+  if (v > bound)
+    fail(fmt::format("{}: {} = {} exceeds its bound {} (docs/model.md \"Limits\")", prefix, key, v, bound));
+}
+constexpr const char* kModel = "invalid model config";
+constexpr const char* kRun = "invalid run config";
+
 }  // namespace
 
+int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail(fmt::format("{} overflows int64: {} * {}", what, a, b));
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b, std::string_view what) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail(fmt::format("{} overflows int64: {} + {}", what, a, b));
+  return r;
+}
+
 void Config::validate() const {
-  auto pos = [](int64_t v, const char* name) {
+  // Lower bounds and rules, then each value's upper bound (limits::), before any arithmetic on the values.
+  auto pos = [](int64_t v, const char* name, int64_t bound) {
     require(v > 0, fmt::format("{} must be > 0 (got {})", name, v));
+    bounded(kModel, name, v, bound);
   };
-  pos(vocab, "vocab");
-  pos(d_model, "d_model");
-  pos(layers, "layers");
+  pos(vocab, "vocab", limits::vocab);
+  pos(d_model, "d_model", limits::d_model);
+  pos(layers, "layers", limits::layers);
   require(dense_layers >= 0 && dense_layers <= layers,
           fmt::format("dense_layers must be in [0, layers] (got {}, layers = {})", dense_layers, layers));
-  pos(heads, "attention.heads");
+  pos(heads, "attention.heads", limits::heads);
   if (attn == AttnKind::gqa) {
-    pos(kv_heads, "attention.kv_heads");
-    pos(head_dim, "attention.head_dim");
+    pos(kv_heads, "attention.kv_heads", limits::heads);
+    pos(head_dim, "attention.head_dim", limits::head_dim);
     require(heads % kv_heads == 0,
             fmt::format("attention.heads % attention.kv_heads must be 0 (got {} % {})", heads, kv_heads));
     require(head_dim % 2 == 0, fmt::format("attention.head_dim must be even for RoPE (got {})", head_dim));
   } else {
-    pos(nope_dim, "attention.nope_dim");
-    pos(rope_dim, "attention.rope_dim");
-    pos(v_dim, "attention.v_dim");
-    pos(kv_lora_rank, "attention.kv_lora_rank");
+    pos(nope_dim, "attention.nope_dim", limits::head_dim);
+    pos(rope_dim, "attention.rope_dim", limits::head_dim);
+    pos(v_dim, "attention.v_dim", limits::head_dim);
+    pos(kv_lora_rank, "attention.kv_lora_rank", limits::kv_lora_rank);
     require(rope_dim % 2 == 0, fmt::format("attention.rope_dim must be even for RoPE (got {})", rope_dim));
   }
   if (dense_layers < layers) {
-    pos(experts, "experts");
-    pos(top_k, "top_k");
+    pos(experts, "experts", limits::experts);
+    pos(top_k, "top_k", limits::experts);
     require(top_k <= experts, fmt::format("top_k must be <= experts (got top_k = {}, experts = {})", top_k, experts));
-    pos(expert_ffn, "expert_ffn");
+    pos(expert_ffn, "expert_ffn", limits::expert_ffn);
     require(shared_ffn >= 0, fmt::format("shared_ffn must be >= 0 (0 = no shared expert; got {})", shared_ffn));
+    bounded(kModel, "shared_ffn", shared_ffn, limits::expert_ffn);
     require(routed_scale > 0 && std::isfinite(routed_scale),
             fmt::format("routed_scale must be finite and > 0 (got {})", routed_scale));
+    bounded(kModel, "routed_scale", routed_scale, limits::routed_scale);
     require(bias_rate >= 0 && std::isfinite(bias_rate),
             fmt::format("bias_rate must be finite and >= 0 (got {})", bias_rate));
+    bounded(kModel, "bias_rate", bias_rate, limits::bias_rate);
   }
-  if (dense_layers > 0) pos(dense_ffn, "dense_ffn");
-  pos(tile, "tile");
+  if (dense_layers > 0) pos(dense_ffn, "dense_ffn", limits::dense_ffn);
+  pos(tile, "tile", limits::tile);
   require(vocab_chunk > 0, fmt::format("vocab_chunk must be > 0 (got {})", vocab_chunk));
+  bounded(kModel, "vocab_chunk", vocab_chunk, limits::vocab_chunk);
   require(rope_theta > 1 && std::isfinite(rope_theta), fmt::format("rope_theta must be finite and > 1 (got {})", rope_theta));
+  bounded(kModel, "rope_theta", rope_theta, limits::rope_theta);
   require(norm_eps > 0 && norm_eps < 1, fmt::format("norm_eps must be in (0, 1) (got {})", norm_eps));
+  // Keys a config does not use (experts without MoE layers, dense_ffn without dense layers) are still stored and
+  // compared: they too are >= 0 and bounded.
+  auto unused = [](int64_t v, const char* name, int64_t bound) {
+    require(v >= 0, fmt::format("{} must be >= 0 (got {})", name, v));
+    bounded(kModel, name, v, bound);
+  };
+  unused(experts, "experts", limits::experts);
+  unused(top_k, "top_k", limits::experts);
+  unused(expert_ffn, "expert_ffn", limits::expert_ffn);
+  unused(shared_ffn, "shared_ffn", limits::expert_ffn);
+  unused(dense_ffn, "dense_ffn", limits::dense_ffn);
+  const int64_t n = param_count();
+  if (n > limits::params)
+    fail(fmt::format("{}: the model has {} parameters, more than the bound {} (docs/model.md \"Limits\"; from vocab, "
+                     "d_model, layers, attention, experts, expert_ffn, shared_ffn, dense_ffn)",
+                     kModel, n, limits::params));
+}
+
+int64_t Config::param_count() const {
+  // The layout of params.h (param_layout), every product and sum checked.
+  const std::string what = "model config: parameter count";
+  auto mul = [&](std::initializer_list<int64_t> xs) {
+    int64_t r = 1;
+    for (int64_t x : xs) r = checked_mul(r, x, what);
+    return r;
+  };
+  auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, what); };
+  const int64_t d = d_model, H = heads;
+  int64_t attn_n = 0;
+  if (attn == AttnKind::gqa) {
+    attn_n = add(add(mul({d, H, head_dim}), mul({2, d, kv_heads, head_dim})), mul({H, head_dim, d}));
+  } else {
+    attn_n = add(mul({d, H, add(nope_dim, rope_dim)}), mul({d, add(kv_lora_rank, rope_dim)}));
+    attn_n = add(attn_n, kv_lora_rank);
+    attn_n = add(attn_n, add(mul({kv_lora_rank, H, nope_dim}), mul({kv_lora_rank, H, v_dim})));
+    attn_n = add(attn_n, mul({H, v_dim, d}));
+  }
+  const int64_t norms = mul({2, d});
+  const int64_t dense_n = mul({3, d, dense_ffn});
+  int64_t moe_n = add(mul({d, experts}), experts);
+  moe_n = add(moe_n, mul({3, experts, d, expert_ffn}));
+  if (shared_ffn > 0) moe_n = add(moe_n, mul({3, d, shared_ffn}));
+  const int64_t per_dense = add(add(norms, attn_n), dense_n);
+  const int64_t per_moe = add(add(norms, attn_n), moe_n);
+  int64_t n = mul({2, vocab, d});  // embed, lm_head
+  n = add(n, d);                   // final_norm
+  n = add(n, mul({dense_layers, per_dense}));
+  n = add(n, mul({layers - dense_layers, per_moe}));
+  return n;
 }
 
 json Config::to_json() const {
@@ -184,14 +268,44 @@ Config Config::from_json(const json& j) {
   return c;
 }
 
+namespace {
+// Config files are small: a bigger one is a mistake (and would only feed the parsers more to chew on).
+constexpr std::uintmax_t kMaxConfigFileBytes = 1 << 20;
+
+std::string read_text_file(const std::string& path, const char* kind) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail(fmt::format("cannot read {} file '{}': {}", kind, path, ec.message()));
+  if (size > kMaxConfigFileBytes)
+    fail(fmt::format("{} file '{}' is {} bytes, more than the {} bytes a config may have", kind, path, size,
+                     kMaxConfigFileBytes));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(fmt::format("cannot open {} file '{}'", kind, path));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(fmt::format("cannot read {} file '{}'", kind, path));
+  return text;
+}
+}  // namespace
+
 json toml_file_to_json(const std::string& path) {
+  const std::string text = read_text_file(path, "TOML");
+  check_toml_text(text, path);
+  toml::value v;
   try {
-    return toml_to_json(toml::parse(path));
-  } catch (const trident::Error&) {
-    throw;
+    std::istringstream is(text);
+    v = toml::parse(is, path);
   } catch (const std::exception& e) {
-    fail(fmt::format("cannot parse TOML file '{}': {}", path, e.what()));
+    fail(fmt::format("cannot parse TOML file '{}': {}", path, one_line(e.what())));
   }
+  try {
+    return toml_to_json(v);
+  } catch (const trident::Error& e) {
+    fail(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+json json_file_to_json(const std::string& path) {
+  return parse_json_strict(read_text_file(path, "JSON"), path);
 }
 
 Config Config::load(const std::string& path) {
@@ -202,13 +316,7 @@ Config Config::load(const std::string& path) {
   if (ext == ".toml") {
     j = toml_file_to_json(path);
   } else if (ext == ".json") {
-    std::ifstream in(path);
-    if (!in) fail(fmt::format("cannot open config file '{}'", path));
-    try {
-      j = json::parse(in);
-    } catch (const std::exception& e) {
-      fail(fmt::format("cannot parse JSON file '{}': {}", path, e.what()));
-    }
+    j = json_file_to_json(path);
   } else {
     fail(fmt::format("config file '{}': unknown extension '{}' (expected .json or .toml)", path, ext));
   }
@@ -268,15 +376,58 @@ void RunConfig::validate() const {
     if (!ok) fail("invalid run config: " + rule);
   };
   req(sequences > 0, fmt::format("sequences must be > 0 (got {})", sequences));
+  bounded(kRun, "sequences", sequences, limits::sequences);
   req(seq_len > 1, fmt::format("seq_len must be > 1 (got {})", seq_len));
+  bounded(kRun, "seq_len", seq_len, limits::seq_len);
   req(steps >= 0, fmt::format("steps must be >= 0 (got {})", steps));
+  bounded(kRun, "steps", steps, limits::steps);
   req(token_chunk > 0, fmt::format("token_chunk must be > 0 (got {})", token_chunk));
+  bounded(kRun, "token_chunk", token_chunk, limits::token_chunk);
   req(lr >= 0 && std::isfinite(lr), fmt::format("lr must be finite and >= 0 (got {})", lr));
+  bounded(kRun, "lr", lr, limits::lr);
   req(beta1 >= 0 && beta1 < 1, fmt::format("beta1 must be in [0, 1) (got {})", beta1));
   req(beta2 >= 0 && beta2 < 1, fmt::format("beta2 must be in [0, 1) (got {})", beta2));
-  req(eps > 0, fmt::format("eps must be > 0 (got {})", eps));
-  req(weight_decay >= 0, fmt::format("weight_decay must be >= 0 (got {})", weight_decay));
-  req(max_grad_norm > 0, fmt::format("max_grad_norm must be > 0 (got {})", max_grad_norm));
+  req(eps > 0 && std::isfinite(eps), fmt::format("eps must be finite and > 0 (got {})", eps));
+  bounded(kRun, "eps", eps, limits::eps);
+  req(weight_decay >= 0 && std::isfinite(weight_decay),
+      fmt::format("weight_decay must be finite and >= 0 (got {})", weight_decay));
+  bounded(kRun, "weight_decay", weight_decay, limits::weight_decay);
+  req(max_grad_norm > 0 && std::isfinite(max_grad_norm),
+      fmt::format("max_grad_norm must be finite and > 0 (got {})", max_grad_norm));
+  bounded(kRun, "max_grad_norm", max_grad_norm, limits::max_grad_norm);
+}
+
+void RunConfig::validate_for(const Config& m) const {
+  validate();
+  m.validate();
+  const std::string what = "run config: activation size";
+  const int64_t n = checked_mul(sequences, seq_len, "run config: tokens per step (sequences * seq_len)");
+  if (n > limits::tokens)
+    fail(fmt::format("{}: sequences * seq_len = {} * {} = {} tokens per step exceeds its bound {} (docs/model.md "
+                     "\"Limits\")", kRun, sequences, seq_len, n, limits::tokens));
+  // The widest per-token activation: hidden, query, KV payload, attention output, dense/expert/shared FFN,
+  // router scores, the linear-CE vocabulary chunk.
+  int64_t width = m.d_model;
+  auto widen = [&](int64_t w) { width = std::max(width, w); };
+  widen(checked_mul(m.heads, m.q_head_dim(), what));
+  widen(checked_mul(m.heads, m.core_q_dim(), what));
+  widen(checked_mul(m.heads, m.attn == AttnKind::mla ? m.v_dim : m.head_dim, what));
+  widen(m.payload_dim());
+  if (m.dense_layers > 0) widen(m.dense_ffn);
+  if (m.dense_layers < m.layers) {
+    widen(checked_mul(m.top_k, m.expert_ffn, what));
+    widen(m.shared_ffn);
+    widen(m.experts);
+  }
+  widen(std::min(m.vocab_chunk, m.vocab));
+  const int64_t act = checked_mul(n, width, what);
+  if (act > limits::activation)
+    fail(fmt::format("{}: {} tokens x {} (the widest activation row) = {} elements exceeds the activation bound {} "
+                     "(docs/model.md \"Limits\")", kRun, n, width, act, limits::activation));
+  const int64_t ce = checked_mul(std::min(token_chunk, n), std::min(m.vocab_chunk, m.vocab), what);
+  if (ce > limits::activation)
+    fail(fmt::format("{}: the linear-CE chunk min(token_chunk, tokens) x min(vocab_chunk, vocab) = {} elements "
+                     "exceeds the activation bound {}", kRun, ce, limits::activation));
 }
 
 json RunConfig::to_json() const {

@@ -3,6 +3,7 @@
 tests/golden/test_state_dump.cpp (PythonH5pyReadsTheFile) from the same formulas. Exit 0 on success."""
 import json
 import sys
+import zlib
 
 import h5py
 import numpy as np
@@ -16,7 +17,25 @@ def as_array(ds):
     return np.asarray(a)
 
 
+def verify_checksum(path):
+    """docs/golden.md "Checksum": True when the header is there and matches, False for files without one."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data.startswith(b"\x89HDF\r\n\x1a\n"):
+        return False  # no header (older files)
+    header = data[:512].split(b"\0", 1)[0].decode("ascii")
+    lines = header.splitlines()
+    assert lines[0] == "TRIDENT-STATE-CHECKSUM 1", lines
+    fields = dict(line.split(" ", 1) for line in lines[1:])
+    assert fields["algorithm"] == "crc32" and int(fields["payload_offset"]) == 512, fields
+    payload = data[512:]
+    assert len(payload) == int(fields["payload_bytes"]), "truncated or extended"
+    assert zlib.crc32(payload) == int(fields["crc32"], 16), "checksum mismatch: the file is corrupt"
+    return True
+
+
 def main(path):
+    assert verify_checksum(path), "write_state writes the checksum header"
     with h5py.File(path, "r") as f:
         assert int(f.attrs["schema_version"]) == 1, f.attrs["schema_version"]
         assert f.attrs["generator"].startswith("trident "), f.attrs["generator"]

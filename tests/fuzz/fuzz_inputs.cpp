@@ -1,0 +1,1084 @@
+// Seeded fuzzing of every input Trident reads (issue 15: no crash, hang or silent nonsense on any input).
+//
+// Each case mutates one input and loads it in a forked child under alarm(): model configs (JSON and TOML: values
+// replaced by interesting numbers and types, keys deleted/added/duplicated, bytes flipped, text truncated, deep
+// nesting), run configs (JSON), and HDF5 state dumps (bit flips anywhere or next to an HDF5 metadata signature,
+// byte ranges overwritten, truncation, extension; attributes and datasets replaced through the HDF5 C API by
+// other types, shapes, element counts, links; with and without the checksum header, re-sealed or not). A case
+// passes when the input loads (and what loaded satisfies the loader's invariants) or the loader throws
+// trident::Error. Anything else is a failure: another exception type, a broken invariant, a crash (signal) or a
+// hang (the alarm). Each failure prints a repro line; a case reruns alone with --case.
+//
+//   fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,h5] [--time-limit SEC] [--verbose]
+//               [--source-dir DIR] [--keep DIR] [--no-isolation]
+//   fuzz_inputs [--no-isolation] --read FILE.h5     (read one dump, e.g. a kept failing input)
+//
+// --no-isolation reads every dump in this process (ReadOptions::isolate = false) instead of read_state's forked
+// reader: it shows what the isolation is for (HDF5 1.10 crashes on some corrupt files without a checksum).
+#include <fcntl.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "golden/state_dump.h"
+#include "reference/check.h"
+#include "reference/model/config.h"
+#include "reference/model/params.h"
+#include "reference/toml_json.h"
+
+namespace fs = std::filesystem;
+using namespace trident;
+using json = nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Options, randomness
+
+struct Options {
+  uint64_t seed = 20261201;
+  int64_t cases = 3000;
+  int64_t only_case = -1;
+  std::set<std::string> kinds = {"json", "toml", "run", "h5"};
+  int time_limit_s = 20;
+  bool verbose = false;
+  std::string source_dir = TRIDENT_SOURCE_DIR;
+  std::string keep;        // copy failing inputs here
+  bool no_isolation = false;  // read every dump in-process (shows what the isolation of read_state catches)
+};
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t s) : g(s) {}
+  uint64_t u64() { return g(); }
+  int64_t range(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(g() % static_cast<uint64_t>(hi - lo + 1)); }
+  bool coin(double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(g) < p; }
+  template <class T>
+  const T& pick(const std::vector<T>& v) {
+    return v[static_cast<size_t>(g() % v.size())];
+  }
+};
+
+std::string read_file(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_file(const std::string& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+// What a case did (for the summary and the failure line). announce() sends the mutation to the parent before
+// the input is loaded, so a case that crashes or hangs still says what it was.
+int g_report_fd = -1;
+struct Outcome {
+  std::string mutation;
+  bool announced = false;
+  void announce() {
+    const std::string line = mutation + "\n";
+    if (g_report_fd >= 0) (void)!::write(g_report_fd, line.data(), line.size());
+    announced = true;
+  }
+};
+
+// Exit codes of a case's child process.
+enum : int { kLoaded = 0, kRejected = 1, kOtherException = 2, kInvariant = 3, kSkipped = 4 };
+
+[[noreturn]] void invariant(const std::string& what) { throw std::logic_error("invariant: " + what); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Config mutations
+
+const std::vector<std::string> kIntLiterals = {
+    "0", "1", "-1", "2", "3", "7", "8", "64", "4096", "4097", "65536", "65537", "1048577", "16777217",
+    "2147483647", "2147483648", "-2147483649", "9007199254740993", "2305843009213693953", "4611686018427387905",
+    "9223372036854775807", "-9223372036854775808", "9223372036854775808", "18446744073709551615",
+    "18446744073709551616", "99999999999999999999", "-99999999999999999999"};
+const std::vector<std::string> kFloatLiterals = {"0.0", "-0.0", "0.5", "1.0", "1.5", "1e-300", "5e-324", "1e308",
+                                                 "1.7976931348623157e308", "1e309", "-1e309", "1e999", "2.0",
+                                                 "1000000.5", "10000.0", "1e12", "1.0000001e12"};
+
+// A random valid model config (small), as JSON.
+json random_config(Rng& r) {
+  model::Config c = model::Config::preset(r.pick<std::string>({"tiny", "tiny-gqa", "tiny-e64"}));
+  c.vocab = r.range(2, 600);
+  c.d_model = r.range(1, 80);
+  c.layers = r.range(1, 4);
+  c.dense_layers = r.range(0, c.layers);
+  c.heads = r.range(1, 6);
+  if (c.attn == model::AttnKind::gqa) {
+    c.kv_heads = 1;
+    for (int64_t k = c.heads; k >= 1; --k)
+      if (c.heads % k == 0 && r.coin()) c.kv_heads = k;
+    c.head_dim = 2 * r.range(1, 12);
+  } else {
+    c.nope_dim = r.range(1, 20);
+    c.rope_dim = 2 * r.range(1, 6);
+    c.v_dim = r.range(1, 20);
+    c.kv_lora_rank = r.range(1, 40);
+  }
+  c.experts = r.range(1, 9);
+  c.top_k = r.range(1, c.experts);
+  c.expert_ffn = r.range(1, 40);
+  c.shared_ffn = r.range(0, 40);
+  c.dense_ffn = r.range(1, 140);
+  c.tile = r.range(1, 64);
+  c.vocab_chunk = r.range(1, 300);
+  c.seed = r.u64();
+  c.validate();
+  return c.to_json();
+}
+
+// The integer keys and their bounds (docs/model.md "Limits"), for values around and below the bounds.
+const std::vector<std::pair<std::string, int64_t>> kBoundedKeys = {
+    {"vocab", model::limits::vocab},       {"d_model", model::limits::d_model},
+    {"layers", model::limits::layers},     {"dense_layers", model::limits::layers},
+    {"experts", model::limits::experts},   {"top_k", model::limits::experts},
+    {"expert_ffn", model::limits::expert_ffn}, {"shared_ffn", model::limits::expert_ffn},
+    {"dense_ffn", model::limits::dense_ffn}, {"tile", model::limits::tile},
+    {"vocab_chunk", model::limits::vocab_chunk}, {"attention.heads", model::limits::heads},
+    {"attention.kv_heads", model::limits::heads}, {"attention.head_dim", model::limits::head_dim},
+    {"attention.nope_dim", model::limits::head_dim}, {"attention.rope_dim", model::limits::head_dim},
+    {"attention.v_dim", model::limits::head_dim}, {"attention.kv_lora_rank", model::limits::kv_lora_rank}};
+
+// A log-uniform value in [1, 2 * bound], or the bound itself or one past it.
+int64_t around_bound(Rng& r, int64_t bound) {
+  switch (r.range(0, 3)) {
+    case 0: return bound;
+    case 1: return bound + 1;
+    default: {
+      const int bits = static_cast<int>(r.range(0, 63 - __builtin_clzll(static_cast<uint64_t>(bound)) + 1));
+      return std::max<int64_t>(1, static_cast<int64_t>(r.u64() % (uint64_t{1} << bits)));
+    }
+  }
+}
+
+// A JSON value of an interesting kind.
+json interesting_json(Rng& r) {
+  switch (r.range(0, 9)) {
+    case 0:
+    case 1:
+    case 2: {
+      const std::string& lit = r.pick(kIntLiterals);
+      try {
+        return json::parse(lit);  // big literals become unsigned or floating
+      } catch (...) {
+        return 0;
+      }
+    }
+    case 3:
+      try {
+        return json::parse(r.pick(kFloatLiterals));  // 1e309 and beyond: nlohmann refuses them
+      } catch (...) {
+        return 0.5;
+      }
+    case 4: return r.pick<std::string>({"", "mla", "gqa", "fp64", "fp32", "bf16", "MLA", std::string(5000, 'x')});
+    case 5: return r.coin();
+    case 6: return nullptr;
+    case 7: return json::array({1, 2});
+    case 8: return json::object({{"kind", "mla"}});
+    default: return static_cast<int64_t>(r.range(-5, 300));
+  }
+}
+
+// Text-level damage shared by JSON and TOML.
+std::string damage_text(Rng& r, std::string t, std::string& what) {
+  if (t.empty()) t = " ";
+  switch (r.range(0, 6)) {
+    case 0: {
+      const int n = static_cast<int>(r.range(1, 4));
+      for (int i = 0; i < n; ++i) t[static_cast<size_t>(r.range(0, static_cast<int64_t>(t.size()) - 1))] ^=
+          static_cast<char>(1 << r.range(0, 7));
+      what = fmt::format("text: {} bit flip(s)", n);
+      break;
+    }
+    case 1: {
+      const size_t at = static_cast<size_t>(r.range(0, static_cast<int64_t>(t.size())));
+      t.resize(at);
+      what = fmt::format("text: truncated at {}", at);
+      break;
+    }
+    case 2: {
+      const size_t at = static_cast<size_t>(r.range(0, static_cast<int64_t>(t.size()) - 1));
+      const size_t n = static_cast<size_t>(r.range(1, 20));
+      t.erase(at, n);
+      what = fmt::format("text: {} bytes deleted at {}", n, at);
+      break;
+    }
+    case 3: {
+      const size_t at = static_cast<size_t>(r.range(0, static_cast<int64_t>(t.size())));
+      std::string junk;
+      const int64_t n = r.range(1, 16);
+      for (int64_t i = 0; i < n; ++i) junk.push_back(static_cast<char>(r.range(0, 255)));
+      t.insert(at, junk);
+      what = fmt::format("text: {} random bytes inserted at {}", n, at);
+      break;
+    }
+    case 4: {  // every digit run replaced by a huge one
+      std::string o;
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (std::isdigit(static_cast<unsigned char>(t[i])) && r.coin(0.3)) {
+          o += "99999999999999999999999";
+          while (i + 1 < t.size() && std::isdigit(static_cast<unsigned char>(t[i + 1]))) ++i;
+        } else {
+          o.push_back(t[i]);
+        }
+      }
+      t = o;
+      what = "text: digit runs widened";
+      break;
+    }
+    case 5: {
+      const size_t at = static_cast<size_t>(r.range(0, static_cast<int64_t>(t.size())));
+      const int64_t depth = r.pick<int64_t>({10, 65, 1000, 200000});
+      t.insert(at, std::string(static_cast<size_t>(depth), r.coin() ? '[' : '{'));
+      what = fmt::format("text: {} open brackets at {}", depth, at);
+      break;
+    }
+    default: {
+      t = std::string(static_cast<size_t>(r.range(0, 64)), static_cast<char>(r.range(0, 255)));
+      what = "text: replaced by junk";
+    }
+  }
+  return t;
+}
+
+// A model config as TOML text (top-level keys, then the [attention] table).
+std::string to_toml(const json& c) {
+  std::string top, att;
+  auto lit = [](const json& v) -> std::string {
+    if (v.is_string()) return json(v.get<std::string>()).dump();
+    if (v.is_number_float()) {
+      std::string s = v.dump();
+      if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+      return s;
+    }
+    return v.dump();
+  };
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    if (it.key() == "attention") {
+      for (auto a = it->begin(); a != it->end(); ++a) att += a.key() + " = " + lit(*a) + "\n";
+    } else {
+      top += it.key() + " = " + lit(*it) + "\n";
+    }
+  }
+  return top + "\n[attention]\n" + att;
+}
+
+const std::vector<std::string> kTomlValues = {
+    "99999999999999999999", "-99999999999999999999", "9223372036854775807", "-9223372036854775808",
+    "9_223_372_036_854_775_808", "0xFFFFFFFFFFFFFFFFFF", "0x7FFFFFFFFFFFFFFF", "0o7777777777777777777777777",
+    "0b11111111111111111111111111111111111111111111111111111111111111111111", "1e999", "-1e999", "1e308",
+    "inf", "-inf", "nan", "+nan", "0.0", "-0.0", "1_000", "0", "-1", "2305843009213693953", "4611686018427387905",
+    "\"8\"", "\"\"", "true", "[1, 2]", "{ a = 1 }", "1979-05-27T07:32:00Z", "07:32:00", "'lit'", "\"\"\"multi\"\"\"",
+    "[[[[[[[[[[1]]]]]]]]]]", "4097", "65537", "131073", "262145", "1048577", "16777217", "1e12", "1.0000001e12"};
+
+// One model-config case. Returns the mutation description; throws what Config::load throws.
+void config_case(Rng& r, bool toml_kind, const std::string& dir, Outcome& o) {
+  json base;
+  if (r.coin(0.7)) base = random_config(r);
+  else base = model::Config::preset(r.pick<std::string>({"tiny", "tiny-gqa", "tiny-e64"})).to_json();
+  std::string text;
+  std::vector<std::string> steps;
+  if (r.coin(0.3)) {  // mild: valid syntax, one or two integers around or below their bounds
+    const int64_t n = r.range(1, 2);
+    for (int64_t s = 0; s < n; ++s) {
+      const auto& [key, bound] = r.pick(kBoundedKeys);
+      const int64_t v = around_bound(r, bound);
+      json& obj = key.rfind("attention.", 0) == 0 ? base["attention"] : base;
+      const std::string k = key.rfind("attention.", 0) == 0 ? key.substr(10) : key;
+      if (!obj.contains(k)) continue;
+      obj[k] = v;
+      steps.push_back(fmt::format("{} = {}", key, v));
+    }
+    text = toml_kind ? to_toml(base) : base.dump(2);
+  } else if (!toml_kind) {
+    json j = base;
+    const int64_t n = r.range(1, 3);
+    for (int64_t s = 0; s < n; ++s) {
+      const bool in_att = r.coin(0.3);
+      json& obj = in_att ? j["attention"] : j;
+      if (!obj.is_object() || obj.empty()) break;
+      std::vector<std::string> keys;
+      for (auto it = obj.begin(); it != obj.end(); ++it) keys.push_back(it.key());
+      const std::string key = r.pick(keys);
+      const std::string path = (in_att ? "attention." : "") + key;
+      switch (r.range(0, 5)) {
+        case 0: obj.erase(key); steps.push_back("delete " + path); break;
+        case 1: obj["unknown_" + key] = 1; steps.push_back("add unknown key next to " + path); break;
+        default: {
+          json v = interesting_json(r);
+          steps.push_back(fmt::format("{} = {}", path, v.dump().substr(0, 40)));
+          obj[key] = std::move(v);
+        }
+      }
+    }
+    text = j.dump(r.coin() ? 2 : -1);
+    if (r.coin(0.15)) {  // a duplicate key, at the text level
+      const std::vector<std::string> keys = {"\"vocab\"", "\"tile\"", "\"heads\"", "\"attention\"", "\"seed\""};
+      const std::string k = r.pick(keys);
+      const size_t at = text.find(k);
+      if (at != std::string::npos) {
+        text.insert(at, k + ": 3, ");
+        steps.push_back("duplicate " + k);
+      }
+    }
+    if (r.coin(0.35)) {
+      std::string w;
+      text = damage_text(r, text, w);
+      steps.push_back(w);
+    }
+  } else {
+    text = to_toml(base);
+    const int64_t n = r.range(1, 3);
+    for (int64_t s = 0; s < n; ++s) {
+      // the lines "key = value"
+      std::vector<size_t> starts;
+      for (size_t i = 0; i < text.size(); i = text.find('\n', i) + 1) {
+        if (text.find(" = ", i) < text.find('\n', i)) starts.push_back(i);
+        if (text.find('\n', i) == std::string::npos) break;
+      }
+      if (starts.empty()) break;
+      const size_t ls = r.pick(starts), le = text.find('\n', ls);
+      const size_t eq = text.find(" = ", ls);
+      const std::string key = text.substr(ls, eq - ls);
+      switch (r.range(0, 6)) {
+        case 0: text.erase(ls, le - ls + 1); steps.push_back("delete " + key); break;
+        case 1: text.insert(ls, text.substr(ls, le - ls + 1)); steps.push_back("duplicate line " + key); break;
+        case 2: {
+          std::string chain = "deep";
+          const int64_t d = r.pick<int64_t>({3, 70, 5000});
+          for (int64_t i = 0; i < d; ++i) chain += ".k";
+          text.insert(ls, chain + " = 1\n");
+          steps.push_back(fmt::format("dotted key of depth {}", d));
+          break;
+        }
+        default: {
+          const std::string v = r.pick(kTomlValues);
+          text.replace(eq + 3, le - eq - 3, v);
+          steps.push_back(key + " = " + v.substr(0, 40));
+        }
+      }
+    }
+    if (r.coin(0.3)) {
+      std::string w;
+      text = damage_text(r, text, w);
+      steps.push_back(w);
+    }
+  }
+  for (const auto& s : steps) o.mutation += (o.mutation.empty() ? "" : "; ") + s;
+  const std::string path = dir + (toml_kind ? "/case.toml" : "/case.json");
+  write_file(path, text);
+  o.announce();
+  const model::Config c = model::Config::load(path);
+  // Loaded: the invariants of a validated config.
+  c.validate();
+  const int64_t n = c.param_count();
+  if (n <= 0 || n > model::limits::params) invariant(fmt::format("param_count {} out of (0, bound]", n));
+  int64_t sum = 0;
+  for (const auto& p : model::param_layout(c)) {
+    int64_t e = 1;
+    for (int64_t d : p.shape) {
+      if (d <= 0) invariant(fmt::format("parameter {} has a dimension {}", p.name, d));
+      e = model::checked_mul(e, d, "fuzz: parameter size");
+    }
+    sum = model::checked_add(sum, e, "fuzz: parameter sum");
+  }
+  if (sum != n) invariant(fmt::format("param_count {} != the layout's {}", n, sum));
+  try {
+    model::RunConfig{}.validate_for(c);
+  } catch (const Error&) {
+  }
+}
+
+void run_config_case(Rng& r, Outcome& o) {
+  json j = model::RunConfig{}.to_json();
+  std::vector<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+  const int64_t n = r.range(1, 3);
+  for (int64_t s = 0; s < n; ++s) {
+    const std::string key = r.pick(keys);
+    if (r.coin(0.15)) {
+      j.erase(key);
+      o.mutation += "delete " + key + "; ";
+    } else {
+      json v = interesting_json(r);
+      o.mutation += fmt::format("{} = {}; ", key, v.dump().substr(0, 40));
+      j[key] = std::move(v);
+    }
+  }
+  std::string text = j.dump();
+  if (r.coin(0.3)) {
+    std::string w;
+    text = damage_text(r, text, w);
+    o.mutation += w;
+  }
+  o.announce();
+  const model::RunConfig rc = model::RunConfig::from_json(parse_json_strict(text, "run.json"));
+  rc.validate();
+  try {
+    rc.validate_for(model::Config::preset("tiny"));
+  } catch (const Error&) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// HDF5 bases and mutations
+
+struct Base {
+  std::string path;
+  bool sealed = false;
+  std::string name;
+};
+
+golden::StateDump generic_dump(uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> nd;
+  golden::StateDump s;
+  s.config = {{"preset", "fuzz"}, {"policy", "fp64"}, {"vocab", 16}};
+  s.seed = seed;
+  s.repro = "fuzz_inputs";
+  s.optimizer = {{"lr", 1e-3}};
+  std::vector<int32_t> tok(6), tgt(6);
+  for (int i = 0; i < 6; ++i) {
+    tok[i] = static_cast<int32_t>(g() % 16);
+    tgt[i] = i == 2 ? -100 : static_cast<int32_t>(g() % 16);
+  }
+  s.tokens = golden::make_tensor("tokens", {2, 3}, std::span<const int32_t>(tok));
+  s.targets = golden::make_tensor("targets", {2, 3}, std::span<const int32_t>(tgt));
+  s.loss = 1.25;
+  std::vector<double> d(12);
+  std::vector<float> f(12);
+  for (auto& x : d) x = nd(g);
+  for (auto& x : f) x = static_cast<float>(nd(g));
+  std::vector<int32_t> iv = {1, -2, 3, std::numeric_limits<int32_t>::min()};
+  const double one = 3.5;
+  for (auto* grp : {&s.weights, &s.grads, &s.weights_after}) {
+    grp->push_back(golden::make_tensor("a.f64", {3, 4}, std::span<const double>(d)));
+    grp->push_back(golden::make_tensor("b.f32", {2, 2, 3}, std::span<const float>(f)));
+    grp->push_back(golden::make_tensor_bf16("c.bf16", {12}, std::span<const float>(f)));
+    grp->push_back(golden::make_tensor("d.i32", {2, 2}, std::span<const int32_t>(iv)));
+    grp->push_back(golden::make_tensor("e.scalar", {}, std::span<const double>(&one, 1)));
+    grp->push_back(golden::make_tensor("f.empty", {0, 3}, std::span<const float>()));
+  }
+  return s;
+}
+
+golden::StateDump model_dump(uint64_t seed) {
+  model::Config c = model::Config::preset("tiny");
+  c.vocab = 24;
+  c.d_model = 8;
+  c.layers = 2;
+  c.dense_layers = 1;
+  c.heads = 2;
+  c.nope_dim = 4;
+  c.rope_dim = 2;
+  c.v_dim = 4;
+  c.kv_lora_rank = 6;
+  c.experts = 4;
+  c.top_k = 2;
+  c.expert_ffn = 4;
+  c.shared_ffn = 4;
+  c.dense_ffn = 8;
+  c.validate();
+  const auto ps = model::ParamSet<float>::init(c, seed);
+  golden::StateDump s;
+  s.config = c.to_json();
+  s.seed = seed;
+  s.repro = "fuzz_inputs model base";
+  s.optimizer = {{"name", "adamw"}, {"lr", 1e-3}};
+  std::vector<int32_t> tok(8), tgt(8);
+  for (int i = 0; i < 8; ++i) {
+    tok[i] = (i * 5 + 1) % 24;
+    tgt[i] = i == 3 ? -100 : (i * 7 + 2) % 24;
+  }
+  s.tokens = golden::make_tensor("tokens", {2, 4}, std::span<const int32_t>(tok));
+  s.targets = golden::make_tensor("targets", {2, 4}, std::span<const int32_t>(tgt));
+  s.loss = 3.0;
+  for (size_t p = 0; p < ps.size(); ++p) {
+    const auto& t = ps.t[p];
+    auto nt = golden::make_tensor(ps.info[p].name, t.shape, std::span<const float>(t.data.data(), t.data.size()));
+    s.weights.push_back(nt);
+    s.grads.push_back(nt);
+    s.weights_after.push_back(nt);
+  }
+  return s;
+}
+
+const std::vector<std::string> kSignatures = {"GCOL", "OHDR", "OCHK", "TREE", "HEAP", "SNOD", "BTHD", "BTIN",
+                                              "BTLF", "FRHP", "FHDB", "FHIB", "FSHD", "FSSE", "SMTB", "SMLI",
+                                              "\x89HDF"};
+
+std::string byte_mutation(Rng& r, std::string b, std::string& what) {
+  const int64_t size = static_cast<int64_t>(b.size());
+  switch (r.range(0, 6)) {
+    case 0:
+    case 1: {  // bit flips anywhere
+      const int64_t n = r.range(1, 8);
+      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(r.range(0, size - 1))] ^= static_cast<char>(1 << r.range(0, 7));
+      what = fmt::format("bytes: {} bit flip(s)", n);
+      break;
+    }
+    case 2:
+    case 3: {  // flips right after a metadata signature (global heap, object headers, B-trees, local heaps, ...)
+      std::vector<size_t> at;
+      for (const auto& sig : kSignatures)
+        for (size_t p = b.find(sig); p != std::string::npos; p = b.find(sig, p + 1)) at.push_back(p);
+      if (at.empty()) at.push_back(0);
+      const size_t p0 = r.pick(at);
+      const int64_t n = r.range(1, 4);
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t p = std::min<size_t>(b.size() - 1, p0 + static_cast<size_t>(r.range(0, 255)));
+        b[p] ^= static_cast<char>(1 << r.range(0, 7));
+      }
+      what = fmt::format("bytes: {} flip(s) within 256 bytes of the '{}' at {}", n, b.substr(p0, 4) == "\x89HDF"
+                                                                                       ? std::string("HDF5 signature")
+                                                                                       : b.substr(p0, 4),
+                         p0);
+      break;
+    }
+    case 4: {
+      const int64_t at = r.range(0, size - 1), n = std::min<int64_t>(size - at, r.range(1, 64));
+      const int fill = static_cast<int>(r.range(0, 2));
+      for (int64_t i = 0; i < n; ++i)
+        b[static_cast<size_t>(at + i)] = fill == 0 ? '\0' : fill == 1 ? '\xff' : static_cast<char>(r.range(0, 255));
+      what = fmt::format("bytes: {} bytes at {} overwritten ({})", n, at, fill == 0 ? "zeros" : fill == 1 ? "0xff" : "random");
+      break;
+    }
+    case 5: {
+      const int64_t at = r.coin(0.2) ? r.range(0, 600) : r.range(0, size);
+      b.resize(static_cast<size_t>(at));
+      what = fmt::format("bytes: truncated to {} of {}", at, size);
+      break;
+    }
+    default: {
+      const int64_t n = r.range(1, 4096);
+      for (int64_t i = 0; i < n; ++i) b.push_back(static_cast<char>(r.range(0, 255)));
+      what = fmt::format("bytes: {} bytes appended", n);
+    }
+  }
+  return b;
+}
+
+// HDF5 C API helpers for structural mutations (any failure: the mutation is skipped, not the reader tested).
+struct H5Fail {};
+hid_t ck(hid_t id) {
+  if (id < 0) throw H5Fail{};
+  return id;
+}
+
+hid_t interesting_type(Rng& r, std::string& what) {
+  switch (r.range(0, 12)) {
+    case 0: what = "int8"; return H5Tcopy(H5T_STD_I8LE);
+    case 1: what = "int32"; return H5Tcopy(H5T_STD_I32LE);
+    case 2: what = "int64"; return H5Tcopy(H5T_STD_I64LE);
+    case 3: what = "uint64"; return H5Tcopy(H5T_STD_U64LE);
+    case 4: what = "uint16"; return H5Tcopy(H5T_STD_U16BE);
+    case 5: what = "f32be"; return H5Tcopy(H5T_IEEE_F32BE);
+    case 6: what = "f64"; return H5Tcopy(H5T_IEEE_F64LE);
+    case 7: {
+      what = "vlen string";
+      hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, H5T_VARIABLE);
+      return t;
+    }
+    case 8: {
+      const size_t n = static_cast<size_t>(r.pick<int64_t>({1, 7, 64, 5000}));
+      what = fmt::format("fixed string[{}]", n);
+      hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, n);
+      return t;
+    }
+    case 9: {
+      what = "compound";
+      hid_t t = H5Tcreate(H5T_COMPOUND, 16);
+      H5Tinsert(t, "a", 0, H5T_NATIVE_INT64);
+      H5Tinsert(t, "b", 8, H5T_NATIVE_DOUBLE);
+      return t;
+    }
+    case 10: what = "opaque"; return H5Tcreate(H5T_OPAQUE, 8);
+    case 11: what = "vlen int"; return H5Tvlen_create(H5T_NATIVE_INT);
+    default: {
+      what = "array int[3]";
+      const hsize_t d = 3;
+      return H5Tarray_create2(H5T_NATIVE_INT, 1, &d);
+    }
+  }
+}
+
+// Fills a buffer with contents valid for `type` (strings: interesting texts, numbers: interesting values).
+void write_attr_data(Rng& r, hid_t attr, hid_t type, hssize_t n) {
+  if (n <= 0) return;
+  const H5T_class_t c = H5Tget_class(type);
+  if (c == H5T_STRING && H5Tis_variable_str(type) > 0) {
+    const std::vector<std::string> texts = {"1", "", "{\"a\": 1, \"a\": 2}", "[1, 2]", "{\"policy\": \"fp64\"}",
+                                            std::string(300, '[') , "{\"attention\": {}}", "not json", "2",
+                                            "{\"vocab\": 16, \"preset\": \"fuzz\", \"policy\": \"fp64\"}"};
+    std::vector<std::string> keep(static_cast<size_t>(n));
+    std::vector<const char*> ptr(static_cast<size_t>(n));
+    for (hssize_t i = 0; i < n; ++i) {
+      keep[static_cast<size_t>(i)] = r.pick(texts);
+      ptr[static_cast<size_t>(i)] = keep[static_cast<size_t>(i)].c_str();
+    }
+    H5Awrite(attr, type, ptr.data());
+    return;
+  }
+  if (c == H5T_VLEN) return;  // left unwritten (reads as empty sequences)
+  const size_t es = H5Tget_size(type);
+  std::vector<unsigned char> buf(es * static_cast<size_t>(n));
+  for (auto& x : buf) x = static_cast<unsigned char>(r.range(0, 255));
+  if (c == H5T_INTEGER && r.coin(0.5))
+    for (hssize_t i = 0; i < n; ++i) {  // small values, e.g. schema_version 1 or 2
+      std::memset(buf.data() + static_cast<size_t>(i) * es, 0, es);
+      buf[static_cast<size_t>(i) * es] = static_cast<unsigned char>(r.range(0, 3));
+    }
+  H5Awrite(attr, type, buf.data());
+}
+
+std::string replace_attr(Rng& r, hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) > 0) ck(H5Adelete(obj, name));
+  if (r.coin(0.1)) return fmt::format("attribute '{}' deleted", name);
+  std::string tw;
+  const hid_t t = ck(interesting_type(r, tw));
+  hid_t sp;
+  std::string sw;
+  switch (r.range(0, 3)) {
+    case 0: sp = H5Screate(H5S_SCALAR); sw = "scalar"; break;
+    case 1: sp = H5Screate(H5S_NULL); sw = "null"; break;
+    default: {
+      const hsize_t d = static_cast<hsize_t>(r.pick<int64_t>({0, 1, 2, 3, 64, 1000, 100000}));
+      sp = H5Screate_simple(1, &d, nullptr);
+      sw = fmt::format("[{}]", d);
+    }
+  }
+  ck(sp);
+  const hid_t a = ck(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
+  write_attr_data(r, a, t, H5Sget_simple_extent_npoints(sp));
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Tclose(t);
+  return fmt::format("attribute '{}' := {} {}", name, tw, sw);
+}
+
+std::vector<std::string> dataset_paths(hid_t f) {
+  std::vector<std::string> out = {"inputs/tokens", "inputs/targets", "loss"};
+  for (const char* g : {"weights", "grads", "weights_after"}) {
+    const hid_t gid = H5Gopen2(f, g, H5P_DEFAULT);
+    if (gid < 0) continue;
+    H5G_info_t info;
+    if (H5Gget_info(gid, &info) >= 0)
+      for (hsize_t i = 0; i < info.nlinks; ++i) {
+        char name[512];
+        if (H5Lget_name_by_idx(gid, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) > 0)
+          out.push_back(std::string(g) + "/" + name);
+      }
+    H5Gclose(gid);
+  }
+  return out;
+}
+
+std::string replace_dataset(Rng& r, hid_t f, const std::string& path) {
+  ck(H5Ldelete(f, path.c_str(), H5P_DEFAULT));
+  switch (r.range(0, 9)) {
+    case 0: return "dataset '" + path + "' deleted";
+    case 1: ck(H5Lcreate_soft("/loss", f, path.c_str(), H5P_DEFAULT, H5P_DEFAULT)); return path + " := soft link";
+    case 2:
+      ck(H5Lcreate_external("elsewhere.h5", "/x", f, path.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+      return path + " := external link";
+    case 3: {
+      const hid_t g = ck(H5Gcreate2(f, path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      H5Gclose(g);
+      return path + " := group";
+    }
+    default: break;
+  }
+  std::string tw;
+  const hid_t t = ck(r.coin(0.6) ? H5Tcopy(r.pick<hid_t>({H5T_IEEE_F64LE, H5T_IEEE_F32LE, H5T_STD_I32LE,
+                                                           H5T_STD_U16LE, H5T_IEEE_F32BE, H5T_STD_I64LE}))
+                                 : interesting_type(r, tw));
+  if (tw.empty()) tw = "a numeric type";
+  const int rank = static_cast<int>(r.pick<int64_t>({0, 1, 2, 2, 3, 9, 12}));
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  for (auto& d : dims) d = static_cast<hsize_t>(r.range(0, 4));
+  const bool huge = rank > 0 && r.coin(0.15);
+  if (huge) dims[0] = hsize_t{1} << r.range(30, 60);
+  const hid_t sp = ck(rank == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(rank, dims.data(), nullptr));
+  const hid_t dcpl = ck(H5Pcreate(H5P_DATASET_CREATE));
+  std::string layout = "contiguous";
+  if (rank > 0 && !huge && r.coin(0.3)) {
+    std::vector<hsize_t> chunk(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) chunk[i] = std::max<hsize_t>(1, dims[i]);
+    H5Pset_chunk(dcpl, rank, chunk.data());
+    layout = "chunked";
+  } else if (!huge && r.coin(0.2)) {
+    H5Pset_layout(dcpl, H5D_COMPACT);
+    layout = "compact";
+  }
+  const hid_t ds = H5Dcreate2(f, path.c_str(), t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  if (ds < 0) throw H5Fail{};
+  const hssize_t n = H5Sget_simple_extent_npoints(sp);
+  const bool written = !huge && r.coin(0.7) && H5Tget_class(t) != H5T_VLEN && !(H5Tget_class(t) == H5T_STRING &&
+                                                                                 H5Tis_variable_str(t) > 0);
+  if (written && n > 0) {
+    std::vector<unsigned char> buf(H5Tget_size(t) * static_cast<size_t>(n));
+    for (auto& x : buf) x = static_cast<unsigned char>(r.range(0, 255));
+    H5Dwrite(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
+  }
+  std::string attr = "no dtype attribute";
+  if (r.coin(0.8)) {
+    const std::string d = r.pick<std::string>({"f64", "f32", "i32", "bf16", "f16", ""});
+    const hid_t st = H5Tcopy(H5T_C_S1);
+    H5Tset_size(st, H5T_VARIABLE);
+    const hid_t asp = H5Screate(H5S_SCALAR);
+    const hid_t a = H5Acreate2(ds, "dtype", st, asp, H5P_DEFAULT, H5P_DEFAULT);
+    const char* p = d.c_str();
+    if (a >= 0) H5Awrite(a, st, &p);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(asp);
+    H5Tclose(st);
+    attr = "dtype '" + d + "'";
+  }
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  H5Tclose(t);
+  std::string dimstr;
+  for (auto d : dims) dimstr += (dimstr.empty() ? "" : ",") + std::to_string(d);
+  return fmt::format("{} := {} [{}] {} {}, {}", path, tw, dimstr, layout, written ? "written" : "unwritten", attr);
+}
+
+std::string structural_mutation(Rng& r, const std::string& file) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const hid_t f = ck(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+  std::string what;
+  try {
+    const int64_t n = r.range(1, 2);
+    for (int64_t s = 0; s < n; ++s) {
+      std::string w;
+      switch (r.range(0, 5)) {
+        case 0:
+        case 1: {
+          const hid_t root = ck(H5Gopen2(f, "/", H5P_DEFAULT));
+          w = replace_attr(r, root, r.pick<std::string>({"schema_version", "seed", "config", "repro", "optimizer",
+                                                         "generator"}).c_str());
+          H5Gclose(root);
+          break;
+        }
+        case 2: {
+          const std::string p = r.pick(dataset_paths(f));
+          const hid_t ds = H5Dopen2(f, p.c_str(), H5P_DEFAULT);
+          if (ds < 0) throw H5Fail{};
+          w = p + ": " + replace_attr(r, ds, "dtype");
+          H5Dclose(ds);
+          break;
+        }
+        case 3:
+        case 4: w = replace_dataset(r, f, r.pick(dataset_paths(f))); break;
+        default: {
+          const std::string g = r.pick<std::string>({"inputs", "weights", "grads", "weights_after"});
+          if (r.coin()) {
+            ck(H5Ldelete(f, g.c_str(), H5P_DEFAULT));
+            w = "group /" + g + " deleted";
+          } else {
+            const auto names = dataset_paths(f);
+            const std::string from = r.pick(names), to = r.pick(names);
+            if (from == to) throw H5Fail{};
+            ck(H5Ldelete(f, to.c_str(), H5P_DEFAULT));
+            ck(H5Lcreate_hard(f, from.c_str(), f, to.c_str(), H5P_DEFAULT, H5P_DEFAULT));
+            w = to + " := hard link to " + from;
+          }
+        }
+      }
+      what += (what.empty() ? "" : "; ") + w;
+    }
+  } catch (const H5Fail&) {
+    H5Fclose(f);
+    throw;
+  }
+  if (H5Fclose(f) < 0) throw H5Fail{};
+  return what;
+}
+
+bool g_no_isolation = false;
+
+void h5_case(Rng& r, const std::vector<Base>& bases, const std::string& dir, Outcome& o) {
+  const Base& b = r.pick(bases);
+  const std::string file = dir + "/case.h5";
+  bool in_process_ok = false;  // whether HDF5 only sees metadata the HDF5 library itself wrote
+  if (r.coin(0.5)) {
+    std::string w;
+    const std::string bytes = byte_mutation(r, read_file(b.path), w);
+    write_file(file, bytes);
+    o.mutation = b.name + ", " + w;
+    in_process_ok = b.sealed;  // the checksum stops corrupt bytes before HDF5
+    if (b.sealed && r.coin(0.4)) {
+      try {
+        golden::seal_checksum(file);  // a corrupt HDF5 file under a valid checksum: HDF5 itself parses damage
+        o.mutation += ", re-sealed";
+        in_process_ok = false;
+      } catch (const Error&) {
+        o.mutation += ", re-seal refused";
+      }
+    }
+  } else {
+    fs::copy_file(b.path, file, fs::copy_options::overwrite_existing);
+    try {
+      o.mutation = b.name + ", " + structural_mutation(r, file);
+    } catch (const H5Fail&) {
+      std::exit(kSkipped);
+    }
+    in_process_ok = true;
+    if (b.sealed && r.coin(0.85)) {
+      golden::seal_checksum(file);
+      o.mutation += ", re-sealed";
+    }
+  }
+  const bool isolate = !g_no_isolation && !(in_process_ok && r.coin(0.5));
+  if (!isolate) o.mutation += ", read in-process";
+  o.announce();
+  const golden::StateDump s = golden::read_state(file, {.isolate = isolate});
+  // Loaded: what the reader promises.
+  golden::validate_state(s, "fuzz");
+  for (const auto* g : {&s.weights, &s.grads, &s.weights_after})
+    for (const auto& t : *g)
+      if (t.bytes.size() != static_cast<size_t>(t.numel()) * golden::dtype_size(t.dtype))
+        invariant("tensor '" + t.name + "' bytes vs shape");
+  if (!golden::compare_states(s, s).equal) invariant("a loaded dump differs from itself");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Driver
+
+const char* kind_of(int64_t i) {
+  static const char* schedule[10] = {"json", "toml", "h5", "json", "h5", "run", "toml", "h5", "json", "h5"};
+  return schedule[i % 10];
+}
+
+// Runs case i in the current process; returns the exit code (kLoaded/kRejected/...), message in `msg`.
+int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, const std::string& dir, Outcome& o,
+             std::string& msg) {
+  Rng r(splitmix(opt.seed ^ splitmix(static_cast<uint64_t>(i) + 0x5151)));
+  const std::string kind = kind_of(i);
+  try {
+    if (kind == "json") config_case(r, false, dir, o);
+    else if (kind == "toml") config_case(r, true, dir, o);
+    else if (kind == "run") run_config_case(r, o);
+    else h5_case(r, bases, dir, o);
+    return kLoaded;
+  } catch (const Error& e) {
+    msg = e.what();
+    return kRejected;
+  } catch (const std::logic_error& e) {
+    msg = e.what();
+    return std::string(e.what()).rfind("invariant:", 0) == 0 ? kInvariant : kOtherException;
+  } catch (const std::exception& e) {
+    msg = fmt::format("{} (not a trident::Error)", e.what());
+    return kOtherException;
+  } catch (...) {
+    msg = "unknown exception type";
+    return kOtherException;
+  }
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,h5] [--time-limit SEC]\n"
+               "                   [--verbose] [--source-dir DIR] [--keep DIR] [--no-isolation]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int a = 1; a < argc; ++a) {
+    const std::string s = argv[a];
+    auto next = [&]() -> std::string {
+      if (a + 1 >= argc) std::exit(usage());
+      return argv[++a];
+    };
+    if (s == "--seed") opt.seed = std::stoull(next());
+    else if (s == "--cases") opt.cases = std::stoll(next());
+    else if (s == "--case") opt.only_case = std::stoll(next());
+    else if (s == "--time-limit") opt.time_limit_s = std::stoi(next());
+    else if (s == "--verbose") opt.verbose = true;
+    else if (s == "--source-dir") opt.source_dir = next();
+    else if (s == "--keep") opt.keep = next();
+    else if (s == "--no-isolation") opt.no_isolation = g_no_isolation = true;
+    else if (s == "--read") {  // read one dump (a kept failing input) and say what happened
+      const std::string f = next();
+      try {
+        const auto d = golden::read_state(f, {.isolate = !g_no_isolation});
+        std::printf("loaded: %zu weights\n", d.weights.size());
+        return 0;
+      } catch (const Error& e) {
+        std::printf("rejected: %s\n", e.what());
+        return 1;
+      }
+    }
+    else if (s == "--kinds") {
+      opt.kinds.clear();
+      std::string k = next();
+      for (size_t p = 0; p <= k.size();) {
+        const size_t q = std::min(k.find(',', p), k.size());
+        opt.kinds.insert(k.substr(p, q - p));
+        p = q + 1;
+      }
+    } else return usage();
+  }
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const fs::path work = fs::temp_directory_path() / fmt::format("trident_fuzz_{}", static_cast<long>(::getpid()));
+  fs::create_directories(work);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{work};
+
+  // The HDF5 bases: small dumps with and without the checksum, and a checked-in golden file (no checksum).
+  std::vector<Base> bases;
+  {
+    const auto gen = generic_dump(opt.seed), mod = model_dump(opt.seed);
+    for (bool sealed : {true, false}) {
+      const std::string tag = sealed ? "sealed" : "legacy";
+      bases.push_back({(work / ("generic_" + tag + ".h5")).string(), sealed, "generic " + tag + " dump"});
+      golden::write_state(bases.back().path, gen, {.checksum = sealed});
+      bases.push_back({(work / ("model_" + tag + ".h5")).string(), sealed, "model " + tag + " dump"});
+      golden::write_state(bases.back().path, mod, {.checksum = sealed});
+    }
+    const std::string g = opt.source_dir + "/golden/data/micro_fp32_step1.h5";
+    if (fs::exists(g)) bases.push_back({g, false, "golden/data/micro_fp32_step1.h5"});
+    for (const Base& b : bases) golden::read_state(b.path);  // the bases themselves load
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<std::string, std::array<int64_t, 5>> count;  // kind -> loaded, rejected, skipped, failed, total
+  int64_t failures = 0;
+  const int64_t first = opt.only_case >= 0 ? opt.only_case : 0;
+  const int64_t last = opt.only_case >= 0 ? opt.only_case + 1 : opt.cases;
+  for (int64_t i = first; i < last; ++i) {
+    const std::string kind = kind_of(i);
+    if (!opt.kinds.count(kind)) continue;
+    const fs::path dir = work / fmt::format("case{}", i);
+    fs::create_directories(dir);
+    int fds[2];
+    if (::pipe(fds) != 0) {
+      std::perror("pipe");
+      return 2;
+    }
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 2;
+    }
+    if (pid == 0) {
+      ::close(fds[0]);
+      ::alarm(static_cast<unsigned>(opt.time_limit_s));
+      g_report_fd = fds[1];
+      Outcome o;
+      std::string msg;
+      const int code = run_case(opt, bases, i, dir.string(), o, msg);
+      const std::string report = (o.announced ? "" : o.mutation + "\n") + msg;
+      (void)!::write(fds[1], report.data(), report.size());
+      ::_exit(code);
+    }
+    ::close(fds[1]);
+    std::string report;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      report.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const size_t nl = report.find('\n');
+    const std::string mutation = report.substr(0, nl), msg = nl == std::string::npos ? "" : report.substr(nl + 1);
+    auto& c = count[kind];
+    ++c[4];
+    std::string failure;
+    if (WIFSIGNALED(status)) {
+      failure = WTERMSIG(status) == SIGALRM ? fmt::format("hang: no result within {} s", opt.time_limit_s)
+                                            : fmt::format("crash: signal {} ({})", WTERMSIG(status),
+                                                          strsignal(WTERMSIG(status)));
+    } else if (WIFEXITED(status)) {
+      switch (WEXITSTATUS(status)) {
+        case kLoaded: ++c[0]; break;
+        case kRejected: ++c[1]; break;
+        case kSkipped: ++c[2]; break;
+        case kInvariant: failure = msg; break;
+        case kOtherException: failure = "exception other than trident::Error: " + msg; break;
+        default: failure = fmt::format("exit status {}", WEXITSTATUS(status));
+      }
+    }
+    if (opt.verbose) {
+      const bool ok = WIFEXITED(status);
+      const std::string what = !failure.empty()                                    ? failure
+                               : ok && WEXITSTATUS(status) == kSkipped              ? "skipped (the mutation failed)"
+                               : ok && WEXITSTATUS(status) == kRejected             ? "rejected: " + msg
+                                                                                    : "loaded";
+      std::printf("case %lld %s: %s -> %s\n", static_cast<long long>(i), kind.c_str(), mutation.c_str(), what.c_str());
+    }
+    if (!failure.empty()) {
+      ++c[3];
+      ++failures;
+      std::printf("FAIL case %lld (%s; %s): %s\n  repro: fuzz_inputs --seed %llu --case %lld --verbose\n",
+                  static_cast<long long>(i), kind.c_str(), mutation.c_str(), failure.c_str(),
+                  static_cast<unsigned long long>(opt.seed), static_cast<long long>(i));
+      if (!opt.keep.empty()) {
+        std::error_code ec;
+        fs::create_directories(opt.keep, ec);
+        fs::copy(dir, fs::path(opt.keep) / dir.filename(), fs::copy_options::recursive, ec);
+      }
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t total = 0, loaded = 0, rejected = 0, skipped = 0;
+  for (const auto& [k, c] : count) {
+    std::printf("fuzz %-4s: %5lld cases, %5lld loaded, %5lld rejected (trident::Error), %4lld skipped, %lld failed\n",
+                k.c_str(), static_cast<long long>(c[4]), static_cast<long long>(c[0]), static_cast<long long>(c[1]),
+                static_cast<long long>(c[2]), static_cast<long long>(c[3]));
+    total += c[4];
+    loaded += c[0];
+    rejected += c[1];
+    skipped += c[2];
+  }
+  std::printf("fuzz: seed %llu, %lld cases in %.1f s: %lld loaded, %lld rejected, %lld skipped, %lld failures\n",
+              static_cast<unsigned long long>(opt.seed), static_cast<long long>(total), secs,
+              static_cast<long long>(loaded), static_cast<long long>(rejected), static_cast<long long>(skipped),
+              static_cast<long long>(failures));
+  return failures == 0 ? 0 : 1;
+}
