@@ -220,6 +220,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.run.data_seed = static_cast<uint64_t>(o->data_seed);
                      spec.run.token_chunk = o->token_chunk;
                      spec.run.validate();
+                     spec.run.validate_for(spec.cfg);  // bounds and overflow-checked sizes of this model and batch
                      spec.mesh = parse_mesh(o->mesh);
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;

@@ -120,6 +120,7 @@ class Section {
 }  // namespace
 
 nlohmann::json toml_text_to_json(const std::string& text, const std::string& source) {
+  check_toml_text(text, source);  // nesting and literals toml11 cannot take
   std::istringstream is(text);
   toml::value v;
   try {
@@ -249,11 +250,7 @@ PlanInput load_config(const std::string& path) {
   if (is_toml) {
     j = toml_text_to_json(text, path);
   } else {
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(fmt::format("{}: JSON syntax error: {}", path, e.what()));
-    }
+    j = parse_json_strict(text, path);  // duplicate keys and deep nesting are errors
   }
   return parse_config(j, path);
 }
