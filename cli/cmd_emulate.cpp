@@ -214,6 +214,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.run.sequences = o->seqs;
                      spec.run.seq_len = o->seq_len;
                      spec.run.steps = o->steps;
+                     if (o->check && o->steps < 1) fail("--check-reference needs --steps >= 1 (nothing to compare)");
                      spec.run.recompute = o->recompute;
                      spec.run.lr = o->lr;
                      if (o->data_seed < 0) fail("--data-seed must be >= 0");

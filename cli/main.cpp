@@ -1,6 +1,7 @@
 // trident: the command-line front door. Subcommands live in cli/cmd_*.cpp and register themselves.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <vector>
@@ -20,6 +21,9 @@ bool register_command(Command cmd) {
 
 int main(int argc, char** argv) {
   using namespace trident::cli;
+  // OpenMP threads sleep when idle instead of spinning (a spinning pool slows everything else on a loaded machine
+  // several-fold); OMP_WAIT_POLICY=active in the environment still wins.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   CLI::App app{"trident: reference, emulator and planner for FSDP x CP x EP MoE training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "trident 0.1.0");

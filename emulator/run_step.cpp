@@ -1,6 +1,8 @@
 // Emulated run of the distributed step (emulator/run_step.h).
 #include "emulator/run_step.h"
 
+#include <cmath>
+
 #include <omp.h>
 
 #include <atomic>
@@ -122,6 +124,10 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
         for (int64_t s = 0; s < steps; ++s) {
           const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
           per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;
+          // loss and grad norm are global values, identical on every rank: every rank stops at the same step
+          if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+            fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
+                             st.grad_norm));
           if (spec.keep_tensors) {
             step.write_grads(res.grads[static_cast<size_t>(s)]);
             step.write_params(res.params[static_cast<size_t>(s)]);

@@ -359,6 +359,20 @@ TEST(StepAccounting, MatchesDocumentedSchedule) {
   }
 }
 
+// ---- a diverged run stops every rank with one clear error (never "bitwise equal" on NaN) ------------------------------
+TEST(StepEdge, NonFiniteLossStopsTheRun) {
+  emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 1, 1, 2), .steps = 2});
+  const int64_t n = s.cfg.d_model * s.cfg.vocab;
+  s.overrides.push_back({"lm_head", std::vector<double>(static_cast<size_t>(n), std::nan(""))});
+  try {
+    (void)emu::emulate<float>(s);
+    FAIL() << "a NaN loss did not stop the run";
+  } catch (const emu::RankError& e) {
+    EXPECT_NE(e.original.find("step 1: loss nan"), std::string::npos) << e.original;
+    EXPECT_NE(e.original.find("not finite"), std::string::npos) << e.original;
+  }
+}
+
 }  // namespace
 }  // namespace trident
 
