@@ -19,14 +19,20 @@ std::string MeshShape::spec() const {
 
 MeshShape parse_mesh(const std::string& spec) {
   MeshShape m;
+  const auto trim = [](std::string x) {
+    const size_t b = x.find_first_not_of(" \t"), e = x.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : x.substr(b, e - b + 1);
+  };
+  if (trim(spec).empty()) fail("mesh: empty (e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2; missing keys are 1)");
   std::stringstream ss(spec);
   std::string item;
   std::set<std::string> seen;
   while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
+    item = trim(item);
+    if (item.empty()) fail(fmt::format("mesh: empty item in '{}'", spec));
     auto eq = item.find('=');
     if (eq == std::string::npos) fail(fmt::format("mesh: '{}' is not key=value (e.g. cp=2)", item));
-    std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+    std::string key = trim(item.substr(0, eq)), val = trim(item.substr(eq + 1));
     int64_t v = 0;
     try {
       size_t used = 0;

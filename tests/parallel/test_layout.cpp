@@ -28,6 +28,10 @@ TEST(Layout, ParseMesh) {
   EXPECT_THROW(parse_mesh("d_rep=1048577,e_fsdp=1048577"), Error);         // one dimension too large
   EXPECT_THROW(parse_mesh("d_rep=65536,fsdp=65536,e_fsdp=65536,ep=65536"), Error);  // world too large
   EXPECT_NO_THROW(parse_mesh("d_rep=1048576,e_fsdp=1048576"));
+  EXPECT_EQ(parse_mesh(" cp = 2 , ep=2 "), (MeshShape{1, 1, 2, 1, 2}));  // spaces around keys and values
+  EXPECT_THROW(parse_mesh(""), Error);                                    // empty: never a silent 1-rank mesh
+  EXPECT_THROW(parse_mesh("  "), Error);
+  EXPECT_THROW(parse_mesh("cp=2,,ep=2"), Error);
 }
 
 TEST(Layout, CoordinatesRoundTrip) {
