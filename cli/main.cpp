@@ -37,7 +37,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Bad command lines get the same one-line format and exit code as every other bad input.
+    std::string msg = e.what();
+    if (argc > 1 && argv[1][0] != '-' &&
+        std::none_of(cmds.begin(), cmds.end(), [&](const Command& c) { return c.name == argv[1]; })) {
+      msg = std::string("unknown command '") + argv[1] + "' (commands:";
+      for (const Command& c : cmds) msg += " " + c.name;
+      msg += ")";
+    }
+    std::fprintf(stderr, "trident: error: %s (see trident --help)\n", msg.c_str());
+    return 1;
   }
   try {
     for (auto& [sub, act] : actions)
