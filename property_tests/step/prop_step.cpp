@@ -1,6 +1,7 @@
-// Property: for random valid meshes of up to 64 ranks, random EP chunk counts, vocabulary slices and recompute
-// flags, the emulated step is bit-identical to the single-rank reference (docs/parallel.md). Generated numbers are raw choices
-// mapped onto a valid layout, so shrinking moves toward small meshes; a failure logs the repro command.
+// Property: for random valid meshes of up to 64 ranks, random EP chunk counts, vocabulary slices, recompute flags
+// and devices (eager, or deferred with a random scheduler seed), the emulated step is bit-identical to the
+// single-rank reference (docs/parallel.md). Generated numbers are raw choices mapped onto a valid layout, so
+// shrinking moves toward small meshes; a failure logs the repro command.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -42,6 +43,11 @@ emu::EmulateSpec random_spec() {
   s.ep_chunks = std::min<int64_t>(*rc::gen::inRange(1, 5), local_tiles);
   // vocabulary slices: 0 (default: one per vocab chunk), or 1..6 (beyond tiny's 4 vocab chunks: clamped)
   s.vocab_slices = *rc::gen::inRange(0, 7);
+  // the device: eager, or deferred with a drawn scheduler seed (queued per stream, hazards checked; same bits)
+  if (*rc::gen::arbitrary<bool>()) {
+    s.device.mode = emu::DeviceMode::deferred;
+    s.device.seed = *rc::gen::inRange<uint64_t>(0, 1000);
+  }
   return s;
 }
 
