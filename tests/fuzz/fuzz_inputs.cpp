@@ -42,6 +42,7 @@
 #include "reference/model/config.h"
 #include "reference/model/params.h"
 #include "reference/toml_json.h"
+#include "tests/golden/micro_config.h"
 
 namespace fs = std::filesystem;
 using namespace trident;
@@ -489,21 +490,7 @@ golden::StateDump generic_dump(uint64_t seed) {
 }
 
 golden::StateDump model_dump(uint64_t seed) {
-  model::Config c = model::Config::preset("tiny");
-  c.vocab = 24;
-  c.d_model = 8;
-  c.layers = 2;
-  c.dense_layers = 1;
-  c.heads = 2;
-  c.nope_dim = 4;
-  c.rope_dim = 2;
-  c.v_dim = 4;
-  c.kv_lora_rank = 6;
-  c.experts = 4;
-  c.top_k = 2;
-  c.expert_ffn = 4;
-  c.shared_ffn = 4;
-  c.dense_ffn = 8;
+  model::Config c = goldentest::micro_config(24, 4);
   c.validate();
   const auto ps = model::ParamSet<float>::init(c, seed);
   golden::StateDump s;

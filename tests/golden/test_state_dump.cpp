@@ -18,6 +18,7 @@
 #include "reference/check.h"
 #include "reference/model/config.h"
 #include "reference/model/params.h"
+#include "tests/golden/micro_config.h"
 
 namespace fs = std::filesystem;
 using namespace trident;
@@ -360,21 +361,7 @@ std::vector<std::pair<std::string, WriteOptions>> layouts() {
 
 // The smallest dump whose config is a model config: the reader checks it against the parameter layout.
 StateDump model_state(bool fp64) {
-  model::Config c = model::Config::preset("tiny");
-  c.vocab = 20;
-  c.d_model = 8;
-  c.layers = 2;
-  c.dense_layers = 1;
-  c.heads = 2;
-  c.nope_dim = 4;
-  c.rope_dim = 2;
-  c.v_dim = 4;
-  c.kv_lora_rank = 6;
-  c.experts = 4;
-  c.top_k = 2;
-  c.expert_ffn = 4;
-  c.shared_ffn = 0;
-  c.dense_ffn = 8;
+  model::Config c = goldentest::micro_config(20, 0);
   c.policy = fp64 ? Policy::fp64 : Policy::fp32;
   StateDump s;
   s.config = c.to_json();
