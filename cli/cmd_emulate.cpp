@@ -34,6 +34,7 @@ struct Opts {
   int64_t seq_len = 32;
   double lr = 3e-3;
   int64_t data_seed = 7;
+  int64_t seed = -1;  // -1: the config's
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
 };
@@ -74,6 +75,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
+  std::printf("repro: %s\n", spec.repro(o.check).c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
@@ -148,13 +150,14 @@ int run(const Opts& o, emu::EmulateSpec spec) {
 TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ranks (optionally vs the reference)",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
-                       ->capture_default_str();
-                   sub.add_option("--config", o->config, "model config file (.json or .toml); replaces --preset")
-                       ->check(CLI::ExistingFile);
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                                      ->capture_default_str();
+                   sub.add_option("--config", o->config, "model config file (.json or .toml); instead of --preset")
+                       ->check(CLI::ExistingFile)
+                       ->excludes(preset);
                    sub.add_option("--mesh", o->mesh,
-                                  "mesh, e.g. d_rep=4,fsdp=1,cp=64,e_fsdp=4,ep=64 (missing keys are 1; "
-                                  "d_rep*fsdp*cp must equal e_fsdp*ep)")
+                                                  "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1; "
+                                  "d_rep*fsdp*cp must equal e_fsdp*ep; docs/parallel.md section 1 lists the rules)")
                        ->required();
                    sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
                    sub.add_option("--chunks", o->chunks, "EP chunks per MoE layer (tile-aligned)")
@@ -178,16 +181,19 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_flag("--check-hazards", o->check_hazards,
                                 "check every declared device access against the streams' event order (on in "
                                 "deferred mode)");
-                   sub.add_flag("--check-reference", o->check,
-                                "run the single-rank reference too and compare loss, every gradient and every "
-                                "parameter bit for bit (exit code 1 on any difference)");
-                   sub.add_flag("--verbose", o->verbose, "with --check-reference: one line per compared tensor");
+                   auto* check = sub.add_flag("--check-reference", o->check,
+                                              "run the single-rank reference too and compare loss, every gradient "
+                                              "and every parameter bit for bit (exit code 1 on any difference)");
+                   sub.add_flag("--verbose", o->verbose, "with --check-reference: one line per compared tensor")
+                       ->needs(check);
                    sub.add_option("--policy", o->policy, "precision policy fp64|fp32|bf16 (default: the config's)")
                        ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
                    sub.add_option("--seqs", o->seqs, "sequences per step (global batch)")->capture_default_str();
                    sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
                    sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
+                   sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)")
+                       ->check(CLI::NonNegativeNumber);
                    sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
                        ->capture_default_str();
                    sub.add_option("--experts", o->experts, "override the config's routed experts")
@@ -202,9 +208,11 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::positive_int());
                    return [o]() -> int {
                      emu::EmulateSpec spec;
-                     spec.preset = o->preset;
+                     spec.preset = o->config.empty() ? o->preset : "";
+                     spec.config_path = o->config;
                      spec.cfg = o->config.empty() ? model::Config::preset(o->preset) : model::Config::load(o->config);
                      if (!o->policy.empty()) spec.cfg.policy = parse_policy(o->policy);
+                     if (o->seed >= 0) spec.cfg.seed = static_cast<uint64_t>(o->seed);
                      if (o->experts > 0) spec.cfg.experts = o->experts;
                      if (o->top_k > 0) spec.cfg.top_k = o->top_k;
                      if (o->tile > 0) spec.cfg.tile = o->tile;

@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "golden/state_dump.h"
 #include "reference/check.h"
+#include "reference/model/repro.h"
 #include "reference/model/train.h"
 
 namespace {
@@ -37,15 +38,13 @@ golden::NamedTensor tensor(const std::string& name, const Tensor<T>& t) {
   return golden::make_tensor(name, t.shape, std::span<const T>(t.data.data(), t.data.size()));
 }
 
-std::string repro_line(const Opts& o, const Config& c) {
-  std::string s = "trident train";
-  if (!o.config.empty()) s += " --config " + o.config;
-  else s += " --preset " + o.preset;
-  s += fmt::format(" --steps {} --policy {} --seqs {} --seq-len {} --lr {} --seed {} --data-seed {} --token-chunk {}",
-                   o.steps, to_string(c.policy), o.seqs, o.seq_len, o.lr, c.seed, o.data_seed, o.token_chunk);
-  if (o.recompute) s += " --recompute";
-  if (!o.dump.empty()) s += " --dump " + o.dump;
-  return s;
+// The exact command line of this run (reference/model/repro.h: the builder `trident emulate` uses too).
+std::string repro_line(const Opts& o, const Config& c, const RunConfig& rc) {
+  ReproLine r("trident train");
+  add_model_flags(r, o.config.empty() ? o.preset : "", o.config, c);
+  add_run_flags(r, rc);
+  r.opt_nonempty("--dump", o.dump);
+  return r.str();
 }
 
 template <class T>
@@ -68,6 +67,8 @@ int run(const Opts& o, const Config& cfg) {
               std::string(to_string(cfg.policy)).c_str(), o.recompute ? ", full recompute" : "");
   std::printf("batch: %lld sequences x %lld tokens, tile %lld, lr %g\n", static_cast<long long>(o.seqs),
               static_cast<long long>(o.seq_len), static_cast<long long>(cfg.tile), o.lr);
+  const std::string repro = repro_line(o, cfg, rc);
+  std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < o.steps; ++s) {
@@ -90,7 +91,7 @@ int run(const Opts& o, const Config& cfg) {
       golden::StateDump d;
       d.config = cfg.to_json();
       d.seed = cfg.seed;
-      d.repro = repro_line(o, cfg);
+      d.repro = repro;
       d.tokens = golden::make_tensor("tokens", {batch.B, batch.S}, std::span<const int32_t>(batch.tokens));
       d.targets = golden::make_tensor("targets", {batch.B, batch.S}, std::span<const int32_t>(batch.targets));
       d.loss = st.loss;
@@ -135,7 +136,8 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--seqs", o->seqs, "sequences per step")->capture_default_str();
                    sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
                    sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
-                   sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)");
+                   sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)")
+                       ->check(CLI::NonNegativeNumber);
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
                    sub.add_option("--token-chunk", o->token_chunk,
                                   "linear-CE token chunk (memory only: results are bitwise independent of it)")

@@ -13,29 +13,25 @@
 #include "emulator/world.h"
 #include "parallel/mesh_comm.h"
 #include "reference/check.h"
+#include "reference/model/repro.h"
 #include "reference/model/train.h"
 
 namespace trident::emu {
 
 namespace md = trident::model;
 
-std::string EmulateSpec::repro() const {
-  std::string s = fmt::format(
-      "trident emulate --preset {} --policy {} --mesh {} --steps {} --chunks {} --seqs {} --seq-len {}", preset,
-      to_string(cfg.policy), mesh.spec(), run.steps, ep_chunks, run.sequences, run.seq_len);
-  const md::Config base = md::Config::preset(preset);
-  if (cfg.experts != base.experts) s += fmt::format(" --experts {}", cfg.experts);
-  if (cfg.top_k != base.top_k) s += fmt::format(" --top-k {}", cfg.top_k);
-  if (cfg.tile != base.tile) s += fmt::format(" --tile {}", cfg.tile);
-  if (cfg.layers != base.layers) s += fmt::format(" --layers {}", cfg.layers);
-  if (cfg.vocab_chunk != base.vocab_chunk) s += fmt::format(" --vocab-chunk {}", cfg.vocab_chunk);
-  if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
-  if (run.recompute) s += " --recompute";
-  if (lower_exact_sum) s += " --lower-exact-sum";
-  if (device.mode == DeviceMode::deferred) s += fmt::format(" --device deferred --device-seed {}", device.seed);
-  else if (device.check_hazards) s += " --check-hazards";
-  s += " --check-reference";
-  return s;
+std::string EmulateSpec::repro(bool check_reference) const {
+  ReproLine r("trident emulate");
+  md::add_model_flags(r, preset, config_path, cfg);
+  r.opt("--mesh", mesh.spec());
+  md::add_run_flags(r, run);
+  r.opt_if("--chunks", ep_chunks, 1);
+  r.opt_if("--vocab-slices", vocab_slices, 0);
+  r.flag("--lower-exact-sum", lower_exact_sum);
+  if (device.mode == DeviceMode::deferred) r.opt("--device", "deferred").opt_if("--device-seed", device.seed, 0);
+  else r.flag("--check-hazards", device.check_hazards);
+  r.flag("--check-reference", check_reference);
+  return r.str();
 }
 
 std::vector<md::Batch> spec_batches(const EmulateSpec& spec) {

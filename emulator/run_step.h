@@ -25,7 +25,8 @@ inline constexpr int64_t kMaxEmulatedRanks = 65536;
 
 struct EmulateSpec {
   model::Config cfg;
-  std::string preset = "tiny";  // for repro(): the preset cfg came from
+  std::string preset = "tiny";  // for repro(): the preset cfg came from (ignored when config_path is set)
+  std::string config_path;      // for repro(): the config file cfg came from ("": the preset)
   model::RunConfig run;         // sequences, seq_len, steps, token_chunk, recompute, optimizer, data_seed
   MeshShape mesh;
   int64_t ep_chunks = 1;
@@ -47,7 +48,9 @@ struct EmulateSpec {
   bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const RankStepStats&)> progress;
-  std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)
+  // The `trident emulate ...` command line of this spec (synthetic data, no overrides): every flag that differs
+  // from its default (reference/model/repro.h), with --check-reference when check_reference.
+  std::string repro(bool check_reference = true) const;
 };
 
 template <class T>

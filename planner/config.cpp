@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <toml.hpp>
 
 #include "reference/toml_json.h"
@@ -240,12 +241,19 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
 }
 
 PlanInput load_config(const std::string& path) {
+  const auto ends_with = [&](std::string_view ext) {
+    return path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  };
+  if (!ends_with(".json") && !ends_with(".toml"))
+    throw Error(fmt::format("{}: not a plan config: plan reads .json or .toml files (e.g. planner/examples/"
+                            "nvl72_1m.json)",
+                            path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(fmt::format("{}: cannot open the config file", path));
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
-  const bool is_toml = path.size() >= 5 && path.compare(path.size() - 5, 5, ".toml") == 0;
+  const bool is_toml = ends_with(".toml");
   nlohmann::json j;
   if (is_toml) {
     j = toml_text_to_json(text, path);

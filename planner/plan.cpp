@@ -330,7 +330,7 @@ Recommendation recommend(const PlanInput& in, int64_t world) {
   rec.ep = ep;
   rec.lines.push_back(
       in.recipe.ep ? fmt::format("EP = {}: fixed first, as told (recipe.ep)", ep)
-                   : fmt::format("EP = {}: fixed first (seed 002 step 1: {}); the all-to-all stays inside one "
+                   : fmt::format("EP = {}: fixed first (recipe step 1: {}); the all-to-all stays inside one "
                                  "NVLink domain of {}",
                                  ep, nvl == 8 ? "8 on 8-GPU nodes" : "the largest divisor of experts that fits one domain",
                                  nvl));
@@ -399,13 +399,13 @@ Recommendation recommend(const PlanInput& in, int64_t world) {
       if (rec.found) break;
     }
   }
-  rec.lines.push_back("TP: not used (seed 002: off unless a model or hardware constraint needs it)");
+  rec.lines.push_back("TP: not used (the recipe: off unless a model or hardware constraint needs it)");
   if (rec.found) {
-    rec.lines.push_back("PP: not used (seed 002: PP=2 only when memory needs headroom; it does not here)");
+    rec.lines.push_back("PP: not used (the recipe: PP=2 only when memory needs headroom; it does not here)");
   } else {
     rec.memory_forced = true;
     rec.lines.push_back(fmt::format(
-        "no mesh of {} GPUs with EP = {} fits {:.0f} GB: memory would force something else (seed 002: PP=2 for "
+        "no mesh of {} GPUs with EP = {} fits {:.0f} GB: memory would force something else (the recipe: PP=2 for "
         "headroom, or more GPUs, or a shorter recompute transient)",
         world, ep, in.cluster.gpu_memory_gb));
     rec.lines.push_back("PP: would be needed (PP=2) unless the cluster grows");

@@ -62,7 +62,7 @@ std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck
                          fmt::join(broken, ", "));
   }
 
-  t.head("Per-GPU dynamic memory per token (seed 000: dynamic memory)");
+  t.head("Per-GPU dynamic memory per token");
   t.row("tokens per GPU", fmt::format("context x sequences_per_cp_group / cp = {} x {} / {}", wl.context,
                                       wl.sequences_per_cp_group, m.cp),
         grouped(p.tokens_per_gpu));
@@ -98,7 +98,7 @@ std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck
   t.row("headroom", fmt::format("gpu_memory - total = {} GB - total", cl.gpu_memory_gb), gb(p.headroom));
   t.note(p.fits ? "-> fits" : "-> DOES NOT FIT");
 
-  t.head("FSDP communication per layer (seed 000: eFSDP overlap; worst case (n-1)/n -> 1, ring volume beside it)");
+  t.head("FSDP communication per layer (eFSDP overlap; worst case (n-1)/n -> 1, ring volume beside it)");
   t.row("expert layer, this rank", fmt::format("params/layers x (1 - dense) x 2 B / ep = ... / {}", m.ep),
         gb(p.expert_layer_bytes));
   t.row("expert traffic", fmt::format("x (1 AG fwd + 1 AG bwd + 2 fp32 RS){}", m.e_fsdp > 1 ? "" : " (e_fsdp = 1: none)"),
@@ -135,7 +135,7 @@ std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck
                   : fmt::format("-> eFSDP NOT hidden: {} tokens per GPU < {}", grouped(p.tokens_per_gpu),
                                 grouped(p.min_tokens_to_hide)));
 
-  t.head("Context parallel (all-gather KV) per layer (seed 000: 2D CP)");
+  t.head("Context parallel (all-gather KV) per layer (2D CP when cp spans several NVLink domains)");
   if (mo.kv_latent_bytes_per_token <= 0) {
     t.note("model.kv_latent_bytes_per_token not given: CP traffic not computed");
   } else {
@@ -155,7 +155,7 @@ std::string render_text(const PlanInput& in, const MeshShape& m, const MeshCheck
   t.row("RDMA bytes per layer", "eFSDP RDMA + CP RDMA (what the search minimises)", gb(p.rdma_bytes_per_layer));
 
   if (mo.vocab > 0) {
-    t.head("Linear cross-entropy (seed 002)");
+    t.head("Linear cross-entropy (logits never materialised)");
     t.row("naive fp32 logits", fmt::format("tokens per GPU x vocab x 4 B = {} x {} x 4", grouped(p.tokens_per_gpu),
                                            grouped(double(mo.vocab))),
           gb(p.naive_logits_bytes));
@@ -225,7 +225,7 @@ nlohmann::json plan_json(const PlanInput& in, const MeshShape& m, const MeshChec
 }
 
 std::string render_recipe_text(const Recommendation& r, int64_t world) {
-  std::string out = fmt::format("\nRecipe (seed 002: fix EP, CP for a 16K-32K local sequence, nothing else unless "
+  std::string out = fmt::format("\nRecipe (EP -> CP -> PP: fix EP, CP for a 16K-32K local sequence, nothing else unless "
                                 "memory says so) for {} GPUs\n",
                                 world);
   if (r.found) out += fmt::format("  recommended mesh {}\n", mesh_str(r.mesh));

@@ -155,6 +155,9 @@ TEST(PlannerConfig, BadInputNamesTheKey) {
 
 TEST(PlannerConfig, BadFiles) {
   EXPECT_NE(error_of([] { load_config("/nonexistent/x.json"); }).find("cannot open"), std::string::npos);
+  // Any other extension is refused before the file is read, with the formats that are accepted.
+  for (const char* f : {"state.h5", "plan.yaml", "plan"})
+    EXPECT_NE(error_of([&] { load_config(f); }).find("plan reads .json or .toml files"), std::string::npos) << f;
   const std::string dir = TRIDENT_PLANNER_BAD;
   EXPECT_NE(error_of([&] { load_config(dir + "/zero_context.toml"); }).find("workload.context"), std::string::npos);
   EXPECT_NE(error_of([] { toml_text_to_json("[model\nparams = 1"); }).find("TOML syntax error"), std::string::npos);
