@@ -75,7 +75,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
-  std::printf("repro: %s\n", spec.repro(o.check).c_str());
+  // The exact command: the spec's flags (one builder, reference/repro.h) and the display flag --verbose.
+  const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "");
+  std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
@@ -141,7 +143,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     std::printf("\n");
   }
   std::printf("%s\n", rep.summary().c_str());
-  if (!rep.ok()) std::printf("repro: %s\n", spec.repro().c_str());
+  if (!rep.ok()) std::printf("repro: %s\n", repro.c_str());
   return rep.ok() ? 0 : 1;
 }
 

@@ -66,12 +66,14 @@ def blocks(path):
             marker = (m.group(1), m.group(2))
             i += 1
             continue
-        if line.startswith("```"):
-            lang = line[3:].strip()
+        if line.lstrip().startswith("```"):  # a fence, possibly indented inside a list item
+            indent = len(line) - len(line.lstrip())
+            lang = line.strip()[3:].strip()
             j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
+            while j < len(lines) and not lines[j].lstrip().startswith("```"):
                 j += 1
-            yield {"kind": lang or "plain", "line": i + 1, "body": lines[i + 1:j], "marker": marker}
+            body = [l[indent:] if l[:indent].strip() == "" else l for l in lines[i + 1:j]]
+            yield {"kind": lang or "plain", "line": i + 1, "body": body, "marker": marker}
             marker = None
             i = j + 1
             continue

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Every command's printed repro line reproduces the run.
+
+For each case: run `trident ARGS` (non-default flags of every kind), take the `repro: trident ...` line it prints,
+check that it names every flag given (and the --config path), run it, and demand the same output, line for line,
+with wall-clock numbers masked. Then the repro line of the repro run must be the same line (a fixed point).
+Usage: repro_roundtrip.py TRIDENT_BINARY REPO_ROOT
+"""
+import re
+import shlex
+import subprocess
+import sys
+
+CASES = [
+    # train from a preset: every run flag and both seeds
+    "train --preset tiny-gqa --steps 2 --seqs 2 --seq-len 16 --lr 0.002 --seed 5 --data-seed 3 --token-chunk 8 "
+    "--policy bf16 --recompute",
+    # train from a config file
+    "train --config golden/data/micro.json --steps 1 --seqs 2 --seq-len 16 --policy fp64",
+    # emulate from a config file, with the flags EmulateSpec::repro() used to drop (--config, --lr, --data-seed,
+    # --token-chunk) and the deferred device
+    "emulate --config golden/data/micro.json --tile 4 --seed 9 --mesh d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 1 "
+    "--seq-len 16 --lr 0.001 --data-seed 5 --token-chunk 8 --chunks 2 --device deferred --device-seed 3 "
+    "--check-reference --verbose",
+    # emulate from a preset with model overrides, vocabulary slices, the i64 lowering and the hazard checker
+    "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 2 --experts 4 --top-k 1 --layers 2 "
+    "--vocab-chunk 64 --vocab-slices 3 --lower-exact-sum --check-hazards --policy bf16",
+    # plan with every flag that changes the text report
+    "plan planner/examples/nvl72_1m_search.toml --world 128 --top 2 --search",
+]
+
+# Wall-clock numbers ("0.08s", "0.75s/step", "wall time 0.08 s (0.08 s/step)") are masked before comparing.
+TIMING = re.compile(r"\d+(?:\.\d+)?\s*(?:s/step|s\b)")
+
+
+def run(trident, root, args):
+    p = subprocess.run([trident] + args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300)
+    return p.returncode, p.stdout
+
+
+def repro_of(out):
+    lines = [l[len("repro: "):] for l in out.splitlines() if l.startswith("repro: ")]
+    return lines[0] if lines else None
+
+
+def main(argv):
+    trident, root = argv[1], argv[2]
+    failures = 0
+    for case in CASES:
+        args = shlex.split(case)
+        rc, out = run(trident, root, args)
+        line = repro_of(out)
+        print(f"[ case ] trident {case}\n         repro: {line}")
+        if rc != 0 or line is None:
+            print(f"FAIL exit {rc} or no repro line; output:\n{out}")
+            failures += 1
+            continue
+        words = shlex.split(line)
+        if words[0] != "trident" or words[1] != args[0]:
+            print(f"FAIL the repro line does not start with 'trident {args[0]}'")
+            failures += 1
+            continue
+        # Every flag given is in the line (values may be normalised, e.g. the mesh spec), and so is the config path.
+        missing = [a for a in args if a.startswith("--") and a not in words]
+        if "--config" in args and args[args.index("--config") + 1] not in words:
+            missing.append("the --config path")
+        if missing:
+            print(f"FAIL the repro line lacks {missing}")
+            failures += 1
+        rc2, out2 = run(trident, root, words[1:])
+        a = [TIMING.sub("<t>", l) for l in out.splitlines()]
+        b = [TIMING.sub("<t>", l) for l in out2.splitlines()]
+        if rc2 != rc or a != b:
+            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            print(f"FAIL the repro run differs (exit {rc2} vs {rc}); first different line {diff + 1}:\n"
+                  f"  run:   {a[diff] if diff < len(a) else '<end>'}\n  repro: {b[diff] if diff < len(b) else '<end>'}")
+            failures += 1
+            continue
+        print(f"[  ok  ] same output ({len(a)} lines, exit {rc}) and the same repro line")
+    print(f"repro round trip: {len(CASES) - failures}/{len(CASES)} cases reproduce")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
