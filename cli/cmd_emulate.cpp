@@ -161,7 +161,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                                   "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1; "
                                   "d_rep*fsdp*cp must equal e_fsdp*ep; docs/parallel.md section 1 lists the rules)")
                        ->required();
-                   sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
+                   sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str()
+                       ->check(cli::int_at_least(0));
                    sub.add_option("--chunks", o->chunks, "EP chunks per MoE layer (tile-aligned)")
                        ->capture_default_str();
                    sub.add_option("--vocab-slices", o->vocab_slices,
@@ -178,7 +179,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(CLI::IsMember({"eager", "deferred"}))
                        ->capture_default_str();
                    sub.add_option("--device-seed", o->device_seed, "deferred device: the scheduler's seed")
-                       ->check(CLI::NonNegativeNumber)
+                       ->check(cli::int_at_least(0))
                        ->capture_default_str();
                    sub.add_flag("--check-hazards", o->check_hazards,
                                 "check every declared device access against the streams' event order (on in "
@@ -190,14 +191,19 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->needs(check);
                    sub.add_option("--policy", o->policy, "precision policy fp64|fp32|bf16 (default: the config's)")
                        ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
-                   sub.add_option("--seqs", o->seqs, "sequences per step (global batch)")->capture_default_str();
-                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
-                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
-                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
+                   sub.add_option("--seqs", o->seqs, "sequences per step (global batch)")->capture_default_str()
+                       ->check(cli::positive_int());
+                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str()
+                       ->check(cli::int_at_least(2));
+                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str()
+                       ->check(cli::non_negative_number());
+                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str()
+                       ->check(cli::int_at_least(0));
                    sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)")
-                       ->check(CLI::NonNegativeNumber);
+                       ->check(cli::int_at_least(0));
                    sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
-                       ->capture_default_str();
+                       ->capture_default_str()
+                       ->check(cli::positive_int());
                    sub.add_option("--experts", o->experts, "override the config's routed experts")
                        ->check(cli::positive_int());
                    sub.add_option("--top-k", o->top_k, "override the config's top-k")

@@ -126,22 +126,28 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                                   "model config file (.json or .toml; every key required); instead of --preset")
                        ->check(CLI::ExistingFile)
                        ->excludes(preset);
-                   sub.add_option("--steps", o->steps, "number of optimizer steps")->capture_default_str();
+                   sub.add_option("--steps", o->steps, "number of optimizer steps")->capture_default_str()
+                       ->check(trident::cli::int_at_least(0));
                    sub.add_option("--policy", o->policy,
                                   "precision policy fp64|fp32|bf16 (default: the config's policy, fp32 for presets)")
                        ->check(CLI::IsMember({"fp64", "fp32", "bf16"}));
                    sub.add_flag("--recompute", o->recompute,
                                 "full recompute: keep only each layer's input, re-run the layer in backward "
                                 "(bitwise identical gradients)");
-                   sub.add_option("--seqs", o->seqs, "sequences per step")->capture_default_str();
-                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
-                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
+                   sub.add_option("--seqs", o->seqs, "sequences per step")->capture_default_str()
+                       ->check(trident::cli::positive_int());
+                   sub.add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str()
+                       ->check(trident::cli::int_at_least(2));
+                   sub.add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str()
+                       ->check(trident::cli::non_negative_number());
                    sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)")
-                       ->check(CLI::NonNegativeNumber);
-                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str();
+                       ->check(trident::cli::int_at_least(0));
+                   sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str()
+                       ->check(trident::cli::int_at_least(0));
                    sub.add_option("--token-chunk", o->token_chunk,
                                   "linear-CE token chunk (memory only: results are bitwise independent of it)")
-                       ->capture_default_str();
+                       ->capture_default_str()
+                       ->check(trident::cli::positive_int());
                    sub.add_option("--dump", o->dump,
                                   "write the golden HDF5 state of the last step (inputs, weights before, loss, "
                                   "grads, weights after, config, optimizer, repro) to this file");

@@ -2,6 +2,7 @@
 // Each file registers itself with TRIDENT_COMMAND; main() builds the CLI11 app from the registry.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -31,6 +32,37 @@ inline CLI::Validator positive_int() {
         return "must be a positive integer, got " + v;
       },
       "INT>=1");
+}
+
+// Option check: an integer >= lo ("must be an integer >= LO, got X"), for flags where 0 (or 1) is not positive
+// but still wrong or right, e.g. --steps 0 is allowed, --seq-len 1 is not.
+inline CLI::Validator int_at_least(long long lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= lo) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= " + std::to_string(lo) + ", got " + v;
+      },
+      "INT>=" + std::to_string(lo));
+}
+
+// Option check: a finite number >= 0 ("must be a finite number >= 0, got X").
+inline CLI::Validator non_negative_number() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && std::isfinite(x) && x >= 0) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be a finite number >= 0, got " + v;
+      },
+      "NUMBER>=0");
 }
 
 }  // namespace trident::cli

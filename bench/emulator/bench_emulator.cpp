@@ -7,6 +7,7 @@
 //    ranks can be compared with.
 //  * Latency: 1,000 tiny all_reduce at 1,024 ranks (rendezvous cost).
 #include <benchmark/benchmark.h>
+#include "bench/bench_reporter.h"
 
 #include <chrono>
 #include <cstring>
@@ -150,9 +151,10 @@ BENCHMARK(BM_tiny)->Args({8, 1})->Args({64, 1})->Args({1024, 1})->Args({1024, 0}
 }  // namespace
 
 int main(int argc, char** argv) {
+  trident::bench::Reporter rep(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+  benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
   std::printf("\nsingle-thread memcpy, best of 20: 16 MiB %.2f GB/s (baseline), 256 MiB %.2f GB/s (DRAM, context)\n",
               g_memcpy_bw / 1e9, g_memcpy_dram_bw / 1e9);

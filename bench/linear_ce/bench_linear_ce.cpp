@@ -14,6 +14,7 @@
 // The fused API keeps token_chunk x V logits, so under the 1/32 memory target its token chunks are small and every
 // dW accumulator is streamed from memory once per token chunk: it is slower here (reported with --fused 1).
 #include <benchmark/benchmark.h>
+#include "bench/bench_reporter.h"
 #include <omp.h>
 
 #include <algorithm>
@@ -219,6 +220,7 @@ int main(int argc, char** argv) {
     rest.push_back(argv[i]);
   }
   int rc = static_cast<int>(rest.size());
+  trident::bench::Reporter rep(rc, rest.data());
   benchmark::Initialize(&rc, rest.data());
   const Shape& s = g_shape;
   std::printf("linear CE bench: tokens %ld, vocab %ld, d %ld, vocab_chunk %ld, token_chunk %ld (fused %ld), tile %ld, "
@@ -235,7 +237,7 @@ int main(int argc, char** argv) {
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
   }
-  benchmark::RunSpecifiedBenchmarks();
+  benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
 
   const double logits_bytes = static_cast<double>(s.N) * static_cast<double>(s.V) * 4.0;

@@ -6,6 +6,7 @@
 // All times are process CPU time (immune to other processes on a shared machine); run with OMP_NUM_THREADS=1
 // for numbers that are compute time (with more threads, OpenMP spin-waits count too).
 #include <benchmark/benchmark.h>
+#include "bench/bench_reporter.h"
 
 #include <chrono>
 #include <ctime>
@@ -94,8 +95,9 @@ BENCHMARK(BM_TrainStep)
     ->MinTime(0.5);
 
 int main(int argc, char** argv) {
+  trident::bench::Reporter rep(argc, argv);
   benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
+  benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
   std::printf("\nbench_model summary: one step of `tiny`, 4 x 64 tokens (process CPU time)\n");
   for (const char* t : {"/T8", "/T64"})

@@ -3,6 +3,7 @@
 //  - tile-reduced dW = X^T dY (exact merge across tiles) vs plain fp32 X^T dY (the same in-order kernel over all
 //    rows without tiles, and Eigen), per tile size T.
 #include <benchmark/benchmark.h>
+#include "bench/bench_reporter.h"
 #include <omp.h>
 
 #include <Eigen/Dense>
@@ -111,12 +112,13 @@ void BM_wgrad_eigen(benchmark::State& st) {
 }
 
 // Captures real time per benchmark name for the ratio table.
-class Capture : public benchmark::ConsoleReporter {
+class Capture : public trident::bench::Reporter {
  public:
+  using Reporter::Reporter;
   std::map<std::string, double> t, cpu;
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs) t[r.benchmark_name()] = r.GetAdjustedRealTime(), cpu[r.benchmark_name()] = r.GetAdjustedCPUTime();
-    ConsoleReporter::ReportRuns(runs);
+    Reporter::ReportRuns(runs);
   }
 };
 
@@ -138,8 +140,8 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark("wgrad_tile", BM_wgrad_tile)->Args({T, th})->UseRealTime()
           ->Unit(benchmark::kMillisecond);
   }
+  Capture rep(argc, argv);
   benchmark::Initialize(&argc, argv);
-  Capture rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   auto get = [&](const std::string& n) { auto it = rep.t.find(n); return it == rep.t.end() ? 0.0 : it->second; };
   // Process CPU time (all threads): less sensitive than wall time to other processes on a shared machine.

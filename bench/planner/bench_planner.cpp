@@ -3,6 +3,7 @@
 // baseline is the naive path a script would take per mesh: build the JSON config, parse and validate it,
 // evaluate, and render the JSON result.
 #include <benchmark/benchmark.h>
+#include "bench/bench_reporter.h"
 
 #include <cstdio>
 #include <map>
@@ -103,15 +104,16 @@ void BM_naive_json(benchmark::State& st) {
   st.SetItemsProcessed(n);
 }
 
-class Capture : public benchmark::ConsoleReporter {
+class Capture : public trident::bench::Reporter {
  public:
+  using Reporter::Reporter;
   std::map<std::string, double> rate;
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs) {
       auto it = r.counters.find("items_per_second");
       if (it != r.counters.end()) rate[r.benchmark_name()] = it->second.value;
     }
-    ConsoleReporter::ReportRuns(runs);
+    Reporter::ReportRuns(runs);
   }
 };
 
@@ -122,8 +124,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("search_count", BM_search_count)->Arg(256);
   benchmark::RegisterBenchmark("search_ranked", BM_search_ranked)->Args({256, 256})->Args({1, 1024});
   benchmark::RegisterBenchmark("naive_json", BM_naive_json);
+  Capture rep(argc, argv);
   benchmark::Initialize(&argc, argv);
-  Capture rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   const double calculon = 500.0;  // configurations/s (the figure for Calculon)
   const double naive = rep.rate["naive_json"];
