@@ -15,6 +15,8 @@ What it reads (the conventions the docs follow; README.md "Documented commands a
   - A marker line `<!-- doc-test: json-table -->` before a markdown table with columns `command`, `JSON key`
     and `--json value` checks each row: the value in the row equals the command's `--json` output at that key
     (a dotted path), rounded to the decimals the row shows.
+  - `trident emulate --help`: the example mesh of --mesh ("e.g. d_rep=...") runs with every other flag at its
+    default (one step).
 Usage: doc_commands.py TRIDENT_BINARY REPO_ROOT [--long] [--only FILE]
 Prints one line per block (file:line, exit code, seconds) and the counts; exit code 1 on any failure.
 """
@@ -234,6 +236,18 @@ def main(argv):
                     failures.append(f"{where}: the shown output's number {missing[0]} is not in the output (in "
                                     f"order); output:\n" + "\n".join("    " + l for l in out_all.splitlines()[-25:]))
             print(f"[ run   ] {where}: {len(cmds)} command(s), exit {expect_rc}{checked} ({t_all:.1f} s)")
+    if not run_long and not only:
+        rc, out, _ = run("trident emulate --help", trident, root, 30)
+        m = re.search(r"--mesh .*?e\.g\. (\S+?=\S+?)[ ,;)]*\(", out)
+        if rc != 0 or not m:
+            failures.append(f"emulate --help: exit {rc}, or no 'e.g. MESH' example for --mesh found in:\n{out}")
+        else:
+            cmd = f"trident emulate --mesh {m.group(1)} --steps 1"
+            rc, out, t = run(cmd, trident, root, 120)
+            ran += 1
+            print(f"[ run   ] emulate --help example: `{cmd}`, exit {rc} ({t:.1f} s)")
+            if rc != 0:
+                failures.append(f"the --mesh example of `emulate --help` fails with the defaults: `{cmd}`:\n{out}")
     print(f"doc commands: {ran} block(s) run, {tables} json table(s) checked, {skipped} skipped (marked skip), "
           f"{not_long} left for the {'fast' if run_long else '--long'} run; {len(failures)} failure(s)")
     for e in failures:
