@@ -158,7 +158,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(CLI::ExistingFile)
                        ->excludes(preset);
                    sub.add_option("--mesh", o->mesh,
-                                                  "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1; "
+                                  "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1; "
                                   "d_rep*fsdp*cp must equal e_fsdp*ep; docs/parallel.md section 1 lists the rules)")
                        ->required();
                    sub.add_option("--steps", o->steps, "optimizer steps")->capture_default_str()

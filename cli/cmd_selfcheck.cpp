@@ -18,6 +18,7 @@
 #include "reference/dmath.h"
 #include "reference/exact_acc.h"
 #include "reference/gemm.h"
+#include "reference/repro.h"
 #include "reference/tile_reduce.h"
 
 namespace {
@@ -220,6 +221,9 @@ TRIDENT_COMMAND({"selfcheck", "check the numerics contract on this machine in a 
                    return [opts]() -> int {
                      const auto t0 = std::chrono::steady_clock::now();
                      std::printf("trident selfcheck (seed %llu)\n", static_cast<unsigned long long>(opts->seed));
+                     trident::ReproLine repro("trident selfcheck");
+                     repro.opt_if("--seed", opts->seed, Opts{}.seed).opt_if("--threads", opts->threads, Opts{}.threads);
+                     std::printf("repro: %s\n", repro.str().c_str());
                      Report rep;
                      check_bf16(rep);
                      check_exact(rep, opts->seed);

@@ -25,6 +25,8 @@ CASES = [
     # emulate from a preset with model overrides, vocabulary slices, the i64 lowering and the hazard checker
     "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 2 --experts 4 --top-k 1 --layers 2 "
     "--vocab-chunk 64 --vocab-slices 3 --lower-exact-sum --check-hazards --policy bf16",
+    # selfcheck with both of its flags
+    "selfcheck --seed 7 --threads 2",
     # plan with every flag that changes the text report
     "plan planner/examples/nvl72_1m_search.toml --world 128 --top 2 --search",
 ]
