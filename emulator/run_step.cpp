@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
+#include "emulator/fake_nccl.h"
 #include "emulator/world.h"
 #include "parallel/mesh_comm.h"
 #include "reference/check.h"
@@ -20,6 +22,8 @@ namespace trident::emu {
 
 namespace md = trident::model;
 
+std::string_view to_string(CommBackend b) { return b == CommBackend::nccl_fake ? "nccl-fake" : "emu"; }
+
 std::string EmulateSpec::repro(bool check_reference) const {
   ReproLine r("trident emulate");
   md::add_model_flags(r, preset, config_path, cfg);
@@ -28,6 +32,8 @@ std::string EmulateSpec::repro(bool check_reference) const {
   r.opt_if("--chunks", ep_chunks, 1);
   r.opt_if("--vocab-slices", vocab_slices, 0);
   r.flag("--lower-exact-sum", lower_exact_sum);
+  if (comm != CommBackend::emu) r.opt("--comm", std::string(to_string(comm)));
+  r.flag("--nccl-blocking", comm == CommBackend::nccl_fake && nccl_blocking);
   if (device.mode == DeviceMode::deferred) r.opt("--device", "deferred").opt_if("--device-seed", device.seed, 0);
   else r.flag("--check-hazards", device.check_hazards);
   r.flag("--check-reference", check_reference);
@@ -107,16 +113,30 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
   so.lower_exact_sum = spec.lower_exact_sum;
+  std::optional<FakeNcclWorld> fake_world;
+  if (spec.comm == CommBackend::nccl_fake) {
+    NcclOptions no;
+    no.blocking = spec.nccl_blocking;
+    no.deadline = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
+    fake_world.emplace(no);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   SpawnResult sr = spawn(
       W,
       [&](RankContext& ctx) {
         omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
         const int r = ctx.rank();
-        MeshComms mc = make_mesh_comms(ctx.world(), spec.mesh);
+        std::optional<FakeNcclScope> fake_scope;
+        std::unique_ptr<NcclCommunicator> nccl_world;
+        if (spec.comm == CommBackend::nccl_fake) {
+          fake_scope.emplace(ctx);
+          nccl_world = fake_world->world(ctx);
+        }
+        Communicator& world = nccl_world ? static_cast<Communicator&>(*nccl_world) : ctx.world();
+        MeshComms mc = make_mesh_comms(world, spec.mesh);
         std::unique_ptr<Kernels<T>> k =
             kernels ? kernels(r, ctx.device()) : std::make_unique<CpuKernels<T>>(ctx.device());
-        RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
+        RankStep<T> step(sh, world, mc, ctx.device(), *k);
         for (int64_t s = 0; s < steps; ++s) {
           const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
           per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;
