@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "emulator/memory.h"
 #include "emulator/run_step.h"
 #include "reference/check.h"
 
@@ -36,6 +37,7 @@ struct Opts {
   int64_t data_seed = 7;
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
+  std::string max_memory;
 };
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
@@ -74,6 +76,13 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
+  spec.keep_tensors = o.check;
+  // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
+  emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
+                              o.check};
+  const emu::MemoryEstimate est = emu::estimate_emulate(mi);
+  emu::check_memory(est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
+  std::printf("memory estimate: %s\n", est.describe().c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
@@ -84,7 +93,6 @@ int run(const Opts& o, emu::EmulateSpec spec) {
                 fill, "##############################", width - fill, "", el);
     std::fflush(stdout);
   };
-  spec.keep_tensors = o.check;
   const emu::EmulateResult<T> r = emu::emulate<T>(spec);
   std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
   // peak memory per rank
@@ -98,6 +106,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
               "activations): min %s, median %s, max %s (rank %lld); all ranks %s\n",
               mib(pk.front()).c_str(), mib(pk[pk.size() / 2]).c_str(), mib(pk.back()).c_str(),
               static_cast<long long>(max_rank), mib(sum).c_str());
+  const int64_t dev_peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
+  std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n", mib(dev_peak).c_str(),
+              mib(static_cast<int64_t>(est.device_bytes())).c_str());
   // collectives per mesh dimension
   const CommStats tot = r.total();
   std::printf("collectives (all ranks, %lld steps)            calls        bytes\n",
@@ -200,6 +211,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::positive_int());
                    sub.add_option("--vocab-chunk", o->vocab_chunk, "override the config's linear-CE vocab chunk")
                        ->check(cli::positive_int());
+                   sub.add_option("--max-memory", o->max_memory,
+                                  "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
+                                  "512MiB, 8GiB); default: the memory available on this machine");
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->preset;
