@@ -107,7 +107,9 @@ std::string MemoryEstimate::describe() const {
     }
     return s;
   };
-  if (ranks == 1 && host.empty()) return fmt::format("{} ({})", format_bytes(total()), parts(per_rank));
+  if (ranks == 1)
+    return fmt::format("{} = {} ({}) + host {} ({})", format_bytes(total()), format_bytes(rank_bytes()),
+                       parts(per_rank), format_bytes(host_bytes()), parts(host));
   return fmt::format("{} = {} rank(s) x {} ({}) + host {} ({})", format_bytes(total()), ranks,
                      format_bytes(rank_bytes()), parts(per_rank), format_bytes(host_bytes()), parts(host));
 }
