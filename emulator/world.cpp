@@ -120,6 +120,7 @@ struct RankState {
   std::mutex stats_mu;                   // guards retired/live_comms against RankContext::stats from the owner
   // group_start() without its group_end(): per open communicator its description; a communicator destroyed with
   // its group open moves it to dropped_groups. Checked at the next call on any communicator and at rank exit.
+  // Only the rank's own thread touches them (no lock).
   std::map<const Communicator*, std::string> open_groups;
   std::vector<std::string> dropped_groups;
   std::string open_group_error(const Communicator* except) const {
@@ -568,7 +569,6 @@ class EmuComm final : public Communicator {
   void do_group_start(loc_t loc) override {
     check_no_open_group(loc);
     if (depth_++ == 0) {
-      std::lock_guard lk(me_.stats_mu);
       me_.open_groups[this] = fmt::format("group_start() at {} on {}", where(loc.file_name(), loc.line()), g_->label());
     }
   }
@@ -580,10 +580,7 @@ class EmuComm final : public Communicator {
     (void)loc;
     --depth_;
     if (depth_ == 0) {
-      {
-        std::lock_guard lk(me_.stats_mu);
-        me_.open_groups.erase(this);
-      }
+      me_.open_groups.erase(this);
       run_p2p();
     }
   }
@@ -602,12 +599,8 @@ class EmuComm final : public Communicator {
   // A group left open on another communicator of this rank (or on a destroyed one) would drop its sends: the next
   // call outside it fails, naming where the group started and where this call is.
   void check_no_open_group(loc_t loc) {
-    std::string open;
-    {
-      std::lock_guard lk(me_.stats_mu);
-      if (me_.open_groups.empty() && me_.dropped_groups.empty()) return;
-      open = me_.open_group_error(this);
-    }
+    if (me_.open_groups.empty() && me_.dropped_groups.empty()) return;
+    const std::string open = me_.open_group_error(this);
     if (!open.empty())
       fail(fmt::format("a call at {} on {} while {}: its send/recv were never issued",
                        where(loc.file_name(), loc.line()), g_->label(), open));
@@ -1025,6 +1018,10 @@ struct ThreadArg {
   const std::function<void(RankContext&)>* fn;
 };
 
+// Made before any rank runs: reporting them allocates nothing.
+const std::string kOutOfMemory = "out of memory (std::bad_alloc) in the rank's host code";
+const std::string kUnknownException = "unknown exception (not derived from std::exception)";
+
 void* rank_main(void* p) {
   auto* a = static_cast<ThreadArg*>(p);
   World& w = *a->w;
@@ -1033,19 +1030,18 @@ void* rank_main(void* p) {
     RankContext ctx(w, r);
     (*a->fn)(ctx);
     static_cast<EmuDevice&>(ctx.device()).finish();  // queued work runs; a hazard found in a free() is raised
-    std::string open;
-    {
-      std::lock_guard lk(r.stats_mu);
-      open = r.open_group_error(nullptr);
-    }
-    if (!open.empty())
+    if (const std::string open = r.open_group_error(nullptr); !open.empty())
       fail(fmt::format("the rank returned while {}: its send/recv were never issued", open));
   } catch (const std::bad_alloc&) {
-    w.on_rank_failed(r.rank, "out of memory (std::bad_alloc) in the rank's host code");
+    w.on_rank_failed(r.rank, kOutOfMemory);
   } catch (const std::exception& e) {
-    w.on_rank_failed(r.rank, e.what());
+    try {
+      w.on_rank_failed(r.rank, e.what());
+    } catch (...) {  // no memory for a copy of the message
+      w.on_rank_failed(r.rank, kOutOfMemory);
+    }
   } catch (...) {
-    w.on_rank_failed(r.rank, "unknown exception (not derived from std::exception)");
+    w.on_rank_failed(r.rank, kUnknownException);
   }
   w.on_rank_finished(r);
   return nullptr;
