@@ -77,6 +77,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
   spec.keep_tensors = o.check;
+  if (W > emu::kMaxEmulatedRanks)  // emulate() refuses it too; named before the memory estimate of so many ranks
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     m.str(), W, emu::kMaxEmulatedRanks));
   // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
   emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
                               o.check};
