@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "emulator/memory.h"
 #include "emulator/run_step.h"
 #include "reference/check.h"
 
@@ -39,6 +40,7 @@ struct Opts {
   int64_t seed = -1;  // -1: the config's
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
+  std::string max_memory;
 };
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
@@ -84,6 +86,16 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   // The exact command: the spec's flags (one builder, reference/repro.h) and the display flag --verbose.
   const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "");
   std::printf("repro: %s\n", repro.c_str());
+  spec.keep_tensors = o.check;
+  if (W > emu::kMaxEmulatedRanks)  // emulate() refuses it too; named before the memory estimate of so many ranks
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     m.str(), W, emu::kMaxEmulatedRanks));
+  // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
+  emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
+                              o.check};
+  const emu::MemoryEstimate est = emu::estimate_emulate(mi);
+  emu::check_memory(est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
+  std::printf("memory estimate: %s\n", est.describe().c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
@@ -94,7 +106,6 @@ int run(const Opts& o, emu::EmulateSpec spec) {
                 fill, "##############################", width - fill, "", el);
     std::fflush(stdout);
   };
-  spec.keep_tensors = o.check;
   const emu::EmulateResult<T> r = emu::emulate<T>(spec);
   std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
   // peak memory per rank
@@ -108,6 +119,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
               "activations): min %s, median %s, max %s (rank %lld); all ranks %s\n",
               mib(pk.front()).c_str(), mib(pk[pk.size() / 2]).c_str(), mib(pk.back()).c_str(),
               static_cast<long long>(max_rank), mib(sum).c_str());
+  const int64_t dev_peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
+  std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n", mib(dev_peak).c_str(),
+              mib(static_cast<int64_t>(est.device_bytes())).c_str());
   // collectives per mesh dimension
   const CommStats tot = r.total();
   std::printf("collectives (all ranks, %lld steps)            calls        bytes\n",
@@ -228,6 +242,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::positive_int());
                    sub.add_option("--vocab-chunk", o->vocab_chunk, "override the config's linear-CE vocab chunk")
                        ->check(cli::positive_int());
+                   sub.add_option("--max-memory", o->max_memory,
+                                  "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
+                                  "512MiB, 8GiB); default: the memory available on this machine");
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->config.empty() ? o->preset : "";

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "emulator/memory.h"
 #include "golden/state_dump.h"
 #include "reference/check.h"
 #include "reference/model/repro.h"
@@ -31,6 +32,7 @@ struct Opts {
   int64_t token_chunk = 64;
   std::string dump;
   bool quiet = false;
+  std::string max_memory;
 };
 
 template <class T>
@@ -59,6 +61,10 @@ int run(const Opts& o, const Config& cfg) {
   rc.data_seed = static_cast<uint64_t>(o.data_seed);
   rc.validate_for(cfg);  // bounds of every run value and overflow-checked sizes of this model on this batch
   if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
+  if (!o.dump.empty()) golden::check_writable(o.dump);  // before training, not after it
+  // Refused before any allocation when the estimate exceeds the available memory or --max-memory.
+  emu::check_memory(emu::estimate_train(cfg, rc, !o.dump.empty()),
+                    o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "train");
   Trainer<T> tr(cfg, rc);
   std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
               std::string(to_string(cfg.attn)).c_str(), static_cast<long long>(cfg.layers),
@@ -151,6 +157,9 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--dump", o->dump,
                                   "write the golden HDF5 state of the last step (inputs, weights before, loss, "
                                   "grads, weights after, config, optimizer, repro) to this file");
+                   sub.add_option("--max-memory", o->max_memory,
+                                  "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
+                                  "512MiB, 8GiB); default: the memory available on this machine");
                    return [o]() -> int {
                      Config cfg = o->config.empty() ? Config::preset(o->preset) : Config::load(o->config);
                      if (!o->policy.empty()) cfg.policy = parse_policy(o->policy);

@@ -27,6 +27,10 @@ function(trident_test name)
     add_dependencies(trident_tsan_tests ${name})
     set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT OMP_NUM_THREADS=1)
   endif()
+  # Tests labelled "asan" are rebuilt and rerun under AddressSanitizer + UBSan (preset asan, findings fatal).
+  if("asan" IN_LIST T_LABELS)
+    add_dependencies(trident_asan_tests ${name})
+  endif()
 endfunction()
 
 # trident_cli_test(NAME RC REGEX [LINES n] [LABELS labels...] ARGS args...)

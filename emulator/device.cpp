@@ -305,12 +305,14 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
   raise_pending();
   const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
   void* p = nullptr;
+  const bool over = opt_.max_bytes > 0 && bytes > opt_.max_bytes - mem_.cur;
   try {
+    if (over) throw std::bad_alloc();
     p = ::operator new(n);
   } catch (const std::bad_alloc&) {
-    fail(fmt::format("rank {}: out of host memory allocating {} bytes of emulated device memory ({} bytes in use) "
-                     "at {}:{}",
-                     rank_, bytes, mem_.cur, base_name(loc.file_name()), loc.line()));
+    fail(fmt::format("rank {}: out of memory allocating {} bytes of emulated device memory ({} bytes in use{}) at {}:{}",
+                     rank_, bytes, mem_.cur, over ? fmt::format(", device limit {}", opt_.max_bytes) : "",
+                     base_name(loc.file_name()), loc.line()));
   }
   if (deferred_) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
   allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
@@ -329,6 +331,17 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
 
 void EmuDevice::free(void* p, Stream s, loc_t loc) {
   if (p == nullptr) return;
+  try {
+    free_impl(p, s, loc);
+  } catch (...) {  // out of memory queueing the free: release it now (eager) or leak it (deferred: queued work may
+                   // still use it); the error is raised at the next call that can throw
+    if (pending_error_.empty())
+      pending_error_ = fmt::format("rank {}: out of memory freeing device memory at {}:{}", rank_,
+                                   base_name(loc.file_name()), loc.line());
+  }
+}
+
+void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
   auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
   if (it == allocs_.end() || s.id < 0 || static_cast<size_t>(s.id) >= streams_.size()) {
     if (pending_error_.empty())
@@ -345,8 +358,8 @@ void EmuDevice::free(void* p, Stream s, loc_t loc) {
       if (pending_error_.empty()) pending_error_ = e.what();
     }
   }
-  allocs_.erase(it);  // checker state goes with it; the bytes are released when the free runs
   unreleased_.insert(p);
+  allocs_.erase(it);  // checker state goes with it; the bytes are released when the free runs
   issue(s, Op{Op::Kind::run,
               [this, p, bytes] {
                 unreleased_.erase(p);

@@ -37,6 +37,9 @@ struct DeviceOptions {
   bool check_hazards = false;    // forced on in deferred mode
   bool strict_memory = false;    // a declared access outside device memory is an error (else not tracked)
   bool record_trace = true;
+  // Device memory of the rank, in bytes (0: no limit but the host's): an allocation past it fails like an
+  // out-of-memory allocation (one error naming the rank, the size and the call site). A test hook for OOM handling.
+  int64_t max_bytes = 0;
 };
 
 class EmuDevice final : public Device {
@@ -54,7 +57,7 @@ class EmuDevice final : public Device {
               loc_t loc) override;
   void synchronize(Stream s, loc_t loc) override;
   void* allocate(int64_t bytes, Stream s, loc_t loc) override;
-  void free(void* p, Stream s, loc_t loc) override;
+  void free(void* p, Stream s, loc_t loc) override;  // never throws (called from destructors); errors are raised later
   void copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   void memset(void* dst, int value, int64_t bytes, Stream s, loc_t loc) override;
   void copy_2d(void* dst, int64_t dpitch, const void* src, int64_t spitch, int64_t width, int64_t rows, Stream s,
@@ -108,6 +111,7 @@ class EmuDevice final : public Device {
     Clock clock;
   };
 
+  void free_impl(void* p, Stream s, loc_t loc);
   void issue(Stream s, Op&& op);  // eager: runs it now; deferred: queues it
   void run_until(int stream, int64_t count);
   bool runnable(int stream) const;

@@ -89,6 +89,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   const md::ParamSet<T> init = spec_init<T>(spec);
   sh.init = &init;
   sh.skip_wait = spec.skip_wait;
+  sh.fault = spec.fault;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
   const std::vector<md::Batch> batches = spec_batches(spec);
@@ -99,6 +100,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   EmulateResult<T> res;
   res.steps.resize(static_cast<size_t>(steps));
   res.peak_bytes.assign(static_cast<size_t>(W), 0);
+  res.device_peak_bytes.assign(static_cast<size_t>(W), 0);
   res.phases.resize(static_cast<size_t>(W));
   if (spec.keep_tensors) {
     res.grads.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
@@ -109,7 +111,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   SpawnOptions so;
   so.record_trace = spec.record_trace;
   so.device = spec.device;
-  so.watchdog = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
+  so.watchdog = std::chrono::milliseconds(spec.watchdog_ms > 0 ? spec.watchdog_ms : int64_t{spec.watchdog_s} * 1000);
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
   so.lower_exact_sum = spec.lower_exact_sum;
@@ -151,6 +153,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
           if (r == 0 && spec.progress) spec.progress(s, st);
         }
         res.peak_bytes[static_cast<size_t>(r)] = step.memory().peak;
+        res.device_peak_bytes[static_cast<size_t>(r)] = ctx.device().memory().peak;
         res.phases[static_cast<size_t>(r)] = step.phase_counts();
       },
       so);

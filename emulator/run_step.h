@@ -46,6 +46,9 @@ struct EmulateSpec {
   DeviceOptions device;
   // Test hook: drop one event wait of the step (StepShared::skip_wait), to see the checker catch it.
   std::string skip_wait;
+  // Test hook: a fault injected into the step (StepShared::fault); tests pair it with a short watchdog_ms.
+  StepFault fault;
+  int64_t watchdog_ms = 0;        // > 0: the emulator watchdog in milliseconds (overrides watchdog_s)
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
   bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
@@ -66,6 +69,7 @@ struct EmulateResult {
   std::vector<model::ParamSet<T>> grads;       // per step: full rounded gradients (keep_tensors)
   std::vector<model::ParamSet<T>> params;      // per step: full parameters after the step (keep_tensors)
   std::vector<int64_t> peak_bytes;             // per rank: peak of the step's tracked buffers
+  std::vector<int64_t> device_peak_bytes;      // per rank: peak of every device allocation (EmuDevice::memory)
   std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
   std::vector<PhaseCounts> phases;   // per rank: collectives per phase of the last step
   std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)

@@ -118,6 +118,19 @@ struct RankState {
   CommStats retired;                     // counters of destroyed communicators
   std::set<const Communicator*> live_comms;
   std::mutex stats_mu;                   // guards retired/live_comms against RankContext::stats from the owner
+  // group_start() without its group_end(): per open communicator its description; a communicator destroyed with
+  // its group open moves it to dropped_groups. Checked at the next call on any communicator and at rank exit.
+  // Only the rank's own thread touches them (no lock).
+  std::map<const Communicator*, std::string> open_groups;
+  std::vector<std::string> dropped_groups;
+  std::string open_group_error(const Communicator* except) const {
+    std::vector<std::string> v = dropped_groups;
+    for (const auto& [c, d] : open_groups)
+      if (c != except) v.push_back(d);
+    if (v.empty()) return "";
+    return fmt::format("{} has no group_end(){}", fmt::join(v, "; "),
+                       v.size() > 1 ? fmt::format(" ({} open groups)", v.size()) : "");
+  }
 };
 
 struct P2POp {
@@ -236,6 +249,7 @@ struct World {
       ranks.back()->rank = r;
     }
     live = n;
+    failures.reserve(static_cast<size_t>(n) + 1);  // recording a failure does not allocate (out of memory)
   }
   SpawnOptions opts;
   std::mutex mu;
@@ -341,9 +355,32 @@ struct World {
   }
 
   // A rank's exception reached spawn: abort every communicator it belongs to.
-  void on_rank_failed(int rank, const std::string& msg) {
+  void on_rank_failed(int rank, const std::string& msg) noexcept {
     std::lock_guard lk(mu);
-    failures.push_back({rank, msg});
+    try {
+      failures.push_back({rank, msg});
+    } catch (...) {  // no memory for the message: the rank is still named
+      failures.push_back({rank, std::string()});
+    }
+    try {
+      abort_groups_of(rank, msg);
+    } catch (...) {  // out of memory formatting the reason: abort without it
+      for (auto& wg : groups)
+        if (auto g = wg.lock(); g && !g->aborted &&
+                                std::find(g->members.begin(), g->members.end(), rank) != g->members.end()) {
+          g->aborted = true;
+          for (int m : g->members) {
+            auto& r = *ranks[static_cast<size_t>(m)];
+            if (r.waiting_group == g.get() && r.blocked) {
+              r.error.emplace();
+              wake(r);
+            }
+          }
+        }
+    }
+    ++progress;
+  }
+  void abort_groups_of(int rank, const std::string& msg) {
     for (auto& wg : groups) {
       auto g = wg.lock();
       if (!g || g->aborted) continue;
@@ -355,7 +392,6 @@ struct World {
         if (r.waiting_group == g.get() && r.blocked) fail_rank(r, g->abort_reason);
       }
     }
-    ++progress;
   }
 
   void on_rank_finished(RankState& r) {
@@ -458,16 +494,25 @@ class EmuComm final : public Communicator {
     std::lock_guard lk(me_.stats_mu);
     me_.live_comms.insert(this);
   }
-  ~EmuComm() override {
+  ~EmuComm() override {  // never throws: it may run while another exception unwinds the rank
     std::lock_guard lk(me_.stats_mu);
-    accumulate_stats(me_.retired, *this);
     me_.live_comms.erase(this);
+    try {
+      accumulate_stats(me_.retired, *this);
+      if (auto it = me_.open_groups.find(this); it != me_.open_groups.end()) {
+        me_.dropped_groups.push_back(it->second + " (communicator destroyed)");
+        me_.open_groups.erase(it);
+      }
+    } catch (...) {  // out of memory: the counters of this communicator are lost, nothing else
+      me_.open_groups.erase(this);
+    }
   }
   int rank() const override { return crank_; }
   int size() const override { return g_->size(); }
 
  protected:
   void do_collective(const CollArgs& a, Stream s, loc_t loc) override {
+    check_no_open_group(loc);
     CallDesc c{a.op, a.count, a.dtype, a.redop, a.root, seq_, loc.file_name(), loc.line()};
     const size_t es = dtype_size(a.dtype), n = static_cast<size_t>(size());
     {  // the device ranges it reads and writes (checked against the rank's other streams; deferred: runs s first)
@@ -521,19 +566,29 @@ class EmuComm final : public Communicator {
   void do_recv(void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
     post_p2p(false, nullptr, buf, count, t, peer, s, loc);
   }
-  void do_group_start(loc_t) override { ++depth_; }
+  void do_group_start(loc_t loc) override {
+    check_no_open_group(loc);
+    if (depth_++ == 0) {
+      me_.open_groups[this] = fmt::format("group_start() at {} on {}", where(loc.file_name(), loc.line()), g_->label());
+    }
+  }
   void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) override {
     CallDesc c{op, count, t, ReduceOp::sum, -1, helper_seq_++, loc.file_name(), loc.line()};
     trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
   }
   void do_group_end(loc_t loc) override {
+    (void)loc;
     --depth_;
-    if (depth_ == 0) run_p2p();
+    if (depth_ == 0) {
+      me_.open_groups.erase(this);
+      run_p2p();
+    }
   }
 
   bool native_exact_sum() const override { return !w_.opts.lower_exact_sum; }
 
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override {
+    check_no_open_group(loc);
     CallDesc c{CollOp::split, 0, DataType::u8, ReduceOp::sum, -1, seq_, loc.file_name(), loc.line()};
     auto [grp, r] = arrive(c, nullptr, nullptr, -1, color, key, std::move(name));  // result read from own slot only
     if (!grp) return nullptr;
@@ -541,6 +596,16 @@ class EmuComm final : public Communicator {
   }
 
  private:
+  // A group left open on another communicator of this rank (or on a destroyed one) would drop its sends: the next
+  // call outside it fails, naming where the group started and where this call is.
+  void check_no_open_group(loc_t loc) {
+    if (me_.open_groups.empty() && me_.dropped_groups.empty()) return;
+    const std::string open = me_.open_group_error(this);
+    if (!open.empty())
+      fail(fmt::format("a call at {} on {} while {}: its send/recv were never issued",
+                       where(loc.file_name(), loc.line()), g_->label(), open));
+  }
+
   // Rendezvous of a collective (or split). Returns the split result when op == split.
   // eager_parity >= 0: an eager call; the last arriver computes a reduction's result once, into the group's
   // result buffer of that parity (instead of every rank reducing all inputs: O(n) instead of O(n^2)).
@@ -735,6 +800,7 @@ class EmuComm final : public Communicator {
   // ---- send/recv
   void post_p2p(bool is_send, const void* sbuf, void* rbuf, size_t count, DataType t, int peer, Stream s,
                 loc_t loc) {
+    if (depth_ == 0) check_no_open_group(loc);
     dev_.before_comm(s, is_send ? "send" : "recv",
                      {Access{is_send ? sbuf : rbuf, static_cast<int64_t>(count * dtype_size(t)), !is_send}}, loc);
     if (send_seq_.empty()) send_seq_.assign(static_cast<size_t>(size()), 0), recv_seq_.assign(static_cast<size_t>(size()), 0);
@@ -938,7 +1004,7 @@ CommStats SpawnResult::total() const {
 }
 
 RankError::RankError(int r, std::string orig, int nfailed)
-    : Error(fmt::format("rank {}: {}{}", r, orig,
+    : Error(fmt::format("{}{}{}", orig.starts_with(fmt::format("rank {}: ", r)) ? "" : fmt::format("rank {}: ", r), orig,
                         nfailed > 1 ? fmt::format(" [{} ranks failed in total]", nfailed) : std::string())),
       rank(r),
       original(std::move(orig)),
@@ -952,6 +1018,10 @@ struct ThreadArg {
   const std::function<void(RankContext&)>* fn;
 };
 
+// Made before any rank runs: reporting them allocates nothing.
+const std::string kOutOfMemory = "out of memory (std::bad_alloc) in the rank's host code";
+const std::string kUnknownException = "unknown exception (not derived from std::exception)";
+
 void* rank_main(void* p) {
   auto* a = static_cast<ThreadArg*>(p);
   World& w = *a->w;
@@ -960,10 +1030,18 @@ void* rank_main(void* p) {
     RankContext ctx(w, r);
     (*a->fn)(ctx);
     static_cast<EmuDevice&>(ctx.device()).finish();  // queued work runs; a hazard found in a free() is raised
+    if (const std::string open = r.open_group_error(nullptr); !open.empty())
+      fail(fmt::format("the rank returned while {}: its send/recv were never issued", open));
+  } catch (const std::bad_alloc&) {
+    w.on_rank_failed(r.rank, kOutOfMemory);
   } catch (const std::exception& e) {
-    w.on_rank_failed(r.rank, e.what());
+    try {
+      w.on_rank_failed(r.rank, e.what());
+    } catch (...) {  // no memory for a copy of the message
+      w.on_rank_failed(r.rank, kOutOfMemory);
+    }
   } catch (...) {
-    w.on_rank_failed(r.rank, "unknown exception (not derived from std::exception)");
+    w.on_rank_failed(r.rank, kUnknownException);
   }
   w.on_rank_finished(r);
   return nullptr;

@@ -468,6 +468,12 @@ std::string unwritable_reason(const fs::path& path) {
 
 }  // namespace
 
+void check_writable(const std::string& path) {
+  TD_CHECK(!path.empty(), "state dump: empty path");
+  if (std::string why = unwritable_reason(fs::path(path)); !why.empty())
+    fail(fmt::format("cannot write state dump '{}': {}", path, why));
+}
+
 void write_state(const std::string& path, const StateDump& s, const WriteOptions& opt) {
   H5::Exception::dontPrint();
   const fs::path target(path);

@@ -91,6 +91,9 @@ struct WriteOptions {
 // left behind on error). Throws trident::Error with the path and the reason (missing directory, permission,
 // invalid tensor names or sizes, a state the reader would refuse (validate_state), HDF5 failures).
 void write_state(const std::string& path, const StateDump& s, const WriteOptions& opt = {});
+// The path checks write_state makes first (the directory exists, is a directory and is writable; the path is not a
+// directory), without writing: callers run them before the work that produces the state. Throws trident::Error.
+void check_writable(const std::string& path);
 
 struct ReadOptions {
   // Parse in a forked child process with a time limit (10 s plus 1 s per 50 MB) and get the result through

@@ -93,8 +93,8 @@ void Communicator::count(CollOp op, size_t bytes) {
 }
 
 #define TD_NOT_IN_GROUP(what)                                                                                 \
-  TD_CHECK(group_depth_ == 0, "{} inside group_start()/group_end() on communicator '{}' at {}: only send/recv " \
-           "may be grouped", what, name_, where(loc))
+  TD_CHECK(group_depth_ == 0, "{} inside group_start()/group_end() on communicator '{}' at {} (group_start() at {}): " \
+           "only send/recv may be grouped", what, name_, where(loc), where(group_loc_))
 
 void Communicator::all_gather(const void* send, void* recv, size_t sendcount, DataType t, Stream s, loc_t loc) {
   TD_NOT_IN_GROUP("all_gather");
@@ -183,7 +183,7 @@ void Communicator::recv(void* buf, size_t count_, DataType t, int peer, Stream s
 
 void Communicator::group_start(loc_t loc) {
   do_group_start(loc);
-  ++group_depth_;
+  if (group_depth_++ == 0) group_loc_ = loc;
 }
 
 void Communicator::group_end(loc_t loc) {

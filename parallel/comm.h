@@ -160,6 +160,7 @@ class Communicator {
   std::string name_;
   OpStatsTable stats_{};
   int group_depth_ = 0;
+  loc_t group_loc_;  // where the outermost open group started (errors name it)
   int helper_depth_ = 0;  // > 0 inside all_to_all(v): inner send/recv are not counted separately
 };
 

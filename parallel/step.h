@@ -41,6 +41,15 @@ struct MemTracker {
 // see docs/parallel.md "Schedule and collective accounting"): phase -> communicator name -> op -> calls.
 using PhaseCounts = std::map<std::string, std::map<std::string, std::array<int64_t, kNumCollOps>>>;
 
+// Test hook of the step: a fault injected into the real step (tests/step/test_step_faults.cpp), so tests see how a
+// backend reports what a real run can meet.
+struct StepFault {
+  enum class Kind : uint8_t { none, throw_error, stall, wrong_collective } kind = Kind::none;
+  int rank = 0;          // the world rank that misbehaves
+  int64_t layer = 0;     // at the start of this layer's (first) forward
+  int64_t stall_ms = 0;  // stall: how long the rank stays in "compute" before it goes on
+};
+
 // Everything one run shares read-only between its ranks (built once by the driver).
 template <class T>
 struct StepShared {
@@ -54,6 +63,8 @@ struct StepShared {
   // Test hook: "fsdp_gather" drops the compute stream's wait for each FSDP all-gather (a missing event wait the
   // emulator's hazard checker must report). Empty in every real run.
   std::string skip_wait;
+  // Test hook: a fault injected into the real step (StepFault). Kind none in every real run.
+  StepFault fault;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

@@ -173,6 +173,8 @@ struct StepImpl {
   void moe_fwd(int64_t i, LayerState& st, T* out, const std::string& ph);
   void moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const std::string& ph);
 
+  void inject_fault(int64_t i);  // StepShared::fault (test hook), once per rank
+  bool fault_done = false;
   void layer_fwd(int64_t i, const T* x, LayerState& st, T* out, const std::string& ph);
   void layer_bwd(int64_t i, const T* x, LayerState& st, const T* dout, T* dx, const std::string& ph);
   void count_load(int64_t i, const LayerState& st);

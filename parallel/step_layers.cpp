@@ -1,7 +1,9 @@
 // The step's layer forward / backward and the driver (parallel/step_impl.h): the reference's layer_forward /
 // layer_backward on the local rows (same ops, same order), FSDP gathers prefetched one unit ahead, the loss over
 // the global batch, full recompute.
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "parallel/step_impl.h"
 #include "reference/model/linear_ce.h"
@@ -34,9 +36,29 @@ void StepImpl<T>::retire(LayerState& st) {
   st = LayerState();
 }
 
+// Test hook (StepShared::fault): the failures a real run can meet, inside the real step.
+template <class T>
+void StepImpl<T>::inject_fault(int64_t i) {
+  using Kind = StepFault::Kind;
+  const auto& f = sh.fault;
+  if (f.kind == Kind::none || fault_done || f.rank != rank || f.layer != i) return;
+  fault_done = true;
+  switch (f.kind) {
+    case Kind::throw_error: fail(fmt::format("injected fault: rank {} throws in layer {}'s forward", rank, i));
+    case Kind::stall: std::this_thread::sleep_for(std::chrono::milliseconds(f.stall_ms)); break;
+    case Kind::wrong_collective: {  // a collective the other ranks do not make at this point
+      double one = 1;
+      world.all_reduce(&one, &one, 1, DataType::f64, ReduceOp::sum, CS);
+      break;
+    }
+    case Kind::none: break;
+  }
+}
+
 template <class T>
 void StepImpl<T>::layer_fwd(int64_t i, const T* x, LayerState& st, T* out, const std::string& ph) {
   auto nm = [&](const char* s) { return fmt::format("layers.{}.{}", i, s); };
+  inject_fault(i);
   st.moe = cfg.is_moe_layer(i);
   st.a1 = zeros(N * d, CS);
   st.rinv1 = zeros(N, CS);
@@ -239,6 +261,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
 #define TD_STEP_LAYERS(T)                                                                                          \
   template int64_t StepImpl<T>::LayerState::bytes() const;                                                         \
   template void StepImpl<T>::retire(LayerState&);                                                                  \
+  template void StepImpl<T>::inject_fault(int64_t);                                                                \
   template void StepImpl<T>::layer_fwd(int64_t, const T*, LayerState&, T*, const std::string&);                    \
   template void StepImpl<T>::layer_bwd(int64_t, const T*, LayerState&, const T*, T*, const std::string&);          \
   template void StepImpl<T>::count_load(int64_t, const LayerState&);                                               \

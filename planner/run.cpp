@@ -3,6 +3,7 @@
 #include "planner/run.h"
 
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -22,6 +23,55 @@ void parse_world_range(const std::string& s, int64_t& lo, int64_t& hi) {
     throw Error(fmt::format("--world-range: expected A:B with positive integers A <= B, got '{}'", s));
   if (lo > hi) throw Error(fmt::format("--world-range: A must be <= B, got {}:{}", lo, hi));
   if (hi - lo > 100000) throw Error(fmt::format("--world-range: at most 100,000 sizes, got {}:{}", lo, hi));
+}
+
+// A value that overflowed to inf (or became NaN: inf - inf, 0 * inf) is one error naming it, never a printed "inf".
+static void check_finite(const Plan& p, const MeshShape& m) {
+#define F(x) std::pair<const char*, double>{#x, p.x}
+  const std::pair<const char*, double> vals[] = {
+      F(tokens_per_gpu),
+      F(ckpt_bytes_per_token),
+      F(indexer_bytes_per_token),
+      F(ep_buffer_bytes_per_token),
+      F(recompute_bytes_per_token),
+      F(dynamic_bytes_per_token),
+      F(static_dense),
+      F(static_expert),
+      F(static_total),
+      F(activations),
+      F(fsdp_buffers),
+      F(dynamic),
+      F(total),
+      F(capacity),
+      F(headroom),
+      F(params_per_layer),
+      F(expert_layer_bytes),
+      F(expert_traffic),
+      F(dense_traffic),
+      F(efsdp_rdma_bytes),
+      F(efsdp_rdma_bytes_ring),
+      F(fsdp_nvlink_bytes),
+      F(efsdp_rdma_s),
+      F(efsdp_rdma_s_ring),
+      F(fsdp_nvlink_s),
+      F(active_params_per_layer),
+      F(flops_per_token),
+      F(flops_per_token_with_attn),
+      F(achieved_flops),
+      F(layer_compute_s),
+      F(min_tokens_to_hide),
+      F(kv_bytes),
+      F(cp_rdma_bytes),
+      F(cp_nvlink_bytes),
+      F(cp_rdma_s),
+      F(cp_rdma_share),
+      F(rdma_bytes_per_layer),
+      F(naive_logits_bytes)};
+#undef F
+  for (const auto& [name, v] : vals)
+    if (!std::isfinite(v))
+      throw Error(fmt::format("plan for mesh {}: {} is {} (the config's values overflow double arithmetic; "
+                              "check the model, cluster and workload sizes)", m.str(), name, v));
 }
 
 int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std::ostream& warn) {
@@ -57,6 +107,9 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std:
   }
   const MeshCheck chk = check_mesh(in, shown);
   const Plan p = evaluate(in, shown, chk);
+  check_finite(p, shown);
+  for (size_t k = 0; k < sr.ranked.size() && k < static_cast<size_t>(opt.top); ++k)
+    check_finite(sr.ranked[k].plan, sr.ranked[k].mesh);
   for (const std::string& w : placement_warnings(in, shown, chk)) warn << "warning: " << w << "\n";
   const Recommendation rec = recommend(in, shown.world());
 

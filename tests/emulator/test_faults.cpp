@@ -320,5 +320,98 @@ TEST(Faults, InvalidArguments) {
   EXPECT_HAS(m3, "only send/recv may be grouped");
 }
 
+// group_start() without group_end() never drops sends silently: the rank fails at its exit (or at its next call
+// outside the group), naming where the group started; its peer is released with the same report.
+TEST(Faults, GroupStartWithoutGroupEndAtExit) {
+  const auto l_start = source_location::current();
+  const auto msg = expect_failure(2, [&](emu::RankContext& ctx) {
+    float x[4] = {1, 2, 3, 4};
+    if (ctx.rank() == 0) {
+      ctx.world().group_start(l_start);
+      ctx.world().send(x, 4, DataType::f32, 1);
+      return;  // no group_end: the send was never issued
+    }
+    ctx.world().recv(x, 4, DataType::f32, 0);
+  });
+  EXPECT_HAS(msg, "rank 0: the rank returned while group_start() at " + at(l_start));
+  EXPECT_HAS(msg, "has no group_end()");
+  EXPECT_HAS(msg, "never issued");
+}
+
+TEST(Faults, GroupStartWithoutGroupEndOnDestroyedCommunicator) {
+  const auto l_start = source_location::current();
+  const auto msg = expect_failure(4, [&](emu::RankContext& ctx) {
+    auto sub = ctx.world().split(ctx.rank() % 2, ctx.rank(), "pairs");
+    float x = 1;
+    if (ctx.rank() == 1) {
+      sub->group_start(l_start);
+      sub->send(&x, 1, DataType::f32, 1);  // to world rank 3
+      sub.reset();  // destroyed with its group open
+      return;
+    }
+    if (ctx.rank() == 3) sub->recv(&x, 1, DataType::f32, 0);
+  });
+  EXPECT_HAS(msg, "rank 1: the rank returned while group_start() at " + at(l_start));
+  EXPECT_HAS(msg, "communicator 'pairs'");
+  EXPECT_HAS(msg, "(communicator destroyed)");
+}
+
+TEST(Faults, GroupStartWithoutGroupEndAtNextCall) {
+  const auto l_start = source_location::current();
+  const auto l_next = source_location::current();
+  const auto msg = expect_failure(4, [&](emu::RankContext& ctx) {
+    auto sub = ctx.world().split(0, ctx.rank(), "all");
+    float x = 1;
+    if (ctx.rank() == 2) {
+      ctx.world().group_start(l_start);
+      ctx.world().send(&x, 1, DataType::f32, 3);
+    }
+    // rank 2's next call is on another communicator while its world group is open
+    sub->all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum, {}, l_next);
+  });
+  EXPECT_HAS(msg, "rank 2: a call at " + at(l_next));
+  EXPECT_HAS(msg, "group_start() at " + at(l_start));
+  // on the same communicator the call inside the group names both sites too
+  const auto m2 = expect_failure(2, [&](emu::RankContext& ctx) {
+    float x = 1;
+    ctx.world().group_start(l_start);
+    ctx.world().all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum, {}, l_next);
+  });
+  EXPECT_HAS(m2, "at " + at(l_next) + " (group_start() at " + at(l_start) + ")");
+}
+
+// Out of memory in a rank: one error naming the rank, the other ranks released, no exception escaping a destructor
+// (communicators and device buffers are destroyed while the bad_alloc unwinds), and the process keeps working.
+TEST(Faults, BadAllocInRankIsOneError) {
+  const auto msg = expect_failure(4, [](emu::RankContext& ctx) {
+    auto sub = ctx.world().split(0, ctx.rank(), "sub");
+    DeviceBuffer<float> buf(ctx.device(), 1024, ctx.compute_stream());
+    float x = 1;
+    sub->all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+    if (ctx.rank() == 3) throw std::bad_alloc();  // what a failed host allocation throws
+    sub->all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+  });
+  EXPECT_HAS(msg, "rank 3: out of memory (std::bad_alloc)");
+}
+
+TEST(Faults, DeviceMemoryLimitIsOneError) {
+  emu::SpawnOptions o;
+  o.device.max_bytes = 1 << 20;
+  const auto msg = expect_failure(
+      3,
+      [](emu::RankContext& ctx) {
+        std::vector<DeviceBuffer<float>> keep;
+        float x = 1;
+        for (int i = 0; i < 8; ++i) {  // rank 1 asks for 4 x 512 KiB: the third allocation fails
+          if (ctx.rank() == 1 && i < 4) keep.push_back(DeviceBuffer<float>(ctx.device(), 128 * 1024, ctx.compute_stream()));
+          ctx.world().all_reduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+        }
+      },
+      o);
+  EXPECT_HAS(msg, "rank 1: out of memory allocating 524288 bytes of emulated device memory (1048576 bytes in use, "
+                  "device limit 1048576) at test_faults.cpp:");
+  EXPECT_EQ(msg.find("terminate"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace trident

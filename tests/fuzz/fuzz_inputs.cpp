@@ -2,14 +2,17 @@
 //
 // Each case mutates one input and loads it in a forked child under alarm(): model configs (JSON and TOML: values
 // replaced by interesting numbers and types, keys deleted/added/duplicated, bytes flipped, text truncated, deep
-// nesting), run configs (JSON), and HDF5 state dumps (bit flips anywhere or next to an HDF5 metadata signature,
+// nesting), run configs (JSON), mesh strings (--mesh: keys, values, separators and spaces mutated; what parses is
+// checked against the mesh rules and must round-trip through MeshShape::spec()), planner configs (the examples with
+// values replaced, deleted or damaged; a plan that is produced must be all finite numbers: never "inf" or "nan"),
+// and HDF5 state dumps (bit flips anywhere or next to an HDF5 metadata signature,
 // byte ranges overwritten, truncation, extension; attributes and datasets replaced through the HDF5 C API by
 // other types, shapes, element counts, links; with and without the checksum header, re-sealed or not). A case
 // passes when the input loads (and what loaded satisfies the loader's invariants) or the loader throws
 // trident::Error. Anything else is a failure: another exception type, a broken invariant, a crash (signal) or a
 // hang (the alarm). Each failure prints a repro line; a case reruns alone with --case.
 //
-//   fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,h5] [--time-limit SEC] [--verbose]
+//   fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,mesh,plan,h5] [--time-limit SEC] [--verbose]
 //               [--source-dir DIR] [--keep DIR] [--no-isolation]
 //   fuzz_inputs [--no-isolation] --read FILE.h5     (read one dump, e.g. a kept failing input)
 //
@@ -23,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,14 +34,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "golden/state_dump.h"
+#include "parallel/layout.h"
+#include "planner/config.h"
+#include "planner/run.h"
 #include "reference/check.h"
 #include "reference/model/config.h"
 #include "reference/model/params.h"
@@ -57,7 +66,7 @@ struct Options {
   uint64_t seed = 20261201;
   int64_t cases = 3000;
   int64_t only_case = -1;
-  std::set<std::string> kinds = {"json", "toml", "run", "h5"};
+  std::set<std::string> kinds = {"json", "toml", "run", "mesh", "plan", "h5"};
   int time_limit_s = 20;
   bool verbose = false;
   std::string source_dir = TRIDENT_SOURCE_DIR;
@@ -444,6 +453,91 @@ void run_config_case(Rng& r, Outcome& o) {
   try {
     rc.validate_for(model::Config::preset("tiny"));
   } catch (const Error&) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Mesh strings (--mesh) and planner configs
+
+void mesh_case(Rng& r, Outcome& o) {
+  static const std::vector<std::string> keys = {"d_rep", "fsdp", "cp", "e_fsdp", "ep", "dp", "", "CP", "ep "};
+  static const std::vector<std::string> vals = {"1",  "2",   "3",   "4",          "64",   "0",   "-1",  "",
+                                                "1.5", "1e3", " 2 ", "1048576", "1048577", "9223372036854775807",
+                                                "9223372036854775808", "99999999999999999999", "0x10", "+4", "x"};
+  std::string text;
+  const int64_t n = r.range(0, 6);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) text += r.coin(0.95) ? "," : r.pick<std::string>({";", ",,", " , ", ""});
+    const std::string key = r.coin(0.85) ? keys[static_cast<size_t>(r.range(0, 4))] : r.pick(keys);
+    const std::string val = r.coin(0.8) ? vals[static_cast<size_t>(r.range(0, 4))] : r.pick(vals);
+    text += key + (r.coin(0.95) ? "=" : r.pick<std::string>({"==", ":", ""})) + val;
+  }
+  if (r.coin(0.2)) {
+    std::string w;
+    text = damage_text(r, text, w);
+    o.mutation += w + "; ";
+  }
+  o.mutation += fmt::format("mesh '{}'", text.substr(0, 80));
+  o.announce();
+  const MeshShape m = parse_mesh(text);
+  // Parsed: what parse_mesh promises, and the rules give a verdict without crashing.
+  for (int64_t v : {m.d_rep, m.fsdp, m.cp, m.e_fsdp, m.ep})
+    if (v < 1 || v > kMaxMeshDim) invariant(fmt::format("mesh size {} out of [1, {}]", v, kMaxMeshDim));
+  if (!(parse_mesh(m.spec()) == m)) invariant("mesh does not round-trip through spec(): " + m.spec());
+  (void)violations(m, {.experts = r.range(1, 300), .sequences = r.range(1, 300), .seq_len = r.range(1, 4096),
+                       .tile = r.range(1, 64), .ep_chunks = r.range(1, 8)});
+}
+
+void plan_case(Rng& r, const std::string& source_dir, const std::string& dir, Outcome& o) {
+  const std::string ex = r.pick<std::string>({"nvl72_1m.json", "nvl8_256k_a.json", "nvl8_2dcp_1m.json"});
+  std::ifstream f(source_dir + "/planner/examples/" + ex);
+  json j = parse_json_strict(std::string(std::istreambuf_iterator<char>(f), {}), ex);
+  o.mutation += ex + ": ";
+  const int64_t n = r.range(1, 3);
+  for (int64_t s = 0; s < n; ++s) {
+    const std::string sec = r.pick<std::string>({"model", "cluster", "workload", "mesh"});
+    if (!j.contains(sec)) continue;
+    std::vector<std::string> keys;
+    for (auto it = j[sec].begin(); it != j[sec].end(); ++it) keys.push_back(it.key());
+    if (keys.empty()) continue;
+    const std::string key = r.pick(keys);
+    if (r.coin(0.1)) {
+      j[sec].erase(key);
+      o.mutation += fmt::format("delete {}.{}; ", sec, key);
+    } else {
+      json v = r.coin(0.5) ? json(r.pick<double>({1e308, 1.7976931348623157e308, 1e300, 1e-300, 5e-324, 1e30, 0.0,
+                                                  -1.0, 1e15, 9.0e15, 1e16, 0.5, 2.0, 72.0}))
+                           : interesting_json(r);
+      o.mutation += fmt::format("{}.{} = {}; ", sec, key, v.dump().substr(0, 40));
+      j[sec][key] = std::move(v);
+    }
+  }
+  if (r.coin(0.2) && j.contains("mesh")) {
+    j.erase("mesh");
+    o.mutation += "delete mesh (search); ";
+  }
+  std::string text = j.dump();
+  if (r.coin(0.15)) {
+    std::string w;
+    text = damage_text(r, text, w);
+    o.mutation += w;
+  }
+  const std::string path = dir + "/plan.json";
+  std::ofstream(path) << text;
+  o.announce();
+  planner::RunOptions opt;
+  opt.config_path = path;
+  opt.json = r.coin();
+  std::ostringstream out;
+  const int rc = planner::run_plan(opt, out);
+  // A plan was produced: every number in it is finite (an overflow is an error, never a printed inf or nan).
+  const std::string rep = out.str();
+  for (const char* bad : {"inf", "nan", "NaN", "Inf"}) {
+    for (size_t at = rep.find(bad); at != std::string::npos; at = rep.find(bad, at + 1)) {
+      const bool word_before = at > 0 && std::isalpha(static_cast<unsigned char>(rep[at - 1]));
+      const bool word_after = at + 3 < rep.size() && std::isalpha(static_cast<unsigned char>(rep[at + 3]));
+      if (!word_before && !word_after) invariant(fmt::format("plan output has '{}' (exit code {})", bad, rc));
+    }
   }
 }
 
@@ -861,8 +955,9 @@ void h5_case(Rng& r, const std::vector<Base>& bases, const std::string& dir, Out
 // Driver
 
 const char* kind_of(int64_t i) {
-  static const char* schedule[10] = {"json", "toml", "h5", "json", "h5", "run", "toml", "h5", "json", "h5"};
-  return schedule[i % 10];
+  static const char* schedule[12] = {"json", "toml", "h5",  "json", "h5", "run",
+                                     "toml", "h5",   "mesh", "json", "h5", "plan"};
+  return schedule[i % 12];
 }
 
 // Runs case i in the current process; returns the exit code (kLoaded/kRejected/...), message in `msg`.
@@ -874,6 +969,8 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
     if (kind == "json") config_case(r, false, dir, o);
     else if (kind == "toml") config_case(r, true, dir, o);
     else if (kind == "run") run_config_case(r, o);
+    else if (kind == "mesh") mesh_case(r, o);
+    else if (kind == "plan") plan_case(r, opt.source_dir, dir, o);
     else h5_case(r, bases, dir, o);
     return kLoaded;
   } catch (const Error& e) {
@@ -893,8 +990,8 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
 
 int usage() {
   std::fprintf(stderr,
-               "usage: fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,h5] [--time-limit SEC]\n"
-               "                   [--verbose] [--source-dir DIR] [--keep DIR] [--no-isolation]\n");
+               "usage: fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,mesh,plan,h5]\n"
+               "                   [--time-limit SEC] [--verbose] [--source-dir DIR] [--keep DIR] [--no-isolation]\n");
   return 2;
 }
 

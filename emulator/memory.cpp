@@ -1,0 +1,294 @@
+// Up-front memory estimates (emulator/memory.h).
+#include "emulator/memory.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "reference/check.h"
+#include "reference/exact_acc.h"
+#include "reference/model/attention.h"
+#include "reference/model/params.h"
+
+namespace trident::emu {
+
+namespace md = trident::model;
+
+namespace {
+
+// Program text, libraries, allocator arenas and the OpenMP runtime: measured at 10-25 MiB for the tiny presets.
+constexpr double kProgramBytes = 32.0 * 1024 * 1024;
+
+double sum(const std::vector<MemoryPart>& v) {
+  double s = 0;
+  for (const MemoryPart& p : v) s += p.bytes;
+  return s;
+}
+
+size_t elem_bytes(const md::Config& cfg) { return cfg.policy == Policy::fp64 ? sizeof(double) : sizeof(float); }
+size_t acc_bytes(const md::Config& cfg) {
+  return cfg.policy == Policy::fp64 ? sizeof(ExactAcc<double>) : sizeof(ExactAcc<float>);
+}
+
+// Elements per token row of one layer's saved forward state (the step's LayerState, the reference's saved
+// activations), excluding the routed expert rows and the gathered CP KV, which scale otherwise.
+double layer_row_elems(const md::Config& cfg, int64_t i) {
+  const double d = static_cast<double>(cfg.d_model);
+  double w = 3 * d + 2 + static_cast<double>(md::AttnActSizes::of(cfg, 1).total());  // a1, h, a2, 2 rinv, attention
+  if (!cfg.is_moe_layer(i)) return w + 3.0 * static_cast<double>(cfg.dense_ffn);     // ug, uu, hh
+  const double E = static_cast<double>(cfg.experts), K = static_cast<double>(cfg.top_k);
+  return w + 2 * E + 2 * K + K * d + d + 3.0 * static_cast<double>(cfg.shared_ffn);  // router, gates, yk, shared
+}
+
+struct ParamBytes {
+  double params = 0;            // elements, full model
+  double shards = 0;            // bytes on one rank: weights, AdamW m and v, rounded gradients, buffers
+  std::vector<double> unit_full;  // per FSDP unit: gathered elements on one rank
+  double max_shard = 0;         // elements of the largest shard of one tensor (the merge buffer)
+};
+
+ParamBytes param_bytes(const md::Config& cfg, const MeshShape& m, size_t eb) {
+  ParamBytes r;
+  const int64_t L = cfg.layers, nfc = m.fsdp * m.cp, Eloc = cfg.experts / std::max<int64_t>(m.ep, 1);
+  r.unit_full.assign(static_cast<size_t>(L + 2), 0);
+  for (const md::ParamInfo& in : md::param_layout(cfg)) {
+    double numel = 1;
+    for (int64_t s : in.shape) numel *= static_cast<double>(s);
+    r.params += numel;
+    int64_t unit = L + 1;
+    if (in.name == "embed") unit = 0;
+    else if (in.name.rfind("layers.", 0) == 0) unit = 1 + std::stoll(in.name.substr(7));
+    if (!in.trainable) {
+      r.shards += numel * static_cast<double>(eb);
+      continue;
+    }
+    double nsh = 0, full = 0;
+    if (in.name.find(".moe.experts.") != std::string::npos) {
+      const ShardSpec sp{in.shape[1], in.shape[2], m.e_fsdp};
+      nsh = static_cast<double>(Eloc) * static_cast<double>(sp.shard_elems());
+      full = nsh * static_cast<double>(m.e_fsdp);
+      r.max_shard = std::max(r.max_shard, static_cast<double>(sp.shard_elems()));
+    } else {
+      const int64_t rows = in.shape[0];
+      const ShardSpec sp{rows, static_cast<int64_t>(numel) / rows, nfc};
+      nsh = static_cast<double>(sp.shard_elems());
+      full = nsh * static_cast<double>(nfc);
+      r.max_shard = std::max(r.max_shard, nsh);
+    }
+    r.shards += 4 * nsh * static_cast<double>(eb);  // w, m, v, g
+    r.unit_full[static_cast<size_t>(unit)] += full;
+  }
+  return r;
+}
+
+}  // namespace
+
+double MemoryEstimate::rank_bytes() const { return sum(per_rank); }
+double MemoryEstimate::host_bytes() const { return sum(host); }
+double MemoryEstimate::total() const { return static_cast<double>(ranks) * rank_bytes() + host_bytes(); }
+double MemoryEstimate::device_bytes() const {
+  double s = 0;
+  for (const MemoryPart& p : per_rank)
+    if (p.what != "staging" && p.what != "stack") s += p.bytes;
+  return s;
+}
+
+std::string MemoryEstimate::describe() const {
+  auto parts = [](const std::vector<MemoryPart>& v) {
+    std::string s;
+    for (const MemoryPart& p : v) {
+      if (p.bytes <= 0) continue;
+      if (!s.empty()) s += ", ";
+      s += fmt::format("{} {}", p.what, format_bytes(p.bytes));
+    }
+    return s;
+  };
+  if (ranks == 1)
+    return fmt::format("{} = {} ({}) + host {} ({})", format_bytes(total()), format_bytes(rank_bytes()),
+                       parts(per_rank), format_bytes(host_bytes()), parts(host));
+  return fmt::format("{} = {} rank(s) x {} ({}) + host {} ({})", format_bytes(total()), ranks,
+                     format_bytes(rank_bytes()), parts(per_rank), format_bytes(host_bytes()), parts(host));
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) b /= 1024, ++u;
+  if (u == 0) return fmt::format("{:.0f} B", b);
+  return fmt::format("{:.{}f} {}", b, b < 10 ? 2 : 1, units[u]);
+}
+
+MemoryEstimate estimate_train(const md::Config& cfg, const md::RunConfig& run, bool dump) {
+  const size_t eb = elem_bytes(cfg);
+  const double N = static_cast<double>(run.sequences) * static_cast<double>(run.seq_len);
+  const double d = static_cast<double>(cfg.d_model), K = static_cast<double>(cfg.top_k);
+  const ParamBytes pb = param_bytes(cfg, MeshShape{}, eb);
+  const double P = pb.params;
+  double acts = 0, widest = 0, routed = 0;
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    const double w = layer_row_elems(cfg, i);
+    widest = std::max(widest, w);
+    acts += w;
+    if (cfg.is_moe_layer(i)) routed = std::max(routed, K * (4 * d + 5 * static_cast<double>(cfg.expert_ffn)));
+  }
+  const double L = static_cast<double>(cfg.layers);
+  // saved: every layer's state, or (recompute) every layer's input plus the one layer being recomputed
+  const double saved = run.recompute ? (L + 1) * d + widest + routed : acts + (L + 1) * d + L * routed;
+  const double work = widest + routed + 4 * d;  // the backward of one layer (gradients of its activations)
+  const double ce = std::min<double>(static_cast<double>(run.token_chunk), N) *
+                    static_cast<double>(std::min(cfg.vocab_chunk, cfg.vocab)) * 2 + N * (d + 2);
+  MemoryEstimate e;
+  e.ranks = 1;
+  e.per_rank = {
+      {"weights+grads+AdamW", 4 * P * static_cast<double>(eb)},
+      {"exact accumulators", P * static_cast<double>(acc_bytes(cfg))},
+      {"activations", N * (saved + work) * static_cast<double>(eb) + ce * static_cast<double>(eb)},
+      {"batch", N * 8},
+  };
+  e.host = {{"program", kProgramBytes}};
+  if (dump) e.host.push_back({"golden dump", 4 * P * static_cast<double>(eb)});
+  return e;
+}
+
+MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
+  const md::Config& cfg = in.cfg;
+  const md::RunConfig& run = in.run;
+  const MeshShape& m = in.mesh;
+  const size_t eb = elem_bytes(cfg), ab = acc_bytes(cfg);
+  const double ebd = static_cast<double>(eb), abd = static_cast<double>(ab);
+  const double groups = static_cast<double>(m.d_rep * m.fsdp);
+  const double nseq = static_cast<double>(run.sequences) / groups;
+  const double S = static_cast<double>(run.seq_len), cp = static_cast<double>(m.cp);
+  const double N = nseq * S / cp;  // local token rows
+  const double d = static_cast<double>(cfg.d_model), K = static_cast<double>(cfg.top_k);
+  const double F = static_cast<double>(cfg.expert_ffn), L = static_cast<double>(cfg.layers);
+  const double ep = static_cast<double>(m.ep);
+  const double Eloc = static_cast<double>(cfg.experts) / ep;
+  const ParamBytes pb = param_bytes(cfg, m, eb);
+
+  // gathered FSDP units: the unit in use, the next one prefetched, and the embedding or head around the loss
+  std::vector<double> units = pb.unit_full;
+  std::sort(units.rbegin(), units.rend());
+  double gathered = 0;
+  for (size_t k = 0; k < std::min<size_t>(3, units.size()); ++k) gathered += units[k];
+  const double arena = units.empty() ? 0 : units[0] + pb.max_shard;  // the largest group, plus one merge buffer
+
+  // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)
+  const double R = std::min(ep * N * std::min(K, Eloc), kEpCapacity * N * K);
+  const double P = static_cast<double>(cfg.payload_dim());
+  double acts = 0, widest = 0, routed = 0;
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    double w = N * (layer_row_elems(cfg, i) + cp * P);  // + the gathered KV of the rank's sequences
+    if (cfg.is_moe_layer(i)) {
+      const double r = R * (4 * d + 5 * F) + 2 * (N * K + R) * d;  // expert blocks, dispatch/combine buffers
+      w += r;
+      routed = std::max(routed, r);
+    }
+    widest = std::max(widest, w);
+    acts += w;
+  }
+  const double xsave = (L + 1) * N * d;
+  const double saved = run.recompute ? xsave + widest : xsave + acts;
+  // one layer's backward (its activation gradients, at most half its saved state) and the dx buffers
+  const double work = widest / 2 + routed + 4 * N * d;
+  const double ce = std::min<double>(static_cast<double>(run.token_chunk), N) *
+                        static_cast<double>(std::min(cfg.vocab_chunk, cfg.vocab)) * 2 + N * (d + 2);
+
+  MemoryEstimate e;
+  e.ranks = m.world();
+  e.per_rank = {
+      {"shards+AdamW", pb.shards},
+      {"gathered units", gathered * ebd},
+      {"accumulators", arena * abd},
+      {"activations", (saved + work + ce) * ebd + N * 16},
+      {"staging", 8.0 * 2 * static_cast<double>(in.eager_bytes) + N * 32 + 64 * 1024},
+      {"stack", static_cast<double>(in.stack_bytes)},
+  };
+  const double steps = static_cast<double>(run.steps);
+  e.host = {
+      {"program", kProgramBytes},
+      {"initial parameters", pb.params * ebd},
+      {"batches", steps * static_cast<double>(run.sequences) * S * 8},
+  };
+  if (in.keep_tensors) e.host.push_back({"kept tensors", 2 * steps * pb.params * ebd});
+  if (in.check_reference) {
+    const MemoryEstimate ref = estimate_train(cfg, run, false);
+    e.host.push_back({"reference check", ref.rank_bytes()});
+  }
+  return e;
+}
+
+double available_memory() {
+  double avail = 0;
+  {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    std::string unit;
+    while (f >> key >> kb) {
+      std::getline(f, unit);
+      if (key == "MemAvailable:") {
+        avail = kb * 1024;
+        break;
+      }
+    }
+  }
+  // cgroup v2 limit of this process's group (the machine's memory can exceed a container's)
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (!path.empty()) {
+    std::ifstream mx("/sys/fs/cgroup" + path + "/memory.max"), cur("/sys/fs/cgroup" + path + "/memory.current");
+    std::string lim;
+    double used = 0;
+    if (mx >> lim && lim != "max" && cur >> used) {
+      const double left = std::stod(lim) - used;
+      if (avail == 0 || left < avail) avail = std::max(left, 0.0);
+    }
+  }
+  return avail;
+}
+
+double parse_bytes(const std::string& s) {
+  static const std::map<std::string, double> units = {
+      {"", 1},          {"B", 1},         {"KiB", 1024.0},  {"MiB", 1024.0 * 1024},
+      {"GiB", 1024.0 * 1024 * 1024},      {"TiB", 1024.0 * 1024 * 1024 * 1024},
+      {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},      {"TB", 1e12}};
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  std::string num = s.substr(0, i), unit = s.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  const auto u = units.find(unit);
+  double v = 0;
+  bool ok = !num.empty() && u != units.end() && std::count(num.begin(), num.end(), '.') <= 1 && num != ".";
+  if (ok) {
+    v = std::stod(num) * u->second;
+    ok = std::isfinite(v) && v >= 1 && v < 1e21;
+  }
+  if (!ok)
+    fail(fmt::format("--max-memory '{}': expected a byte count >= 1 with an optional unit B, KiB, MiB, GiB, TiB, KB, "
+                     "MB, GB or TB (e.g. 8GiB)", s));
+  return v;
+}
+
+void check_memory(const MemoryEstimate& est, double limit, const std::string& what) {
+  const double need = est.total();
+  if (limit > 0) {
+    if (need > limit)
+      fail(fmt::format("{}: the run needs an estimated {}, over --max-memory {} ({} bytes); estimate: {}", what,
+                       format_bytes(need), format_bytes(limit), static_cast<long long>(limit), est.describe()));
+    return;
+  }
+  const double avail = available_memory();
+  if (avail > 0 && need > avail)
+    fail(fmt::format("{}: the run needs an estimated {}, over the {} of memory available on this machine; estimate: "
+                     "{} (a smaller batch, mesh or model fits; --max-memory sets the limit)",
+                     what, format_bytes(need), format_bytes(avail), est.describe()));
+}
+
+}  // namespace trident::emu
