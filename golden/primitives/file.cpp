@@ -321,7 +321,8 @@ PrimitivesFile read_primitives(const std::string& path) {
     if (!H5::H5File::isHdf5(path)) fail("not an HDF5 file");
     H5::H5File file(path, H5F_ACC_RDONLY);
     H5::Group root = file.openGroup("/");
-    if (read_str_attr(root, "schema") != "trident-primitives") fail("not a primitives file (attribute 'schema')");
+    if (!root.attrExists("schema") || read_str_attr(root, "schema") != "trident-primitives")
+      fail("not a primitives file (its root attribute 'schema' is not \"trident-primitives\")");
     const int64_t ver = read_int_attr(root, "schema_version");
     if (ver != kPrimitivesSchemaVersion)
       fail(fmt::format("schema_version {} is not supported (this reader knows {})", ver, kPrimitivesSchemaVersion));
