@@ -163,15 +163,16 @@ int run_golden(const GoldenOpts& o) {
 
 // ---- backends ----------------------------------------------------------------------------------------------------
 struct Backend {
+  std::string spec;          // as given
   std::string name;          // cpu | cpu-ulp
   std::string perturb_op;    // cpu-ulp: the op whose first output gets one ulp flipped
   int64_t perturb_index = 0;
 };
 // "cpu", "cpu-ulp:OP[:INDEX]"; cuda-ref / cuda-fast are named but not built into this binary.
 Backend parse_backend(const std::string& s) {
-  if (s == "cpu") return {"cpu", "", 0};
+  if (s == "cpu") return {s, "cpu", "", 0};
   if (s.rfind("cpu-ulp:", 0) == 0) {
-    Backend b{"cpu-ulp", s.substr(8), 0};
+    Backend b{s, "cpu-ulp", s.substr(8), 0};
     if (const size_t c = b.perturb_op.find(':'); c != std::string::npos) {
       const std::string idx = b.perturb_op.substr(c + 1);
       b.perturb_op = b.perturb_op.substr(0, c);
@@ -299,8 +300,8 @@ int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
   }
   const double pa = static_cast<double>(*std::max_element(ra.peak_bytes.begin(), ra.peak_bytes.end()));
   const double pb = static_cast<double>(*std::max_element(rb.peak_bytes.begin(), rb.peak_bytes.end()));
-  std::printf("trident paired %s %s: one step of %s on mesh %s (%lld ranks), both in this run\n", A.name.c_str(),
-              B.name.c_str(), o.run.preset.c_str(), spec.mesh.spec().c_str(),
+  std::printf("trident paired %s %s: one step of %s on mesh %s (%lld ranks), both in this run\n", A.spec.c_str(),
+              B.spec.c_str(), o.run.preset.c_str(), spec.mesh.spec().c_str(),
               static_cast<long long>(spec.mesh.world()));
   std::printf("%-22s %18s %18s %12s\n", "measure", "A", "B", "B/A");
   std::printf("%-22s %18.9g %18.9g %12s\n", "loss", la, lb, ratio(la, lb).c_str());
@@ -359,8 +360,8 @@ int paired_primitive(const PairedOpts& o, const Backend& A, const Backend& B) {
       ndiff += x != y;
       ++total;
     }
-  std::printf("trident paired %s %s: %s/%s of %s, median of %d runs each, both in this run\n", A.name.c_str(),
-              B.name.c_str(), c->op.c_str(), c->name.c_str(), o.golden.c_str(), o.repeats);
+  std::printf("trident paired %s %s: %s/%s of %s, median of %d runs each, both in this run\n", A.spec.c_str(),
+              B.spec.c_str(), c->op.c_str(), c->name.c_str(), o.golden.c_str(), o.repeats);
   std::printf("%-28s %18s %18s %12s\n", "measure", "A", "B", "B/A");
   std::printf("%-28s %18.9g %18.9g %12s\n", ("sum of " + ma.out[0].name).c_str(), sa, sb, ratio(sa, sb).c_str());
   std::printf("%-28s %18.9g %18.9g %12s\n", "output norm", std::sqrt(na), std::sqrt(nb),
