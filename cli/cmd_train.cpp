@@ -80,8 +80,8 @@ int run(const Opts& o, const Config& cfg) {
   for (int64_t s = 0; s < o.steps; ++s) {
     const Batch batch = synthetic_batch(cfg, rc, s);
     const bool last = s + 1 == o.steps;
-    ParamSet<T> before;
-    if (last && !o.dump.empty()) before = tr.params;
+    ParamSet<T> before, m_before, v_before;
+    if (last && !o.dump.empty()) before = tr.params, m_before = tr.m, v_before = tr.v;
     const StepStats st = tr.step(batch);
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int width = 30;
@@ -106,7 +106,12 @@ int run(const Opts& o, const Config& cfg) {
         d.weights.push_back(tensor(n, before.t[p]));
         d.grads.push_back(tensor(n, tr.grads.t[p]));
         d.weights_after.push_back(tensor(n, tr.params.t[p]));
+        d.adam_m.push_back(tensor(n, m_before.t[p]));
+        d.adam_v.push_back(tensor(n, v_before.t[p]));
+        d.adam_m_after.push_back(tensor(n, tr.m.t[p]));
+        d.adam_v_after.push_back(tensor(n, tr.v.t[p]));
       }
+      d.step = tr.step_count;
       d.optimizer = adamw_hyper(rc).to_json();
       d.optimizer["step"] = tr.step_count;
       d.optimizer["clip_coef"] = st.clip;

@@ -442,9 +442,18 @@ struct World {
 
 // ------------------------------------------------------------------------------------------------------------
 // Device: emulator/device.h. The trace entry of a communication call:
-void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes) {
+// FNV-1a 64 of the bytes a rank received (TraceEntry::recv_hash).
+uint64_t fnv1a64(const void* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes,
+                const void* recv = nullptr, size_t recv_bytes = 0) {
   if (!dev.tracing()) return;
   TraceEntry t;
+  if (recv && recv_bytes) t.recv_hash = fnv1a64(recv, recv_bytes);
   t.kind = kind;
   t.name = std::string(to_string(c.op));
   t.comm = g.name;
@@ -557,7 +566,10 @@ class EmuComm final : public Communicator {
     }
     const size_t bytes = (a.op == CollOp::all_gather || a.op == CollOp::reduce_scatter) ? n * a.count * es
                                                                                          : a.count * es;
-    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+    const size_t got = a.op == CollOp::all_gather                      ? n * a.count * es
+                       : a.op == CollOp::reduce && crank_ != a.root    ? 0
+                                                                        : a.count * es;
+    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes), a.recv, got);
   }
 
   void do_send(const void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
@@ -916,7 +928,8 @@ class EmuComm final : public Communicator {
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& d = ops[i].desc;
       trace_comm(dev_, streams[i], ops[i].is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
-                      static_cast<int64_t>(d.count * dtype_size(d.dtype)));
+                 static_cast<int64_t>(d.count * dtype_size(d.dtype)), ops[i].is_send ? nullptr : ops[i].rbuf,
+                 ops[i].is_send ? 0 : d.count * dtype_size(d.dtype));
     }
   }
 

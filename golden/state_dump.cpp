@@ -331,6 +331,16 @@ void validate_state(const StateDump& s, const std::string& where) {
   }
   check_group_twins(s.weights, s.grads, "grads", where);
   check_group_twins(s.weights, s.weights_after, "weights_after", where);
+  const bool moments = !s.adam_m.empty() || !s.adam_v.empty() || !s.adam_m_after.empty() || !s.adam_v_after.empty();
+  if (moments) {
+    for (auto [g, name] : {std::pair{&s.adam_m, "adam_m"}, std::pair{&s.adam_v, "adam_v"},
+                           std::pair{&s.adam_m_after, "adam_m_after"}, std::pair{&s.adam_v_after, "adam_v_after"}}) {
+      for (const NamedTensor& t : *g) tensor_ok(t, fmt::format("/{}/{}", name, t.name));
+      check_group_twins(s.weights, *g, name, where);
+    }
+  }
+  if (s.step < 0) fail(fmt::format("{}: the step attribute is negative ({})", where, s.step));
+  if (moments && s.step < 1) fail(fmt::format("{}: AdamW moments need the step attribute (>= 1)", where));
   if (!is_model_config(s.config)) return;
 
   // A model config: it must be valid, and the tensors must be its parameter layout.
@@ -494,6 +504,11 @@ void write_state(const std::string& path, const StateDump& s, const WriteOptions
     v.weights = s.weights;  // copies: a dump is small next to the run that made it
     v.grads = s.grads;
     v.weights_after = s.weights_after;
+    v.adam_m = s.adam_m;
+    v.adam_v = s.adam_v;
+    v.adam_m_after = s.adam_m_after;
+    v.adam_v_after = s.adam_v_after;
+    v.step = s.step;
     try {
       validate_state(v, "state");
     } catch (const Error& e) {
@@ -534,6 +549,14 @@ void write_state(const std::string& path, const StateDump& s, const WriteOptions
       write_group(f, "weights", s.weights);
       write_group(f, "grads", s.grads);
       write_group(f, "weights_after", s.weights_after);
+      if (!s.adam_m.empty()) {
+        write_group(f, "adam_m", s.adam_m);
+        write_group(f, "adam_v", s.adam_v);
+        write_group(f, "adam_m_after", s.adam_m_after);
+        write_group(f, "adam_v_after", s.adam_v_after);
+      }
+      if (s.step > 0)
+        write_scalar_attr<int64_t>(root, "step", H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64, s.step);
       f.flush(H5F_SCOPE_GLOBAL);
     }
     if (opt.checksum) seal_checksum(tmp.string());
@@ -884,6 +907,20 @@ struct FileReader {
     s.weights = read_group(f.get(), "weights");
     s.grads = read_group(f.get(), "grads");
     s.weights_after = read_group(f.get(), "weights_after");
+    // Optional: the AdamW moments (all four groups or none) and the step counter.
+    const bool has_m = h5(H5Lexists(f.get(), "adam_m", H5P_DEFAULT), "/adam_m") > 0;
+    if (has_m) {
+      s.adam_m = read_group(f.get(), "adam_m");
+      s.adam_v = read_group(f.get(), "adam_v");
+      s.adam_m_after = read_group(f.get(), "adam_m_after");
+      s.adam_v_after = read_group(f.get(), "adam_v_after");
+    }
+    if (h5(H5Aexists(root.get(), "step"), "/: attribute 'step'") > 0) {
+      const Int st = read_int_attr(root.get(), "step", "/");
+      if ((st.is_signed && st.s < 1) || (!st.is_signed && (st.u < 1 || st.u > (uint64_t{1} << 62))))
+        bad("/: attribute 'step' must be an integer >= 1");
+      s.step = st.is_signed ? st.s : static_cast<int64_t>(st.u);
+    }
     validate_state(s, fmt::format("cannot read state dump '{}'", path));
     return s;
   }
@@ -1051,6 +1088,11 @@ std::string encode(const StateDump& s) {
   w.tensors(s.grads);
   w.tensors(s.weights_after);
   w.str(s.optimizer.dump());
+  w.tensors(s.adam_m);
+  w.tensors(s.adam_v);
+  w.tensors(s.adam_m_after);
+  w.tensors(s.adam_v_after);
+  w.u64(static_cast<uint64_t>(s.step));
   w.b.push_back('Z');
   return std::move(w.b);
 }
@@ -1070,6 +1112,11 @@ StateDump decode(const std::string& b) {
   s.grads = r.tensors();
   s.weights_after = r.tensors();
   s.optimizer = nlohmann::json::parse(r.str());
+  s.adam_m = r.tensors();
+  s.adam_v = r.tensors();
+  s.adam_m_after = r.tensors();
+  s.adam_v_after = r.tensors();
+  s.step = static_cast<int64_t>(r.u64());
   if (r.pos + 1 != b.size() || b.back() != 'Z') WireIn::broken();
   return s;
 }
@@ -1256,6 +1303,16 @@ CompareResult compare_states(const StateDump& a, const StateDump& b, const Compa
   if (auto r = group("weights", a.weights, b.weights); !r.equal) return r;
   if (auto r = group("grads", a.grads, b.grads); !r.equal) return r;
   if (auto r = group("weights_after", a.weights_after, b.weights_after); !r.equal) return r;
+  // The AdamW moments and the step are optional (older dumps, golden/data): compared when both files hold them.
+  if (!a.adam_m.empty() && !b.adam_m.empty()) {
+    if (auto r = group("adam_m", a.adam_m, b.adam_m); !r.equal) return r;
+    if (auto r = group("adam_v", a.adam_v, b.adam_v); !r.equal) return r;
+    if (auto r = group("adam_m_after", a.adam_m_after, b.adam_m_after); !r.equal) return r;
+    if (auto r = group("adam_v_after", a.adam_v_after, b.adam_v_after); !r.equal) return r;
+  }
+  if (opt.compare_metadata && a.step > 0 && b.step > 0 && a.step != b.step)
+    return differ("attr:step", -1, static_cast<double>(a.step), static_cast<double>(b.step),
+                  fmt::format("step differs: {} vs {}", a.step, b.step));
   return {};
 }
 

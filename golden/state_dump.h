@@ -11,6 +11,8 @@
 //   /weights/<name>      each in its dtype (names keep their dots: layers.0.attn.wq)
 //   /grads/<name>
 //   /weights_after/<name>
+//   /adam_m/<name>, /adam_v/<name>, /adam_m_after/<name>, /adam_v_after/<name>   (optional: AdamW moments)
+//   root attribute step (int64, optional): the 1-based optimizer step
 //
 // Every tensor dataset carries a string attribute `dtype` in {"f64","f32","bf16","i32"}; bf16 data is stored
 // as its uint16 bit pattern (HDF5 type uint16). Groups track creation order, so tensors read back (from C++
@@ -81,6 +83,11 @@ struct StateDump {
   // Storage type of /loss: "f64" or "f32". Empty: "f64" when config["policy"] == "fp64" (or, without a
   // policy in the config, when the first weight is f64), else "f32". read_state fills it from the file.
   std::string loss_dtype;
+  // AdamW state (optional: all four empty, or each listing the weights' names, shapes and dtypes in order), so a
+  // dump taken after step > 1 is checkable on its own: weights_after = AdamW(weights, grads, adam_m, adam_v, step).
+  std::vector<NamedTensor> adam_m, adam_v;              // first and second moments before the step
+  std::vector<NamedTensor> adam_m_after, adam_v_after;  // after it
+  int64_t step = 0;  // the 1-based optimizer step this dump records (root attribute `step`; 0: not stored)
 };
 
 struct WriteOptions {

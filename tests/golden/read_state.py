@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
-"""Reads a Trident state dump with h5py exactly as docs/golden.md describes, and checks the values written by
-tests/golden/test_state_dump.cpp (PythonH5pyReadsTheFile) from the same formulas. Exit 0 on success."""
+"""Reads a Trident state dump with h5py exactly as docs/golden.md describes (the runnable version of its example).
+
+    read_state.py STATE.h5               any dump (e.g. `trident train --dump`, `trident golden`): verifies the
+                                         checksum, the schema and the AdamW moments when present, prints a summary
+    read_state.py --test-file STATE.h5   also checks the values tests/golden/test_state_dump.cpp
+                                         (PythonH5pyReadsTheFile) wrote, recomputed from the same formulas
+Exit 0 on success."""
 import json
 import sys
 import zlib
@@ -9,7 +14,7 @@ import h5py
 import numpy as np
 
 
-def as_array(ds):
+def load(ds):
     """A dataset as a numpy array of its logical dtype (bf16 -> float32, exactly)."""
     a = ds[()]
     if ds.attrs["dtype"] == "bf16":
@@ -34,45 +39,85 @@ def verify_checksum(path):
     return True
 
 
-def main(path):
-    assert verify_checksum(path), "write_state writes the checksum header"
+GROUPS = ("weights", "grads", "weights_after")
+MOMENTS = ("adam_m", "adam_v", "adam_m_after", "adam_v_after")
+
+
+def read(path):
+    """The whole dump as a dict (the docs' example), with the schema checks of docs/golden.md."""
+    sealed = verify_checksum(path)
     with h5py.File(path, "r") as f:
         assert int(f.attrs["schema_version"]) == 1, f.attrs["schema_version"]
-        assert f.attrs["generator"].startswith("trident "), f.attrs["generator"]
-        config = json.loads(f.attrs["config"])
-        optimizer = json.loads(f.attrs["optimizer"])
-        assert config == {"policy": "bf16", "vocab": 16}, config
-        assert optimizer == {"lr": 0.001}, optimizer
-        assert int(f.attrs["seed"]) == 20261129
-        assert f.attrs["repro"] == "trident train --preset tiny"
+        d = {
+            "sealed": sealed,
+            "config": json.loads(f.attrs["config"]),
+            "optimizer": json.loads(f.attrs["optimizer"]),
+            "seed": int(f.attrs["seed"]),
+            "repro": f.attrs["repro"],
+            "step": int(f.attrs["step"]) if "step" in f.attrs else 0,
+            "tokens": f["inputs/tokens"][()],
+            "targets": f["inputs/targets"][()],
+            "loss": float(f["loss"][()]),
+        }
+        assert d["tokens"].dtype == np.int32 and d["tokens"].shape == d["targets"].shape
+        present = [g for g in MOMENTS if g in f]
+        assert present in ([], list(MOMENTS)), f"AdamW moments: all four groups or none, got {present}"
+        for g in GROUPS + tuple(present):
+            d[g] = {k: load(v) for k, v in f[g].items()}   # creation (parameter) order
+            raw = {k: v.attrs["dtype"] for k, v in f[g].items()}
+            d[g + ".dtype"] = raw
+        for g in GROUPS[1:] + tuple(present):
+            assert list(d[g]) == list(d["weights"]), f"/{g} lists other names than /weights"
+            for k in d[g]:
+                assert d[g][k].shape == d["weights"][k].shape, f"/{g}/{k} shape"
+                assert d[g + ".dtype"][k] == d["weights.dtype"][k], f"/{g}/{k} dtype"
+        if present:
+            assert d["step"] >= 1, "a dump with moments has a step attribute >= 1"
+    return d
 
-        tokens, targets = f["inputs/tokens"][()], f["inputs/targets"][()]
-        assert tokens.dtype == np.int32 and tokens.shape == (2, 3)
-        assert (tokens.ravel() == np.arange(6)).all(), tokens
-        want_t = np.arange(6) + 1
-        want_t[2] = -100
-        assert (targets.ravel() == want_t).all(), targets
 
-        loss = f["loss"][()]
-        assert f["loss"].attrs["dtype"] == "f32" and f["loss"].dtype == np.float32 and float(loss) == 0.5
+def check_test_file(d):
+    """The values written by test_state_dump.cpp's PythonH5pyReadsTheFile."""
+    assert d["config"] == {"policy": "bf16", "vocab": 16}, d["config"]
+    assert d["optimizer"] == {"lr": 0.001}, d["optimizer"]
+    assert d["seed"] == 20261129
+    assert d["repro"] == "trident train --preset tiny"
+    assert (d["tokens"].ravel() == np.arange(6)).all() and d["tokens"].shape == (2, 3)
+    want_t = np.arange(6) + 1
+    want_t[2] = -100
+    assert (d["targets"].ravel() == want_t).all()
+    assert d["loss"] == 0.5
+    w = 0.25 * np.arange(12, dtype=np.float32) - 1.0
+    dd = 1.0 / (np.arange(6) + 1.0)
+    for g in GROUPS:
+        assert list(d[g]) == ["layers.0.attn.wq", "final_norm", "lm_head"], list(d[g])
+        assert d[g + ".dtype"] == {"layers.0.attn.wq": "bf16", "final_norm": "f64", "lm_head": "f32"}
+        assert (d[g]["layers.0.attn.wq"] == w.reshape(3, 4)).all()
+        assert (d[g]["final_norm"] == dd).all()
+        assert (d[g]["lm_head"] == w.reshape(4, 3)).all()
 
-        w = 0.25 * np.arange(12, dtype=np.float32) - 1.0
-        d = 1.0 / (np.arange(6) + 1.0)
-        for group in ("weights", "grads", "weights_after"):
-            g = f[group]
-            names = list(g.keys())  # creation order
-            assert names == ["layers.0.attn.wq", "final_norm", "lm_head"], names
-            wq = g["layers.0.attn.wq"]
-            assert wq.attrs["dtype"] == "bf16" and wq.dtype == np.uint16 and wq.shape == (3, 4)
-            assert (as_array(wq) == w.reshape(3, 4)).all()
-            fn = g["final_norm"]
-            assert fn.attrs["dtype"] == "f64" and fn.dtype == np.float64
-            assert (as_array(fn) == d).all()
-            lm = g["lm_head"]
-            assert lm.attrs["dtype"] == "f32" and lm.dtype == np.float32 and lm.shape == (4, 3)
-            assert (as_array(lm) == w.reshape(4, 3)).all()
-    print("h5py read OK:", path)
+
+def main(argv):
+    test_file = "--test-file" in argv
+    paths = [a for a in argv if a != "--test-file"]
+    if len(paths) != 1:
+        print("usage: read_state.py [--test-file] STATE.h5", file=sys.stderr)
+        return 2
+    d = read(paths[0])
+    if test_file:
+        assert d["sealed"], "write_state writes the checksum header"
+        check_test_file(d)
+    else:
+        cfg = d["config"]
+        n = sum(v.size for v in d["weights"].values())
+        print(f"{d['repro']}\n  seed {d['seed']}, policy {cfg.get('policy')}, step {d['step'] or '(not stored)'}, "
+              f"checksum {'ok' if d['sealed'] else 'absent'}, loss {d['loss']:.6f}, {len(d['weights'])} tensors "
+              f"({n} values), AdamW moments {'stored' if 'adam_m' in d else 'not stored'}")
+        for name, g in list(d["grads"].items())[:3]:
+            print(f"  {name:36s} shape {tuple(g.shape)}  |grad|_max {np.max(np.abs(g)):.3e}")
+    print("h5py read OK:", paths[0])
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1:]))

@@ -283,7 +283,7 @@ TEST(GoldenStateDump, PythonH5pyReadsTheFile) {
   s.weights_after = s.weights;
   const std::string path = td.file("py.h5");
   write_state(path, s);
-  const std::string cmd = fmt::format("{} '{}' '{}'", py, TRIDENT_GOLDEN_PY, path);
+  const std::string cmd = fmt::format("{} '{}' --test-file '{}'", py, TRIDENT_GOLDEN_PY, path);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "repro: " << cmd;
 }
 

@@ -1,0 +1,144 @@
+// Per-primitive goldens (docs/golden.md "Primitive goldens"): the inputs and outputs of every op of the step's
+// kernel set (parallel/step_kernels.h), captured from a real step, so a kernel author checks one GPU kernel
+// against the reference without running a model.
+//
+// How a case is made: RecordingKernels wraps a kernel set; the first call of each (op, shape signature) per rank
+// is captured — every input the op reads is copied off the device, every scalar argument is noted — and the case
+// is then *replayed* on a scratch device with the reference kernels (CpuKernels) to produce its outputs. Outputs
+// start zeroed (exact accumulators too: an accumulator output is the rounded contribution of this one call), so
+// a case is self-contained and any backend's Kernels<T> recomputes it the same way (run_case). The same bind
+// function per op drives capture and replay, so the two cannot disagree on an argument.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "golden/state_dump.h"
+#include "parallel/device.h"
+#include "parallel/step_kernels.h"
+#include "parallel/trace.h"
+
+namespace trident::golden {
+
+inline constexpr int kPrimitivesSchemaVersion = 1;
+
+// One captured call. Tensors use NamedTensor with dtype f64, f32, i32 or i64 (the last only here).
+struct PrimCase {
+  std::string op;      // the Kernels<T> method name: "mm", "attn_core_forward", ...
+  std::string name;    // "c0", "c1", ... (per op and rank, in capture order)
+  int rank = 0;        // the emulated rank that made the call
+  std::string dtype;   // T of the kernel set: "f32" or "f64"
+  std::string policy;  // precision policy of the call ("fp32", "bf16", "fp64"), or "" when the op has none
+  nlohmann::json shapes = nlohmann::json::object();  // scalar arguments, and "config" for attention ops
+  std::vector<NamedTensor> inputs;   // in argument order
+  std::vector<NamedTensor> outputs;  // in argument order (accumulators: the rounded contribution)
+  // Error-bound data, for outputs whose op is a sum of products (GEMM, tile sums): per output element
+  // sum_abs = sum |terms| (the op replayed on |inputs|), n_terms = the longest in-order chain, and the
+  // tolerance-table entry that turns them into a bound (reference/tolerances.h).
+  std::vector<NamedTensor> sum_abs;
+  nlohmann::json n_terms = nlohmann::json::object();    // output name -> int
+  nlohmann::json tolerance = nlohmann::json::object();  // output name -> {primitive, direction, k_const, k_per_term, u}
+  std::string repro;
+};
+
+// Every op of Kernels<T>, in header order (on_moe_combined is a test hook, not an op).
+const std::vector<std::string>& kernel_ops();
+
+// Recomputes a case with `k` on `dev` (stream 0) and returns its outputs in the case's order.
+template <class T>
+std::vector<NamedTensor> run_case(const PrimCase& c, Kernels<T>& k, Device& dev);
+// The same with a fresh eager emulator device and CpuKernels: the reference outputs (also sum_abs).
+template <class T>
+std::vector<NamedTensor> reference_outputs(const PrimCase& c);
+
+// Captures cases from a live step. Thread-safe: one recorder serves every rank's RecordingKernels.
+class Recorder {
+ public:
+  explicit Recorder(int max_cases_per_op = 2, std::string repro_base = {})
+      : max_cases_(max_cases_per_op), repro_base_(std::move(repro_base)) {}
+  // Claims the slot for (rank, op, signature): true for the first call of a new signature while the rank has
+  // fewer than max_cases_per_op cases of that op; sets `name`.
+  bool claim(int rank, const std::string& op, const std::string& signature, std::string& name);
+  void add(PrimCase c);
+  std::vector<PrimCase> take();  // sorted by (rank, op order, name)
+  const std::string& repro_base() const { return repro_base_; }
+
+ private:
+  std::mutex mu_;
+  int max_cases_;
+  std::string repro_base_;
+  std::map<std::tuple<int, std::string>, std::set<std::string>> seen_;
+  std::vector<PrimCase> cases_;
+};
+
+// A kernel set that forwards every op to `inner` and captures the first call of each case into `rec`.
+template <class T>
+std::unique_ptr<Kernels<T>> make_recording_kernels(std::unique_ptr<Kernels<T>> inner, Device& dev, int rank,
+                                                   Recorder& rec);
+
+// A kernel set that forwards to `inner` and then flips the last bit (one ulp) of element `index` of the first
+// output of op `op` (every call of it): the deliberately wrong backend of the tests and of `trident paired`.
+template <class T>
+std::unique_ptr<Kernels<T>> make_perturbed_kernels(std::unique_ptr<Kernels<T>> inner, Device& dev, std::string op,
+                                                   int64_t index = 0);
+
+// ---- the file: <dir>/primitives.h5 (docs/golden.md "Primitive goldens") -----------------------------------------
+struct CommRecord {   // one communication call of one rank, in issue order
+  std::string op;     // all_gather, reduce_scatter, all_reduce, ..., send, recv
+  std::string comm;   // communicator name
+  uint64_t seq = 0;
+  uint64_t count = 0;
+  std::string dtype;
+  int peer = -1;
+  uint64_t recv_hash = 0;  // FNV-1a 64 of the bytes this rank received (0: not recorded)
+};
+struct PrimitivesFile {
+  nlohmann::json config;   // the model config
+  nlohmann::json mesh = nlohmann::json::object();
+  std::string repro;
+  int ranks = 1;
+  std::vector<PrimCase> cases;
+  std::vector<std::vector<CommRecord>> comm;  // per rank
+};
+std::vector<CommRecord> comm_records(const RankTrace& trace);
+void write_primitives(const std::string& path, const PrimitivesFile& f);
+PrimitivesFile read_primitives(const std::string& path);
+
+// ---- checking ---------------------------------------------------------------------------------------------------
+struct CaseFailure {
+  std::string op, name;
+  int rank = 0;
+  std::string output;   // output tensor name (or "" when the backend threw)
+  int64_t index = -1;   // flat element index of the worst violation
+  double got = 0, want = 0, bound = 0;
+  std::string message;  // one line
+  std::string repro;     // the `trident check` command line that reruns just this case
+};
+struct CheckOptions {
+  bool bitwise = true;      // the backend promises the reference's bits; else the bound where one exists
+  std::string only_op;      // filter (empty: all)
+  std::string only_case;    // filter (empty: all)
+  int only_rank = -1;
+  std::string backend = "cpu";  // named in the repro lines
+};
+struct CheckSummary {
+  int64_t cases = 0, passed = 0;
+  std::vector<CaseFailure> failures;
+  std::vector<std::string> ops_checked;
+  nlohmann::json to_json() const;
+};
+template <class T>
+using KernelsFactory = std::function<std::unique_ptr<Kernels<T>>(Device& dev)>;
+// Recomputes every case of `f` with the kernel sets `factory` makes and compares.
+template <class T>
+CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& factory, const CheckOptions& opt,
+                              const std::string& golden_path);
+
+}  // namespace trident::golden

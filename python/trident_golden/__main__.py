@@ -1,0 +1,61 @@
+"""python -m trident_golden check GOLDEN --impl module:function [--op OP] [--case C] [--rank R] [--report r.json]
+
+Exit 0 when every checked case passes, 1 when one fails (one line and a repro line per failure), 2 on bad usage or
+input (one 'trident_golden: error: ...' line)."""
+import argparse
+import importlib
+import json
+import sys
+
+from .check import check
+
+
+def load_impl(spec):
+    if ":" not in spec:
+        raise ValueError(f"--impl '{spec}': expected module:function")
+    mod, fn = spec.split(":", 1)
+    try:
+        m = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValueError(f"--impl '{spec}': cannot import module '{mod}': {e}") from None
+    f = getattr(m, fn, None)
+    if not callable(f):
+        raise ValueError(f"--impl '{spec}': module '{mod}' has no function '{fn}'")
+    return f
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trident_golden")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="check an implementation against a primitive golden")
+    c.add_argument("golden", help="golden directory or primitives.h5")
+    c.add_argument("--impl", required=True, help="module:function, called as f(op, inputs, shapes)")
+    c.add_argument("--op")
+    c.add_argument("--case")
+    c.add_argument("--rank", type=int)
+    c.add_argument("--report", help="write a JSON report here")
+    a = p.parse_args(argv)
+    try:
+        impl = load_impl(a.impl)
+        res = check(a.golden, impl, op=a.op, case=a.case, rank=a.rank, impl_name=a.impl)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"trident_golden: error: {e}", file=sys.stderr)
+        return 2
+    if res.checked == 0:
+        print(f"trident_golden: error: {a.impl} implements none of the matching cases of {a.golden} "
+              f"({res.skipped} skipped)", file=sys.stderr)
+        return 2
+    for f in res.failures:
+        print(f"FAIL {f.message}")
+        print(f"  repro: {f.repro}")
+    print(f"trident_golden check {a.golden} --impl {a.impl}: {res.passed}/{res.checked} cases passed, "
+          f"{res.skipped} skipped (not implemented)")
+    if a.report:
+        with open(a.report, "w") as fh:
+            json.dump({"checked": res.checked, "passed": res.passed, "skipped": res.skipped,
+                       "failures": [f.__dict__ for f in res.failures]}, fh, indent=2)
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
