@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "golden/checkpoint.h"
 #include "golden/state_dump.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
@@ -29,6 +30,7 @@ struct Opts {
   int64_t data_seed = 7;
   int64_t token_chunk = 64;
   std::string dump;
+  std::string save, resume;  // checkpoints (docs/checkpoints.md)
   bool quiet = false;
 };
 
@@ -60,7 +62,16 @@ int run(const Opts& o, const Config& cfg) {
   rc.data_seed = static_cast<uint64_t>(o.data_seed);
   rc.validate_for(cfg);  // bounds of every run value and overflow-checked sizes of this model on this batch
   if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
+  if (!o.save.empty()) golden::check_save_target(o.save);
   Trainer<T> tr(cfg, rc);
+  if (!o.resume.empty()) {
+    golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
+    golden::check_resumable(meta, cfg, rc, o.resume);
+    tr.restore(golden::load_checkpoint<T>(o.resume, &meta));
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s)\n", o.resume.c_str(),
+                static_cast<long long>(tr.step_count), meta.writer.c_str(), meta.mesh.spec().c_str());
+  }
+  const int64_t first = tr.step_count;  // synthetic data position
   std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
               std::string(to_string(cfg.attn)).c_str(), static_cast<long long>(cfg.layers),
               static_cast<long long>(cfg.dense_layers), static_cast<long long>(cfg.experts),
@@ -71,7 +82,7 @@ int run(const Opts& o, const Config& cfg) {
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < o.steps; ++s) {
-    const Batch batch = synthetic_batch(cfg, rc, s);
+    const Batch batch = synthetic_batch(cfg, rc, first + s);
     const bool last = s + 1 == o.steps;
     ParamSet<T> before;
     if (last && !o.dump.empty()) before = tr.params;
@@ -80,7 +91,8 @@ int run(const Opts& o, const Config& cfg) {
     const int width = 30;
     const int fill = static_cast<int>(width * (s + 1) / o.steps);
     std::printf("step %5lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
-                static_cast<long long>(s + 1), static_cast<long long>(o.steps), st.loss, st.grad_norm, st.clip, fill,
+                static_cast<long long>(first + s + 1), static_cast<long long>(first + o.steps), st.loss, st.grad_norm,
+                st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
@@ -110,6 +122,16 @@ int run(const Opts& o, const Config& cfg) {
       std::printf("wrote %s (step %lld: weights, grads, weights_after of %zu tensors)\n", o.dump.c_str(),
                   static_cast<long long>(tr.step_count), tr.params.size());
     }
+  }
+  if (!o.save.empty()) {
+    golden::CheckpointMeta meta;
+    meta.writer = "train";
+    meta.cfg = cfg;
+    meta.run = rc;
+    meta.step = tr.step_count;
+    golden::save_checkpoint<T>(o.save, meta, tr.state());
+    std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank)\n", o.save.c_str(),
+                static_cast<long long>(tr.step_count));
   }
   return 0;
 }
@@ -143,6 +165,12 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--dump", o->dump,
                                   "write the golden HDF5 state of the last step (inputs, weights before, loss, "
                                   "grads, weights after, config, optimizer, repro) to this file");
+                   sub.add_option("--save", o->save,
+                                  "after the last step, write a checkpoint directory (weights, router biases, AdamW "
+                                  "moments, step, data position; docs/checkpoints.md), replacing it atomically");
+                   sub.add_option("--resume", o->resume,
+                                  "continue from a checkpoint directory of `train` or `emulate` (same model, batch, "
+                                  "optimizer and data flags; --steps more steps), bit for bit");
                    return [o]() -> int {
                      Config cfg = o->config.empty() ? Config::preset(o->preset) : Config::load(o->config);
                      if (!o->policy.empty()) cfg.policy = parse_policy(o->policy);
