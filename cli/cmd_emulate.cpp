@@ -47,12 +47,15 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (!o.save.empty()) golden::check_save_target(o.save);
   std::unique_ptr<model::TrainState<T>> resume;
   if (!o.resume.empty()) {
+    const auto l0 = std::chrono::steady_clock::now();
     golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
     golden::check_resumable(meta, spec.cfg, spec.run, o.resume);
     resume = std::make_unique<model::TrainState<T>>(golden::load_checkpoint<T>(o.resume, &meta));
     spec.first_step = resume->step;
-    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh\n",
-                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str());
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
+                "%.2f s\n",
+                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const auto& c = spec.cfg;
   const auto& m = spec.mesh;
@@ -132,9 +135,11 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     meta.ep_chunks = spec.ep_chunks;
     meta.vocab_slices = spec.vocab_slices;
     meta.step = r.state.front().step;
+    const auto s0 = std::chrono::steady_clock::now();
     golden::save_checkpoint<T>(o.save, meta, r.state);
-    std::printf("saved checkpoint %s (step %lld: %lld rank files and a manifest)\n", o.save.c_str(),
-                static_cast<long long>(meta.step), static_cast<long long>(W));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    std::printf("saved checkpoint %s (step %lld: %lld rank files and a manifest) in %.2f s\n", o.save.c_str(),
+                static_cast<long long>(meta.step), static_cast<long long>(W), secs);
   }
   if (!o.check) return 0;
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));

@@ -65,11 +65,13 @@ int run(const Opts& o, const Config& cfg) {
   if (!o.save.empty()) golden::check_save_target(o.save);
   Trainer<T> tr(cfg, rc);
   if (!o.resume.empty()) {
+    const auto l0 = std::chrono::steady_clock::now();
     golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
     golden::check_resumable(meta, cfg, rc, o.resume);
     tr.restore(golden::load_checkpoint<T>(o.resume, &meta));
-    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s)\n", o.resume.c_str(),
-                static_cast<long long>(tr.step_count), meta.writer.c_str(), meta.mesh.spec().c_str());
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s; loaded in %.2f s)\n", o.resume.c_str(),
+                static_cast<long long>(tr.step_count), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const int64_t first = tr.step_count;  // synthetic data position
   std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
@@ -129,9 +131,11 @@ int run(const Opts& o, const Config& cfg) {
     meta.cfg = cfg;
     meta.run = rc;
     meta.step = tr.step_count;
+    const auto s0 = std::chrono::steady_clock::now();
     golden::save_checkpoint<T>(o.save, meta, tr.state());
-    std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank)\n", o.save.c_str(),
-                static_cast<long long>(tr.step_count));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank) in %.2f s\n",
+                o.save.c_str(), static_cast<long long>(tr.step_count), secs);
   }
   return 0;
 }

@@ -196,9 +196,24 @@ void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::ve
         fail(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), target.string(), errno_text()));
     } else {
       // Atomic swap: at every instant DIR is either the old checkpoint or the new one.
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0)
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+        fs::remove_all(tmp, ec);  // now the old checkpoint
+      } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+        // A file system without RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+        // leaves no DIR, and the old checkpoint complete at .NAME.old-PID-N (docs/checkpoints.md).
+        const fs::path old = parent / fmt::format(".{}.old-{}-{}", target.filename().string(), ::getpid(),
+                                                  counter.fetch_add(1));
+        if (::rename(target.c_str(), old.c_str()) != 0)
+          fail(fmt::format("cannot rename '{}' to '{}': {}", target.string(), old.string(), errno_text()));
+        if (::rename(tmp.c_str(), target.c_str()) != 0) {
+          const std::string why = errno_text();
+          (void)::rename(old.c_str(), target.c_str());
+          fail(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), target.string(), why));
+        }
+        fs::remove_all(old, ec);
+      } else {
         fail(fmt::format("cannot exchange '{}' with '{}': {}", tmp.string(), target.string(), errno_text()));
-      fs::remove_all(tmp, ec);  // now the old checkpoint
+      }
     }
     sync_path(parent, true);
   } catch (...) {
