@@ -103,7 +103,8 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   spec.keep_tensors = o.check;
   spec.keep_state = !o.save.empty();
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
-  std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
+  std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds,
+              r.seconds / static_cast<double>(std::max<int64_t>(spec.run.steps, 1)));
   // peak memory per rank
   std::vector<int64_t> pk = r.peak_bytes;
   const auto mx = std::max_element(pk.begin(), pk.end());
