@@ -94,7 +94,7 @@ fs::path target_path(const std::string& dir) {
 // ---- writing -----------------------------------------------------------------------------------------------------
 template <class T>
 void write_rank_file(const fs::path& path, const md::Config& cfg, const std::vector<md::ParamInfo>& info,
-                     const MeshShape& mesh, int64_t rank, const RankState<T>& st) {
+                     const MeshShape& mesh, int64_t rank, const ShardState<T>& st) {
   const H5::PredType& ft = std::is_same_v<T, double> ? H5::PredType::IEEE_F64LE : H5::PredType::IEEE_F32LE;
   const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
   H5::H5File f(path.string(), H5F_ACC_EXCL);
@@ -123,14 +123,14 @@ void write_rank_file(const fs::path& path, const md::Config& cfg, const std::vec
 }
 
 template <class T>
-void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::vector<RankState<T>>& ranks) {
+void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::vector<ShardState<T>>& ranks) {
   meta.cfg.validate();
   constexpr bool is_f64 = std::is_same_v<T, double>;
   TD_CHECK(is_f64 == (meta.cfg.policy == Policy::fp64),
            "checkpoint: policy {} with {} tensors", to_string(meta.cfg.policy), dtype_of<T>());
   const int64_t W = meta.mesh.world();
   TD_CHECK_EQ(static_cast<int64_t>(ranks.size()), W, "checkpoint: rank states for mesh {}", meta.mesh.str());
-  for (const RankState<T>& r : ranks)
+  for (const ShardState<T>& r : ranks)
     TD_CHECK_EQ(r.step, meta.step, "checkpoint: a rank's step counter vs the run's");
   const std::vector<md::ParamInfo> info = md::param_layout(meta.cfg);
   check_save_target(dir);
@@ -370,7 +370,7 @@ void check_save_target(const std::string& dir) {
 }
 
 template <class T>
-void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<RankState<T>>& ranks) {
+void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<ShardState<T>>& ranks) {
   save_impl<T>(dir, meta, ranks);
 }
 
@@ -380,7 +380,7 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const m
   TD_CHECK_EQ(state.step, meta.step, "checkpoint: the state's step vs the run's");
   const std::vector<md::ParamInfo> info = md::param_layout(meta.cfg);
   TD_CHECK_EQ(info.size(), state.params.size(), "checkpoint: parameter count");
-  RankState<T> r;
+  ShardState<T> r;
   r.step = state.step;
   r.w.resize(info.size());
   r.m.resize(info.size());
@@ -398,7 +398,7 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const m
       take(state.v, r.v[p]);
     }
   }
-  save_impl<T>(dir, meta, std::vector<RankState<T>>{std::move(r)});
+  save_impl<T>(dir, meta, std::vector<ShardState<T>>{std::move(r)});
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_manifest(dir).meta; }
@@ -461,9 +461,9 @@ void check_resumable(const CheckpointMeta& saved, const md::Config& cfg, const m
                        dir, k, ra.at(k).dump(), rb.at(k).dump()));
 }
 
-template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const std::vector<RankState<float>>&);
+template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const std::vector<ShardState<float>>&);
 template void save_checkpoint<double>(const std::string&, const CheckpointMeta&,
-                                      const std::vector<RankState<double>>&);
+                                      const std::vector<ShardState<double>>&);
 template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const md::TrainState<float>&);
 template void save_checkpoint<double>(const std::string&, const CheckpointMeta&, const md::TrainState<double>&);
 template md::TrainState<float> load_checkpoint<float>(const std::string&, CheckpointMeta*);

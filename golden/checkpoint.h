@@ -47,7 +47,7 @@ struct CheckpointMeta {
 
 // Writes a checkpoint of an emulated run: `ranks` holds every rank's state (RankStep::state) of meta.mesh.
 template <class T>
-void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<RankState<T>>& ranks);
+void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<ShardState<T>>& ranks);
 // Writes the full state of a single-rank run as a one-rank checkpoint (meta.mesh must be one rank).
 template <class T>
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const model::TrainState<T>& state);
@@ -77,9 +77,9 @@ using CheckpointSaveHook = std::function<void(const std::string& stage)>;
 void set_checkpoint_save_hook(CheckpointSaveHook hook);
 
 extern template void save_checkpoint<float>(const std::string&, const CheckpointMeta&,
-                                            const std::vector<RankState<float>>&);
+                                            const std::vector<ShardState<float>>&);
 extern template void save_checkpoint<double>(const std::string&, const CheckpointMeta&,
-                                             const std::vector<RankState<double>>&);
+                                             const std::vector<ShardState<double>>&);
 extern template void save_checkpoint<float>(const std::string&, const CheckpointMeta&,
                                             const model::TrainState<float>&);
 extern template void save_checkpoint<double>(const std::string&, const CheckpointMeta&,

@@ -44,7 +44,7 @@ void RankStep<T>::write_grads(md::ParamSet<T>& full) const {
   impl_->write(full, true);
 }
 template <class T>
-RankState<T> RankStep<T>::state() const {
+ShardState<T> RankStep<T>::state() const {
   return impl_->state();
 }
 template <class T>

@@ -330,8 +330,8 @@ void StepImpl<T>::write(md::ParamSet<T>& out, bool grads) const {
 
 // The rank's optimizer state for a checkpoint: its valid part of every parameter it owns (parallel/shard.h).
 template <class T>
-RankState<T> StepImpl<T>::state() const {
-  RankState<T> out;
+ShardState<T> StepImpl<T>::state() const {
+  ShardState<T> out;
   out.step = step_count;
   out.w.resize(ps.size());
   out.m.resize(ps.size());
@@ -374,7 +374,7 @@ RankState<T> StepImpl<T>::state() const {
   template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
                                           const std::vector<SwigluRows>&);                                         \
   template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;                                                 \
-  template RankState<T> StepImpl<T>::state() const;
+  template ShardState<T> StepImpl<T>::state() const;
 TD_STEP_FSDP(float)
 TD_STEP_FSDP(double)
 #undef TD_STEP_FSDP

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "emulator/run_step.h"
+#include "parallel/shard.h"
 #include "golden/checkpoint.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
@@ -82,7 +83,7 @@ void expect_state_eq(const md::TrainState<T>& a, const md::TrainState<T>& b, con
   EXPECT_EQ(first_diff(a.v, b.v), "") << what << ": AdamW v";
 }
 template <class T>
-void expect_rank_states_eq(const std::vector<RankState<T>>& a, const std::vector<RankState<T>>& b,
+void expect_rank_states_eq(const std::vector<ShardState<T>>& a, const std::vector<ShardState<T>>& b,
                            const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t r = 0; r < a.size(); ++r) {
@@ -99,6 +100,43 @@ bool moments_nonzero(const md::TrainState<T>& s) {
     for (T x : t.data)
       if (x != T(0)) return true;
   return false;
+}
+
+// ---- placement: the saved parts of all ranks cover every element exactly once -------------------------------------
+TEST(CheckpointPlacement, OwnedPartsCoverEveryElementOnce) {
+  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64"}) {
+    const md::Config cfg = md::Config::preset(preset);
+    for (const MeshShape& m : {MeshShape{1, 1, 1, 1, 1}, MeshShape{1, 8, 1, 1, 8}, MeshShape{2, 1, 4, 1, 8},
+                               MeshShape{1, 2, 2, 2, 2}, MeshShape{3, 1, 1, 1, 3}, MeshShape{1, 4, 4, 2, 8}}) {
+      if (cfg.experts % m.ep != 0) continue;
+      for (const md::ParamInfo& in : md::param_layout(cfg)) {
+        int64_t numel = 1;
+        for (int64_t s : in.shape) numel *= s;
+        std::vector<double> full(static_cast<size_t>(numel)), count(static_cast<size_t>(numel), 0.0);
+        for (int64_t i = 0; i < numel; ++i) full[static_cast<size_t>(i)] = static_cast<double>(i);
+        for (int64_t r = 0; r < m.world(); ++r) {
+          const ParamPlacement pl = place(in, m, cfg.experts, r);
+          std::vector<double> part(static_cast<size_t>(pl.valid_elems()));
+          std::vector<double> padded(static_cast<size_t>(pl.padded_elems()));
+          take_part(pl, full.data(), part.data());
+          pad_part(pl, part.data(), padded.data());
+          std::vector<double> back(part.size());
+          unpad_part(pl, padded.data(), back.data());
+          ASSERT_EQ(back, part) << in.name << " rank " << r;
+          if (!pl.owner) continue;
+          std::vector<double> one(part.size(), 1.0), seen(static_cast<size_t>(numel), 0.0);
+          put_part(pl, one.data(), seen.data());
+          for (size_t i = 0; i < seen.size(); ++i) count[i] += seen[i];
+          std::vector<double> rebuilt(static_cast<size_t>(numel), -1.0);
+          put_part(pl, part.data(), rebuilt.data());
+          for (size_t i = 0; i < rebuilt.size(); ++i)
+            if (seen[i] != 0.0) ASSERT_EQ(rebuilt[i], full[i]) << in.name << " rank " << r << " element " << i;
+        }
+        for (size_t i = 0; i < count.size(); ++i)
+          ASSERT_EQ(count[i], 1.0) << preset << " " << m.spec() << " " << in.name << " element " << i;
+      }
+    }
+  }
 }
 
 // ---- train: save after k steps, resume for n, against k + n uninterrupted ------------------------------------------
@@ -225,7 +263,9 @@ TEST(CheckpointReshard, Fsdp2Cp2To_DRep2Cp4Ep8_Bf16) {
   reshard<float>({.policy = "bf16"}, {.mesh = M(1, 2, 2, 2, 2)}, {.mesh = M(2, 1, 4, 1, 8), .recompute = true}, 2,
                  1);
 }
-TEST(CheckpointReshard, DRep2Cp2To1) { reshard<float>({}, {.mesh = M(2, 1, 2, 2, 2)}, {.mesh = M(1, 1, 1, 1, 1)}, 1, 2); }
+TEST(CheckpointReshard, DRep2Cp2To1) {
+  reshard<float>({}, {.mesh = M(2, 1, 2, 2, 2)}, {.mesh = M(1, 1, 1, 1, 1)}, 1, 2);
+}
 TEST(CheckpointReshard, Cp4To_Fsdp2Cp2Ep4) {
   reshard<float>({}, {.mesh = M(1, 1, 4, 2, 2), .chunks = 3}, {.mesh = M(1, 2, 2, 1, 4), .chunks = 2}, 2, 1);
 }
@@ -245,7 +285,7 @@ TEST(CheckpointInterchange, EmulateToTrain) {
 // Two emulated states of a 4-rank mesh: after 1 step (the checkpoint on disk) and after 2 (the save that fails).
 struct TwoStates {
   CheckpointMeta m1, m2;
-  std::vector<RankState<float>> s1, s2;
+  std::vector<ShardState<float>> s1, s2;
 };
 const TwoStates& two_states() {
   static const TwoStates t = [] {
@@ -284,7 +324,8 @@ TEST(CheckpointCrash, ThrowingSaveKeepsPrevious) {
     });
     EXPECT_THROW(golden::save_checkpoint<float>(dir.string(), t.m2, t.s2), Error) << stage;
     golden::set_checkpoint_save_hook(nullptr);
-    expect_state_eq(golden::load_checkpoint<float>(dir.string()), before, std::string("after a failed save at ") + stage);
+    expect_state_eq(golden::load_checkpoint<float>(dir.string()), before,
+                    std::string("after a failed save at ") + stage);
     EXPECT_TRUE(leftovers(parent).empty()) << "a failed save cleans its temporary directory (" << stage << ")";
   }
   // and a save that completes replaces it
