@@ -130,7 +130,9 @@ TEST(CheckpointPlacement, OwnedPartsCoverEveryElementOnce) {
           std::vector<double> rebuilt(static_cast<size_t>(numel), -1.0);
           put_part(pl, part.data(), rebuilt.data());
           for (size_t i = 0; i < rebuilt.size(); ++i)
-            if (seen[i] != 0.0) ASSERT_EQ(rebuilt[i], full[i]) << in.name << " rank " << r << " element " << i;
+            if (seen[i] != 0.0) {
+              ASSERT_EQ(rebuilt[i], full[i]) << in.name << " rank " << r << " element " << i;
+            }
         }
         for (size_t i = 0; i < count.size(); ++i)
           ASSERT_EQ(count[i], 1.0) << preset << " " << m.spec() << " " << in.name << " element " << i;
