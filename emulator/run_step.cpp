@@ -88,6 +88,13 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   const md::ParamSet<T> init = resume ? md::ParamSet<T>() : spec_init<T>(spec);
   sh.init = resume ? &resume->params : &init;
   if (resume) {
+    const std::vector<md::ParamInfo> info = md::param_layout(spec.cfg);
+    for (const md::ParamSet<T>* p : {&resume->params, &resume->m, &resume->v}) {
+      TD_CHECK_EQ(p->size(), info.size(), "emulate: resumed state of another model");
+      for (size_t i = 0; i < info.size(); ++i)
+        TD_CHECK(p->info[i].name == info[i].name && p->t[i].shape == info[i].shape,
+                 "emulate: resumed tensor {} is not {} of this model", i, info[i].name);
+    }
     sh.init_m = &resume->m;
     sh.init_v = &resume->v;
     sh.init_step = resume->step;

@@ -62,7 +62,7 @@ struct EmulateResult {
   std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
   std::vector<PhaseCounts> phases;   // per rank: collectives per phase of the last step
   std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)
-  std::vector<ShardState<T>> state;             // per rank: optimizer state after the last step (keep_state)
+  std::vector<ShardState<T>> state;            // per rank: optimizer state after the last step (keep_state)
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
 };

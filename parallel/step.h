@@ -98,7 +98,7 @@ class RankStep {
   // dense tensors from d_rep coordinate 0, expert tensors from every rank, buffers from world rank 0.
   void write_params(model::ParamSet<T>& full) const;  // master weights (and router biases)
   void write_grads(model::ParamSet<T>& full) const;   // the last step's rounded gradients
-  ShardState<T> state() const;                         // for a checkpoint (host sync)
+  ShardState<T> state() const;                        // for a checkpoint (host sync)
   const MemTracker& memory() const;
   const PhaseCounts& phase_counts() const;            // of the last step
 
