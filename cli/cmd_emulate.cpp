@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "emulator/memory.h"
 #include "emulator/run_step.h"
+#include "golden/checkpoint.h"
 #include "reference/check.h"
 
 namespace {
@@ -41,12 +42,26 @@ struct Opts {
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
   std::string max_memory;
+  std::string save, resume;  // checkpoints (docs/checkpoints.md)
 };
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
 
 template <class T>
 int run(const Opts& o, emu::EmulateSpec spec) {
+  if (!o.save.empty()) golden::check_save_target(o.save);
+  std::unique_ptr<model::TrainState<T>> resume;
+  if (!o.resume.empty()) {
+    const auto l0 = std::chrono::steady_clock::now();
+    golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
+    golden::check_resumable(meta, spec.cfg, spec.run, o.resume);
+    resume = std::make_unique<model::TrainState<T>>(golden::load_checkpoint<T>(o.resume, &meta));
+    spec.first_step = resume->step;
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
+                "%.2f s\n",
+                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
+  }
   const auto& c = spec.cfg;
   const auto& m = spec.mesh;
   const int64_t W = m.world();
@@ -102,12 +117,16 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int width = 30, fill = static_cast<int>(width * (s + 1) / spec.run.steps);
     std::printf("step %3lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
-                static_cast<long long>(s + 1), static_cast<long long>(spec.run.steps), st.loss, st.grad_norm, st.clip,
-                fill, "##############################", width - fill, "", el);
+                static_cast<long long>(spec.first_step + s + 1),
+                static_cast<long long>(spec.first_step + spec.run.steps), st.loss, st.grad_norm, st.clip, fill,
+                "##############################", width - fill, "", el);
     std::fflush(stdout);
   };
-  const emu::EmulateResult<T> r = emu::emulate<T>(spec);
-  std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
+  spec.keep_tensors = o.check;
+  spec.keep_state = !o.save.empty();
+  const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
+  std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds,
+              r.seconds / static_cast<double>(std::max<int64_t>(spec.run.steps, 1)));
   // peak memory per rank
   std::vector<int64_t> pk = r.peak_bytes;
   const auto mx = std::max_element(pk.begin(), pk.end());
@@ -133,10 +152,25 @@ int run(const Opts& o, emu::EmulateSpec spec) {
       std::printf("  %-10s %-16s %14lld %12s\n", name.c_str(), std::string(to_string(static_cast<CollOp>(op))).c_str(),
                   static_cast<long long>(s.calls), mib(s.bytes).c_str());
     }
+  if (!o.save.empty()) {
+    golden::CheckpointMeta meta;
+    meta.writer = "emulate";
+    meta.cfg = spec.cfg;
+    meta.run = spec.run;
+    meta.mesh = spec.mesh;
+    meta.ep_chunks = spec.ep_chunks;
+    meta.vocab_slices = spec.vocab_slices;
+    meta.step = r.state.front().step;
+    const auto s0 = std::chrono::steady_clock::now();
+    golden::save_checkpoint<T>(o.save, meta, r.state);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    std::printf("saved checkpoint %s (step %lld: %lld rank files and a manifest) in %.2f s\n", o.save.c_str(),
+                static_cast<long long>(meta.step), static_cast<long long>(W), secs);
+  }
   if (!o.check) return 0;
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
   std::fflush(stdout);
-  const emu::CheckReport rep = emu::check_reference<T>(spec, r);
+  const emu::CheckReport rep = emu::check_reference<T>(spec, r, resume.get());
   for (int64_t s = 0; s < spec.run.steps; ++s) {
     int64_t ng = 0, eg = 0, np = 0, ep = 0;
     bool loss_ok = true;
@@ -245,6 +279,12 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--max-memory", o->max_memory,
                                   "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
                                   "512MiB, 8GiB); default: the memory available on this machine");
+                   sub.add_option("--save", o->save,
+                                  "after the last step, write a checkpoint directory: one shard file per rank and a "
+                                  "manifest (docs/checkpoints.md), replacing it atomically");
+                   sub.add_option("--resume", o->resume,
+                                  "continue from a checkpoint directory of `emulate` (any mesh: re-sharded onto this "
+                                  "one) or `train` (same model, batch, optimizer and data flags), bit for bit");
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->config.empty() ? o->preset : "";

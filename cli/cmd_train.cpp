@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "emulator/memory.h"
+#include "golden/checkpoint.h"
 #include "golden/state_dump.h"
 #include "reference/check.h"
 #include "reference/model/repro.h"
@@ -31,6 +32,7 @@ struct Opts {
   int64_t data_seed = 7;
   int64_t token_chunk = 64;
   std::string dump;
+  std::string save, resume;  // checkpoints (docs/checkpoints.md)
   bool quiet = false;
   std::string max_memory;
 };
@@ -65,7 +67,18 @@ int run(const Opts& o, const Config& cfg) {
   // Refused before any allocation when the estimate exceeds the available memory or --max-memory.
   emu::check_memory(emu::estimate_train(cfg, rc, !o.dump.empty()),
                     o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "train");
+  if (!o.save.empty()) golden::check_save_target(o.save);
   Trainer<T> tr(cfg, rc);
+  if (!o.resume.empty()) {
+    const auto l0 = std::chrono::steady_clock::now();
+    golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
+    golden::check_resumable(meta, cfg, rc, o.resume);
+    tr.restore(golden::load_checkpoint<T>(o.resume, &meta));
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s; loaded in %.2f s)\n", o.resume.c_str(),
+                static_cast<long long>(tr.step_count), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
+  }
+  const int64_t first = tr.step_count;  // synthetic data position
   std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
               std::string(to_string(cfg.attn)).c_str(), static_cast<long long>(cfg.layers),
               static_cast<long long>(cfg.dense_layers), static_cast<long long>(cfg.experts),
@@ -78,7 +91,7 @@ int run(const Opts& o, const Config& cfg) {
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < o.steps; ++s) {
-    const Batch batch = synthetic_batch(cfg, rc, s);
+    const Batch batch = synthetic_batch(cfg, rc, first + s);
     const bool last = s + 1 == o.steps;
     ParamSet<T> before, m_before, v_before;
     if (last && !o.dump.empty()) before = tr.params, m_before = tr.m, v_before = tr.v;
@@ -87,7 +100,8 @@ int run(const Opts& o, const Config& cfg) {
     const int width = 30;
     const int fill = static_cast<int>(width * (s + 1) / o.steps);
     std::printf("step %5lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
-                static_cast<long long>(s + 1), static_cast<long long>(o.steps), st.loss, st.grad_norm, st.clip, fill,
+                static_cast<long long>(first + s + 1), static_cast<long long>(first + o.steps), st.loss, st.grad_norm,
+                st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
@@ -122,6 +136,18 @@ int run(const Opts& o, const Config& cfg) {
       std::printf("wrote %s (step %lld: weights, grads, weights_after of %zu tensors)\n", o.dump.c_str(),
                   static_cast<long long>(tr.step_count), tr.params.size());
     }
+  }
+  if (!o.save.empty()) {
+    golden::CheckpointMeta meta;
+    meta.writer = "train";
+    meta.cfg = cfg;
+    meta.run = rc;
+    meta.step = tr.step_count;
+    const auto s0 = std::chrono::steady_clock::now();
+    golden::save_checkpoint<T>(o.save, meta, tr.state());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank) in %.2f s\n",
+                o.save.c_str(), static_cast<long long>(tr.step_count), secs);
   }
   return 0;
 }
@@ -165,6 +191,12 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--max-memory", o->max_memory,
                                   "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
                                   "512MiB, 8GiB); default: the memory available on this machine");
+                   sub.add_option("--save", o->save,
+                                  "after the last step, write a checkpoint directory (weights, router biases, AdamW "
+                                  "moments, step, data position; docs/checkpoints.md), replacing it atomically");
+                   sub.add_option("--resume", o->resume,
+                                  "continue from a checkpoint directory of `train` or `emulate` (same model, batch, "
+                                  "optimizer and data flags; --steps more steps), bit for bit");
                    return [o]() -> int {
                      Config cfg = o->config.empty() ? Config::preset(o->preset) : Config::load(o->config);
                      if (!o->policy.empty()) cfg.policy = parse_policy(o->policy);

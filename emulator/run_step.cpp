@@ -46,7 +46,8 @@ std::vector<md::Batch> spec_batches(const EmulateSpec& spec) {
     return spec.batches;
   }
   std::vector<md::Batch> b;
-  for (int64_t s = 0; s < spec.run.steps; ++s) b.push_back(md::synthetic_batch(spec.cfg, spec.run, s));
+  for (int64_t s = 0; s < spec.run.steps; ++s)
+    b.push_back(md::synthetic_batch(spec.cfg, spec.run, spec.first_step + s));
   return b;
 }
 
@@ -76,7 +77,7 @@ CommStats EmulateResult<T>::total() const {
 }
 
 template <class T>
-EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels) {
+EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels, const md::TrainState<T>* resume) {
   if (spec.mesh.world() > kMaxEmulatedRanks)
     fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
                      spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
@@ -86,8 +87,20 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.mesh = spec.mesh;
   sh.ep_chunks = spec.ep_chunks;
   sh.vocab_slices = spec.vocab_slices;
-  const md::ParamSet<T> init = spec_init<T>(spec);
-  sh.init = &init;
+  const md::ParamSet<T> init = resume ? md::ParamSet<T>() : spec_init<T>(spec);
+  sh.init = resume ? &resume->params : &init;
+  if (resume) {
+    const std::vector<md::ParamInfo> info = md::param_layout(spec.cfg);
+    for (const md::ParamSet<T>* p : {&resume->params, &resume->m, &resume->v}) {
+      TD_CHECK_EQ(p->size(), info.size(), "emulate: resumed state of another model");
+      for (size_t i = 0; i < info.size(); ++i)
+        TD_CHECK(p->info[i].name == info[i].name && p->t[i].shape == info[i].shape,
+                 "emulate: resumed tensor {} is not {} of this model", i, info[i].name);
+    }
+    sh.init_m = &resume->m;
+    sh.init_v = &resume->v;
+    sh.init_step = resume->step;
+  }
   sh.skip_wait = spec.skip_wait;
   sh.fault = spec.fault;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
@@ -102,6 +115,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   res.peak_bytes.assign(static_cast<size_t>(W), 0);
   res.device_peak_bytes.assign(static_cast<size_t>(W), 0);
   res.phases.resize(static_cast<size_t>(W));
+  if (spec.keep_state) res.state.resize(static_cast<size_t>(W));
   if (spec.keep_tensors) {
     res.grads.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
     res.params.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
@@ -152,6 +166,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
           }
           if (r == 0 && spec.progress) spec.progress(s, st);
         }
+        if (spec.keep_state) res.state[static_cast<size_t>(r)] = step.state();
         res.peak_bytes[static_cast<size_t>(r)] = step.memory().peak;
         res.device_peak_bytes[static_cast<size_t>(r)] = ctx.device().memory().peak;
         res.phases[static_cast<size_t>(r)] = step.phase_counts();
@@ -219,10 +234,11 @@ TensorCheck compare(int64_t step, const char* what, const std::string& name, con
 }  // namespace
 
 template <class T>
-CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got) {
+CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got, const md::TrainState<T>* resume) {
   TD_CHECK(spec.keep_tensors, "check_reference: the run must keep tensors");
   md::Trainer<T> tr(spec.cfg, spec.run);
-  tr.params = spec_init<T>(spec);
+  if (resume) tr.restore(*resume);
+  else tr.params = spec_init<T>(spec);
   const std::vector<md::Batch> batches = spec_batches(spec);
   CheckReport rep;
   for (int64_t s = 0; s < spec.run.steps; ++s) {
@@ -243,9 +259,13 @@ CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got
 
 template struct EmulateResult<float>;
 template struct EmulateResult<double>;
-template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&);
-template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&);
-template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&);
-template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&);
+template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&,
+                                             const md::TrainState<float>*);
+template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&,
+                                               const md::TrainState<double>*);
+template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&,
+                                            const md::TrainState<float>*);
+template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&,
+                                             const md::TrainState<double>*);
 
 }  // namespace trident::emu

@@ -17,6 +17,7 @@
 #include "reference/model/config.h"
 #include "reference/model/model.h"
 #include "reference/model/params.h"
+#include "reference/model/train.h"
 
 namespace trident::emu {
 
@@ -34,11 +35,13 @@ struct EmulateSpec {
   MeshShape mesh;
   int64_t ep_chunks = 1;
   int64_t vocab_slices = 0;     // see StepShared::vocab_slices (0: one per vocab chunk)
-  std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, step)
+  std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, first_step + step)
+  int64_t first_step = 0;       // synthetic data position: a run resumed after n steps starts at n
   // Initial values replacing ParamSet::init's for named tensors (e.g. router biases that force routing);
   // applied to the emulated run and to the reference alike.
   std::vector<std::pair<std::string, std::vector<double>>> overrides;
   bool keep_tensors = true;     // assemble full gradients and parameters after every step
+  bool keep_state = false;      // every rank's optimizer state after the last step (EmulateResult::state)
   bool record_trace = false;    // per-stream traces of every rank (memory grows with ranks and steps)
   int watchdog_s = 600;
   // Each rank's Device (emulator/device.h): eager (default) or deferred execution with a seed; check_hazards runs
@@ -73,6 +76,7 @@ struct EmulateResult {
   std::vector<CommStats> rank_stats;           // per rank: calls and bytes per communicator name
   std::vector<PhaseCounts> phases;   // per rank: collectives per phase of the last step
   std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)
+  std::vector<ShardState<T>> state;            // per rank: optimizer state after the last step (keep_state)
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
 };
@@ -81,8 +85,11 @@ struct EmulateResult {
 template <class T>
 using KernelFactory = std::function<std::unique_ptr<Kernels<T>>(int rank, Device& dev)>;
 
+// resume: start from a saved state (docs/checkpoints.md) instead of spec_init and zero moments; the data position
+// is spec.first_step.
 template <class T>
-EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr);
+EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr,
+                         const model::TrainState<T>* resume = nullptr);
 
 // Bitwise comparison with the single-rank reference (Trainer<T> on the same batches).
 struct TensorCheck {
@@ -100,7 +107,8 @@ struct CheckReport {
   std::string summary() const;  // one line: "bitwise equal: N tensors over S steps" or the first mismatch
 };
 template <class T>
-CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got);
+CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got,
+                            const model::TrainState<T>* resume = nullptr);
 
 // The initial parameters of a spec (ParamSet::init plus overrides).
 template <class T>
@@ -108,9 +116,13 @@ model::ParamSet<T> spec_init(const EmulateSpec& spec);
 // The batches a spec runs (spec.batches, or synthetic).
 std::vector<model::Batch> spec_batches(const EmulateSpec& spec);
 
-extern template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&);
-extern template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&);
-extern template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&);
-extern template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&);
+extern template EmulateResult<float> emulate<float>(const EmulateSpec&, const KernelFactory<float>&,
+                                                    const model::TrainState<float>*);
+extern template EmulateResult<double> emulate<double>(const EmulateSpec&, const KernelFactory<double>&,
+                                                      const model::TrainState<double>*);
+extern template CheckReport check_reference<float>(const EmulateSpec&, const EmulateResult<float>&,
+                                                   const model::TrainState<float>*);
+extern template CheckReport check_reference<double>(const EmulateSpec&, const EmulateResult<double>&,
+                                                    const model::TrainState<double>*);
 
 }  // namespace trident::emu

@@ -16,6 +16,7 @@ void StepShared<T>::validate() const {
   cfg.validate();
   run.validate();
   TD_CHECK(init != nullptr, "StepShared: initial parameters missing");
+  TD_CHECK(init_step >= 0, "StepShared: init_step {} < 0", init_step);
   if (std::is_same_v<T, double> != (cfg.policy == Policy::fp64))
     fail(fmt::format("step: policy {} needs {} parameters", to_string(cfg.policy),
                      cfg.policy == Policy::fp64 ? "double" : "float"));
@@ -41,6 +42,10 @@ void RankStep<T>::write_params(md::ParamSet<T>& full) const {
 template <class T>
 void RankStep<T>::write_grads(md::ParamSet<T>& full) const {
   impl_->write(full, true);
+}
+template <class T>
+ShardState<T> RankStep<T>::state() const {
+  return impl_->state();
 }
 template <class T>
 const MemTracker& RankStep<T>::memory() const {

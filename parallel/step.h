@@ -59,6 +59,11 @@ struct StepShared {
   int64_t ep_chunks = 1;      // chunked EP: tile-aligned token chunks per MoE layer
   int64_t vocab_slices = 0;   // lm_head / embedding gradients in slices (layout.h vocab_slices; 0: per vocab chunk)
   const model::ParamSet<T>* init = nullptr;  // initial full parameters: each rank copies its shards
+  // Resuming (docs/checkpoints.md): the full AdamW moments each rank copies its shards of (both or neither; null:
+  // zeros) and the optimizer steps already taken (AdamW bias correction continues from it).
+  const model::ParamSet<T>* init_m = nullptr;
+  const model::ParamSet<T>* init_v = nullptr;
+  int64_t init_step = 0;
   model::RopeTable<T> rope;   // (seq_len, rope width)
   // Test hook: "fsdp_gather" drops the compute stream's wait for each FSDP all-gather (a missing event wait the
   // emulator's hazard checker must report). Empty in every real run.
@@ -74,6 +79,15 @@ struct RankStepStats {
   int64_t n_valid = 0;   // global valid targets
   double grad_norm = 0;  // sqrt(round(exact global sum of squares))
   double clip = 1;
+};
+
+// One rank's optimizer state as a checkpoint stores it (parallel/shard.h, docs/checkpoints.md): per parameter in
+// ParamSet order, the valid (unpadded) part of the weights and AdamW moments the rank owns (ParamPlacement::owner;
+// empty where it does not own the parameter, and m, v empty for buffers), and the steps taken.
+template <class T>
+struct ShardState {
+  int64_t step = 0;
+  std::vector<std::vector<T>> w, m, v;
 };
 
 template <class T>
@@ -95,6 +109,7 @@ class RankStep {
   // dense tensors from d_rep coordinate 0, expert tensors from every rank, buffers from world rank 0.
   void write_params(model::ParamSet<T>& full) const;  // master weights (and router biases)
   void write_grads(model::ParamSet<T>& full) const;   // the last step's rounded gradients
+  ShardState<T> state() const;                        // for a checkpoint (host sync)
   const MemTracker& memory() const;
   const PhaseCounts& phase_counts() const;            // of the last step
 

@@ -2,6 +2,7 @@
 // accumulator arena, the exact reduce-scatter of every gradient as soon as it is complete, vocabulary slices.
 #include <algorithm>
 
+#include "parallel/shard.h"
 #include "parallel/step_impl.h"
 
 namespace trident {
@@ -33,43 +34,43 @@ StepImpl<T>::StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Dev
   TD_CHECK_EQ(static_cast<int64_t>(mc.d_rep->rank()), dc.d, "d_rep communicator rank");
   const md::ParamSet<T>& init = *sh.init;
   unit_params.assign(sz(L + 2), {});
-  std::vector<T> host;
+  std::vector<T> part, host;
+  // A shard's initial values: the rank's part of a full tensor (parallel/shard.h), padded as the step stores it.
+  auto upload_part = [&](const ParamPlacement& pl, const T* src, Buf<T>& dst) {
+    part.resize(sz(pl.valid_elems()));
+    host.resize(sz(pl.padded_elems()));
+    take_part(pl, src, part.data());
+    pad_part(pl, part.data(), host.data());
+    dst = Buf<T>(dev, pl.padded_elems(), CS);
+    dev.upload(dst.data(), host.data(), dst.bytes(), CS);
+  };
+  TD_CHECK((sh.init_m == nullptr) == (sh.init_v == nullptr), "StepShared: init_m and init_v go together");
+  step_count = sh.init_step;
   for (size_t p = 0; p < init.size(); ++p) {
     const md::ParamInfo& in = init.info[p];
+    const ParamPlacement pl = place(in, sh.mesh, E, rank);
     PState st;
     st.p = p;
     st.trainable = in.trainable;
-    st.expert = in.name.find(".moe.experts.") != std::string::npos;
+    st.expert = pl.kind == ShardKind::expert;
     if (in.name == "embed") st.unit = 0;
     else if (in.name.rfind("layers.", 0) == 0) st.unit = 1 + std::stoll(in.name.substr(7));
     else st.unit = L + 1;
-    const T* src = init.t[p].ptr();
-    if (!st.trainable) {  // buffer: replicated, updated identically everywhere
-      st.nsh = init.t[p].size();
-      host.assign(src, src + st.nsh);
-    } else if (st.expert) {
-      st.spec = ShardSpec{in.shape[1], in.shape[2], sh.mesh.e_fsdp};
-      st.shard = ec.ef;
-      const int64_t se = st.spec.shard_elems(), per = in.shape[1] * in.shape[2];
-      st.nsh = Eloc * se;
-      host.assign(sz(st.nsh), T(0));
-      for (int64_t el = 0; el < Eloc; ++el) {
-        const T* e = src + (e0 + el) * per + st.spec.begin_row(st.shard) * st.spec.row_elems;
-        std::copy_n(e, st.spec.valid_elems(st.shard), host.data() + el * se);
-      }
-    } else {
-      const int64_t rows_ = in.shape[0];
-      st.spec = ShardSpec{rows_, init.t[p].size() / rows_, nfc};
-      st.shard = mc.fsdp_cp->rank();
-      st.nsh = st.spec.shard_elems();
-      host.assign(sz(st.nsh), T(0));
-      std::copy_n(src + st.spec.begin_row(st.shard) * st.spec.row_elems, st.spec.valid_elems(st.shard), host.data());
-    }
-    st.w = Buf<T>(dev, st.nsh, CS);
-    dev.upload(st.w.data(), host.data(), st.w.bytes(), CS);
     if (st.trainable) {
-      st.m = zeros(st.nsh, CS);
-      st.v = zeros(st.nsh, CS);
+      st.spec = pl.spec;
+      st.shard = pl.shard;
+      if (st.expert) TD_CHECK_EQ(pl.e0, e0, "expert placement of {}", in.name);
+    }
+    st.nsh = pl.padded_elems();
+    upload_part(pl, init.t[p].ptr(), st.w);
+    if (st.trainable) {
+      if (sh.init_m) {  // resumed: the AdamW moments of a checkpoint
+        upload_part(pl, sh.init_m->t[p].ptr(), st.m);
+        upload_part(pl, sh.init_v->t[p].ptr(), st.v);
+      } else {
+        st.m = zeros(st.nsh, CS);
+        st.v = zeros(st.nsh, CS);
+      }
       st.g = zeros(st.nsh, CS);
       unit_params[sz(st.unit)].push_back(ps.size());
     }
@@ -327,6 +328,31 @@ void StepImpl<T>::write(md::ParamSet<T>& out, bool grads) const {
   }
 }
 
+// The rank's optimizer state for a checkpoint: its valid part of every parameter it owns (parallel/shard.h).
+template <class T>
+ShardState<T> StepImpl<T>::state() const {
+  ShardState<T> out;
+  out.step = step_count;
+  out.w.resize(ps.size());
+  out.m.resize(ps.size());
+  out.v.resize(ps.size());
+  for (const PState& st : ps) {
+    const ParamPlacement pl = place(sh.init->info[st.p], sh.mesh, E, rank);
+    if (!pl.owner) continue;
+    auto get = [&](const Buf<T>& b, std::vector<T>& dst) {
+      const std::vector<T> h = dev.fetch(b.data(), st.nsh, CS);  // host sync (checkpoint)
+      dst.resize(sz(pl.valid_elems()));
+      unpad_part(pl, h.data(), dst.data());
+    };
+    get(st.w, out.w[st.p]);
+    if (st.trainable) {
+      get(st.m, out.m[st.p]);
+      get(st.v, out.v[st.p]);
+    }
+  }
+  return out;
+}
+
 #define TD_STEP_FSDP(T)                                                                                            \
   template StepImpl<T>::StepImpl(const StepShared<T>&, Communicator&, MeshComms&, Device&, Kernels<T>&);           \
   template Buf<T> StepImpl<T>::zeros(int64_t, Stream);                                                             \
@@ -347,7 +373,8 @@ void StepImpl<T>::write(md::ParamSet<T>& out, bool grads) const {
   template void StepImpl<T>::reduce_embed_slices(const std::string&, const T*);                                    \
   template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
                                           const std::vector<SwigluRows>&);                                         \
-  template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;
+  template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;                                                 \
+  template ShardState<T> StepImpl<T>::state() const;
 TD_STEP_FSDP(float)
 TD_STEP_FSDP(double)
 #undef TD_STEP_FSDP

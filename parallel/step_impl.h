@@ -116,6 +116,7 @@ struct StepImpl {
   model::AttnW<T> attn_w(int64_t i) const;
   model::AttnG<T> attn_g(int64_t i);
   void write(model::ParamSet<T>& out, bool grads) const;
+  ShardState<T> state() const;
 
   // ---- the current step's rows (step_layers.cpp) -----------------------------------------------------------------
   int64_t N = 0, nseq = 0, ch = 0, S = 0, cp = 1;  // local rows, local sequences, zig-zag chunk, seq_len, cp

@@ -92,6 +92,24 @@ StepStats Trainer<T>::step(const Batch& batch) {
   return st;
 }
 
+template <class T>
+void Trainer<T>::restore(const TrainState<T>& s) {
+  auto same = [&](const ParamSet<T>& a, const char* what) {
+    TD_CHECK_EQ(a.size(), params.size(), "Trainer::restore: {} tensors", what);
+    for (size_t p = 0; p < a.size(); ++p)
+      TD_CHECK(a.info[p].name == params.info[p].name && a.t[p].shape == params.t[p].shape,
+               "Trainer::restore: {} tensor {} is {} here", what, p, params.info[p].name);
+  };
+  same(s.params, "params");
+  same(s.m, "m");
+  same(s.v, "v");
+  TD_CHECK(s.step >= 0, "Trainer::restore: step {} < 0", s.step);
+  params = s.params;
+  m = s.m;
+  v = s.v;
+  step_count = s.step;
+}
+
 template struct Trainer<float>;
 template struct Trainer<double>;
 

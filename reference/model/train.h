@@ -26,6 +26,15 @@ struct StepStats {
   double clip = 1;        // clip coefficient applied
 };
 
+// Everything the optimizer carries from one step to the next (docs/checkpoints.md): the master weights with the
+// router-bias buffers, the AdamW moments and the steps taken (the bias correction's t and the synthetic data
+// position). Gradients are not state: each step recomputes them from zero.
+template <class T>
+struct TrainState {
+  ParamSet<T> params, m, v;
+  int64_t step = 0;
+};
+
 template <class T>
 struct Trainer {
   Config cfg;
@@ -39,6 +48,9 @@ struct Trainer {
   Trainer(const Config& c, const RunConfig& r);   // params = ParamSet::init(c, c.seed)
   // One full step on `batch`: grads, clip, AdamW (decay on matrices), router bias update.
   StepStats step(const Batch& batch);
+  TrainState<T> state() const { return {params, m, v, step_count}; }
+  // Continue from a saved state (layouts must match this config's).
+  void restore(const TrainState<T>& s);
 };
 
 // The golden state dump of a step lives in cli/cmd_train.cpp (trident_golden links this library, not

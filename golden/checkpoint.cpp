@@ -1,0 +1,472 @@
+// Checkpoints (golden/checkpoint.h, docs/checkpoints.md).
+#include "golden/checkpoint.h"
+
+#include <H5Cpp.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <type_traits>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "golden/state_dump.h"
+#include "parallel/shard.h"
+#include "reference/check.h"
+#include "reference/model/params.h"
+
+namespace trident::golden {
+
+namespace fs = std::filesystem;
+namespace md = trident::model;
+using json = nlohmann::json;
+
+namespace {
+
+CheckpointSaveHook g_hook;
+
+constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
+
+template <class T>
+const char* dtype_of() {
+  return std::is_same_v<T, double> ? "f64" : "f32";
+}
+
+std::string rank_file(int64_t r) { return fmt::format("rank_{:05d}.h5", r); }
+
+std::string errno_text() { return std::strerror(errno); }
+
+// fsync a file or a directory by path.
+void sync_path(const fs::path& p, bool dir) {
+  const int fd = ::open(p.c_str(), dir ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) fail(fmt::format("cannot open '{}' to sync it: {}", p.string(), errno_text()));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(fmt::format("fsync of '{}' failed: {}", p.string(), std::strerror(err)));
+}
+
+// Size and CRC-32 of a whole file.
+std::pair<int64_t, uint32_t> size_and_crc(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail(fmt::format("cannot read '{}'", p.string()));
+  std::vector<char> buf(1 << 20);
+  uint32_t crc = 0;
+  int64_t n = 0;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize got = in.gcount();
+    if (got <= 0) break;
+    crc = crc32(std::span<const std::byte>(reinterpret_cast<const std::byte*>(buf.data()), static_cast<size_t>(got)),
+                crc);
+    n += got;
+  }
+  return {n, crc};
+}
+
+std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+// The manifest's own checksum: CRC-32 of its compact dump without the "checksum" key (keys sorted: deterministic).
+uint32_t manifest_crc(json j) {
+  j.erase("checksum");
+  const std::string s = j.dump();
+  return crc32(std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size()));
+}
+
+json mesh_json(const MeshShape& m) {
+  return json{{"d_rep", m.d_rep}, {"fsdp", m.fsdp}, {"cp", m.cp}, {"e_fsdp", m.e_fsdp}, {"ep", m.ep}};
+}
+
+fs::path target_path(const std::string& dir) {
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "dir/"
+  return target;
+}
+
+// ---- writing -----------------------------------------------------------------------------------------------------
+template <class T>
+void write_rank_file(const fs::path& path, const md::Config& cfg, const std::vector<md::ParamInfo>& info,
+                     const MeshShape& mesh, int64_t rank, const ShardState<T>& st) {
+  const H5::PredType& ft = std::is_same_v<T, double> ? H5::PredType::IEEE_F64LE : H5::PredType::IEEE_F32LE;
+  const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
+  H5::H5File f(path.string(), H5F_ACC_EXCL);
+  {
+    H5::Attribute a = f.createAttribute("rank", H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+    a.write(H5::PredType::NATIVE_INT64, &rank);
+    H5::Attribute b = f.createAttribute("step", H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+    b.write(H5::PredType::NATIVE_INT64, &st.step);
+  }
+  H5::Group groups[3] = {f.createGroup("params"), f.createGroup("exp_avg"), f.createGroup("exp_avg_sq")};
+  const std::vector<std::vector<T>>* data[3] = {&st.w, &st.m, &st.v};
+  for (size_t p = 0; p < info.size(); ++p) {
+    const ParamPlacement pl = place(info[p], mesh, cfg.experts, rank);
+    if (!pl.owner) continue;
+    std::vector<hsize_t> dims(pl.shape.begin(), pl.shape.end());
+    for (int g = 0; g < 3; ++g) {
+      if (g > 0 && !info[p].trainable) continue;
+      const std::vector<T>& v = (*data[g])[p];
+      TD_CHECK_EQ(static_cast<int64_t>(v.size()), pl.valid_elems(), "checkpoint: rank {} part of {}", rank,
+                  info[p].name);
+      H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
+      H5::DataSet ds = groups[g].createDataSet(info[p].name, ft, space);
+      if (!v.empty()) ds.write(v.data(), mt);
+    }
+  }
+}
+
+template <class T>
+void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::vector<ShardState<T>>& ranks) {
+  meta.cfg.validate();
+  constexpr bool is_f64 = std::is_same_v<T, double>;
+  TD_CHECK(is_f64 == (meta.cfg.policy == Policy::fp64),
+           "checkpoint: policy {} with {} tensors", to_string(meta.cfg.policy), dtype_of<T>());
+  const int64_t W = meta.mesh.world();
+  TD_CHECK_EQ(static_cast<int64_t>(ranks.size()), W, "checkpoint: rank states for mesh {}", meta.mesh.str());
+  for (const ShardState<T>& r : ranks)
+    TD_CHECK_EQ(r.step, meta.step, "checkpoint: a rank's step counter vs the run's");
+  const std::vector<md::ParamInfo> info = md::param_layout(meta.cfg);
+  check_save_target(dir);
+  const fs::path target = target_path(dir);
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  static std::atomic<int> counter{0};
+  const fs::path tmp =
+      parent / fmt::format(".{}.tmp-{}-{}", target.filename().string(), ::getpid(), counter.fetch_add(1));
+  if (!fs::create_directory(tmp, ec) || ec)
+    fail(fmt::format("cannot save checkpoint '{}': cannot create '{}': {}", dir, tmp.string(),
+                     ec ? ec.message() : "it exists"));
+  try {
+    json files = json::array();
+    for (int64_t r = 0; r < W; ++r) {
+      const fs::path fp = tmp / rank_file(r);
+      try {
+        H5::Exception::dontPrint();
+        write_rank_file<T>(fp, meta.cfg, info, meta.mesh, r, ranks[static_cast<size_t>(r)]);
+      } catch (const H5::Exception& e) {
+        fail(fmt::format("cannot write '{}': HDF5: {}", fp.string(), e.getDetailMsg()));
+      }
+      sync_path(fp, false);
+      const auto [bytes, crc] = size_and_crc(fp);
+      files.push_back(json{{"path", rank_file(r)}, {"rank", r}, {"bytes", bytes}, {"crc32", hex32(crc)}});
+      if (g_hook) g_hook(rank_file(r));
+    }
+    json tensors = json::array();
+    for (const md::ParamInfo& in : info)
+      tensors.push_back(json{{"name", in.name},
+                             {"shape", in.shape},
+                             {"kind", to_string(place(in, meta.mesh, meta.cfg.experts, 0).kind)},
+                             {"trainable", in.trainable}});
+    json m{{"format", kCheckpointFormat},
+           {"version", kCheckpointVersion},
+           {"generator", kGenerator},
+           {"writer", meta.writer},
+           {"config", meta.cfg.to_json()},
+           {"run", meta.run.to_json()},
+           {"dtype", dtype_of<T>()},
+           {"mesh", mesh_json(meta.mesh)},
+           {"mesh_spec", meta.mesh.spec()},
+           {"ep_chunks", meta.ep_chunks},
+           {"vocab_slices", meta.vocab_slices},
+           {"step", meta.step},
+           {"data", json{{"kind", "synthetic"}, {"seed", meta.run.data_seed}, {"next_step", meta.step}}},
+           {"tensors", tensors},
+           {"files", files}};
+    m["checksum"] = hex32(manifest_crc(m));
+    const fs::path mp = tmp / "manifest.json";
+    {
+      std::ofstream out(mp, std::ios::binary | std::ios::trunc);
+      out << m.dump(1) << "\n";
+      out.close();
+      if (!out) fail(fmt::format("cannot write '{}'", mp.string()));
+    }
+    sync_path(mp, false);
+    if (g_hook) g_hook("manifest.json");
+    sync_path(tmp, true);
+    if (g_hook) g_hook("install");
+    if (!fs::exists(target, ec)) {
+      if (::rename(tmp.c_str(), target.c_str()) != 0)
+        fail(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), target.string(), errno_text()));
+    } else {
+      // Atomic swap: at every instant DIR is either the old checkpoint or the new one.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+        fs::remove_all(tmp, ec);  // now the old checkpoint
+      } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+        // A file system without RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+        // leaves no DIR, and the old checkpoint complete at .NAME.old-PID-N (docs/checkpoints.md).
+        const fs::path old = parent / fmt::format(".{}.old-{}-{}", target.filename().string(), ::getpid(),
+                                                  counter.fetch_add(1));
+        if (::rename(target.c_str(), old.c_str()) != 0)
+          fail(fmt::format("cannot rename '{}' to '{}': {}", target.string(), old.string(), errno_text()));
+        if (::rename(tmp.c_str(), target.c_str()) != 0) {
+          const std::string why = errno_text();
+          (void)::rename(old.c_str(), target.c_str());
+          fail(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), target.string(), why));
+        }
+        fs::remove_all(old, ec);
+      } else {
+        fail(fmt::format("cannot exchange '{}' with '{}': {}", tmp.string(), target.string(), errno_text()));
+      }
+    }
+    sync_path(parent, true);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+// ---- reading -----------------------------------------------------------------------------------------------------
+struct Manifest {
+  CheckpointMeta meta;
+  std::string dtype;
+  std::vector<std::tuple<std::string, int64_t, uint32_t>> files;  // path, bytes, crc
+};
+
+Manifest read_manifest(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::exists(d, ec)) fail(fmt::format("checkpoint '{}': no such directory", dir));
+  if (!fs::is_directory(d, ec)) fail(fmt::format("checkpoint '{}': not a directory", dir));
+  const fs::path mp = d / "manifest.json";
+  if (!fs::exists(mp, ec))
+    fail(fmt::format("checkpoint '{}': manifest.json is missing (not a checkpoint, or a save that did not finish)",
+                     dir));
+  const auto size = fs::file_size(mp, ec);
+  if (ec || size > static_cast<uintmax_t>(kMaxManifestBytes))
+    fail(fmt::format("checkpoint '{}': manifest.json is unreadable or larger than {} bytes", dir, kMaxManifestBytes));
+  std::ifstream in(mp, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string where = fmt::format("checkpoint '{}': manifest.json", dir);
+  Manifest out;
+  try {
+    const json j = json::parse(ss.str());
+    if (!j.is_object()) fail(where + ": not a JSON object");
+    if (!j.contains("checksum") || !j["checksum"].is_string())
+      fail(where + ": no checksum (not a trident checkpoint manifest)");
+    if (j["checksum"].get<std::string>() != hex32(manifest_crc(j)))
+      fail(fmt::format("{}: checksum mismatch (crc32 {}, the manifest says {}): the file is corrupt or was edited",
+                       where, hex32(manifest_crc(j)), j["checksum"].get<std::string>()));
+    if (j.value("format", "") != kCheckpointFormat) fail(where + ": format is not " + kCheckpointFormat);
+    if (j.at("version").get<int>() != kCheckpointVersion)
+      fail(fmt::format("{}: version {} (this build reads version {})", where, j.at("version").get<int>(),
+                       kCheckpointVersion));
+    CheckpointMeta& m = out.meta;
+    m.writer = j.at("writer").get<std::string>();
+    m.cfg = md::Config::from_json(j.at("config"));
+    m.run = md::RunConfig::from_json(j.at("run"));
+    m.mesh = parse_mesh(j.at("mesh_spec").get<std::string>());
+    if (mesh_json(m.mesh) != j.at("mesh")) fail(where + ": mesh and mesh_spec disagree");
+    validate(m.mesh, {.experts = m.cfg.experts}, InputNames{});
+    m.ep_chunks = j.at("ep_chunks").get<int64_t>();
+    m.vocab_slices = j.at("vocab_slices").get<int64_t>();
+    m.step = j.at("step").get<int64_t>();
+    if (m.step < 0) fail(fmt::format("{}: step {} < 0", where, m.step));
+    if (j.at("data").at("next_step").get<int64_t>() != m.step || j.at("data").at("seed").get<uint64_t>() !=
+                                                                      m.run.data_seed)
+      fail(where + ": data position or seed disagree with step / run.data_seed");
+    out.dtype = j.at("dtype").get<std::string>();
+    const std::string want = m.cfg.policy == Policy::fp64 ? "f64" : "f32";
+    if (out.dtype != want) fail(fmt::format("{}: dtype {} for policy {}", where, out.dtype, to_string(m.cfg.policy)));
+    const std::vector<md::ParamInfo> info = md::param_layout(m.cfg);
+    const json& ts = j.at("tensors");
+    if (!ts.is_array() || ts.size() != info.size())
+      fail(fmt::format("{}: {} tensors listed, the config has {}", where, ts.is_array() ? ts.size() : 0, info.size()));
+    for (size_t p = 0; p < info.size(); ++p)
+      if (ts[p].at("name").get<std::string>() != info[p].name ||
+          ts[p].at("shape").get<std::vector<int64_t>>() != info[p].shape)
+        fail(fmt::format("{}: tensor {} is not {} of the config's layout", where, p, info[p].name));
+    const json& fl = j.at("files");
+    if (!fl.is_array() || static_cast<int64_t>(fl.size()) != m.mesh.world())
+      fail(fmt::format("{}: {} rank files listed for a mesh of {} ranks", where, fl.is_array() ? fl.size() : 0,
+                       m.mesh.world()));
+    for (size_t r = 0; r < fl.size(); ++r) {
+      const std::string path = fl[r].at("path").get<std::string>();
+      if (path != rank_file(static_cast<int64_t>(r)) || fl[r].at("rank").get<int64_t>() != static_cast<int64_t>(r))
+        fail(fmt::format("{}: file entry {} is '{}'", where, r, path));
+      const std::string crc = fl[r].at("crc32").get<std::string>();
+      uint32_t c = 0;
+      if (crc.size() != 8 || std::sscanf(crc.c_str(), "%8x", &c) != 1)
+        fail(fmt::format("{}: crc32 '{}' of {}", where, crc, path));
+      out.files.emplace_back(path, fl[r].at("bytes").get<int64_t>(), c);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("{}: {}", where, e.what()));
+  }
+  return out;
+}
+
+template <class T>
+void read_rank_file(const fs::path& path, const std::string& where, const md::Config& cfg,
+                    const std::vector<md::ParamInfo>& info, const MeshShape& mesh, int64_t rank, int64_t step,
+                    md::TrainState<T>& out) {
+  const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
+  H5::H5File f(path.string(), H5F_ACC_RDONLY);
+  int64_t r = -1, s = -1;
+  f.openAttribute("rank").read(H5::PredType::NATIVE_INT64, &r);
+  f.openAttribute("step").read(H5::PredType::NATIVE_INT64, &s);
+  if (r != rank || s != step)
+    fail(fmt::format("{}: holds rank {} at step {}, the manifest says rank {} at step {}", where, r, s, rank, step));
+  const char* names[3] = {"params", "exp_avg", "exp_avg_sq"};
+  md::ParamSet<T>* sets[3] = {&out.params, &out.m, &out.v};
+  hsize_t expect[3] = {0, 0, 0};
+  H5::Group groups[3] = {f.openGroup(names[0]), f.openGroup(names[1]), f.openGroup(names[2])};
+  std::vector<T> part;
+  for (size_t p = 0; p < info.size(); ++p) {
+    const ParamPlacement pl = place(info[p], mesh, cfg.experts, rank);
+    if (!pl.owner) continue;
+    for (int g = 0; g < 3; ++g) {
+      if (g > 0 && !info[p].trainable) continue;
+      ++expect[g];
+      if (!groups[g].nameExists(info[p].name))
+        fail(fmt::format("{}: /{}/{} is missing", where, names[g], info[p].name));
+      H5::DataSet ds = groups[g].openDataSet(info[p].name);
+      H5::DataSpace sp = ds.getSpace();
+      const int nd = sp.getSimpleExtentNdims();
+      std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+      if (nd > 0) sp.getSimpleExtentDims(dims.data());
+      const std::vector<hsize_t> want(pl.shape.begin(), pl.shape.end());
+      if (dims != want || ds.getTypeClass() != H5T_FLOAT || ds.getFloatType().getSize() != sizeof(T))
+        fail(fmt::format("{}: /{}/{} has the wrong shape or type (want {} [{}])", where, names[g], info[p].name,
+                         dtype_of<T>(), fmt::join(pl.shape, ", ")));
+      part.resize(static_cast<size_t>(pl.valid_elems()));
+      if (!part.empty()) ds.read(part.data(), mt);
+      put_part(pl, part.data(), sets[g]->t[p].ptr());
+    }
+  }
+  for (int g = 0; g < 3; ++g)
+    if (groups[g].getNumObjs() != expect[g])
+      fail(fmt::format("{}: /{} holds {} datasets, expected {}", where, names[g], groups[g].getNumObjs(), expect[g]));
+}
+
+}  // namespace
+
+void set_checkpoint_save_hook(CheckpointSaveHook hook) { g_hook = std::move(hook); }
+
+void check_save_target(const std::string& dir) {
+  if (dir.empty()) fail("checkpoint: empty directory name");
+  const fs::path target = target_path(dir);
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec))
+    fail(fmt::format("cannot save checkpoint '{}': directory '{}' does not exist", dir, parent.string()));
+  if (::access(parent.c_str(), W_OK) != 0)
+    fail(fmt::format("cannot save checkpoint '{}': directory '{}' is not writable", dir, parent.string()));
+  if (fs::exists(target, ec)) {
+    if (!fs::is_directory(target, ec))
+      fail(fmt::format("cannot save checkpoint '{}': it exists and is not a directory", dir));
+    if (!fs::is_empty(target, ec) && !fs::exists(target / "manifest.json", ec))
+      fail(fmt::format("cannot save checkpoint '{}': the directory is not empty and holds no manifest.json (refusing "
+                       "to replace something that is not a checkpoint)",
+                       dir));
+  }
+}
+
+template <class T>
+void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::vector<ShardState<T>>& ranks) {
+  save_impl<T>(dir, meta, ranks);
+}
+
+template <class T>
+void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const md::TrainState<T>& state) {
+  TD_CHECK(meta.mesh.world() == 1, "checkpoint: a full state is saved as one rank, not {}", meta.mesh.str());
+  TD_CHECK_EQ(state.step, meta.step, "checkpoint: the state's step vs the run's");
+  const std::vector<md::ParamInfo> info = md::param_layout(meta.cfg);
+  TD_CHECK_EQ(info.size(), state.params.size(), "checkpoint: parameter count");
+  ShardState<T> r;
+  r.step = state.step;
+  r.w.resize(info.size());
+  r.m.resize(info.size());
+  r.v.resize(info.size());
+  for (size_t p = 0; p < info.size(); ++p) {
+    const ParamPlacement pl = place(info[p], meta.mesh, meta.cfg.experts, 0);
+    auto take = [&](const md::ParamSet<T>& s, std::vector<T>& dst) {
+      TD_CHECK_EQ(s.t[p].size(), pl.numel, "checkpoint: size of {}", info[p].name);
+      dst.resize(static_cast<size_t>(pl.valid_elems()));
+      take_part(pl, s.t[p].ptr(), dst.data());
+    };
+    take(state.params, r.w[p]);
+    if (info[p].trainable) {
+      take(state.m, r.m[p]);
+      take(state.v, r.v[p]);
+    }
+  }
+  save_impl<T>(dir, meta, std::vector<ShardState<T>>{std::move(r)});
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_manifest(dir).meta; }
+
+template <class T>
+md::TrainState<T> load_checkpoint(const std::string& dir, CheckpointMeta* meta_out) {
+  const Manifest man = read_manifest(dir);
+  const CheckpointMeta& meta = man.meta;
+  if (man.dtype != dtype_of<T>())
+    fail(fmt::format("checkpoint '{}' holds {} tensors (policy {}), this run uses {}", dir, man.dtype,
+                     to_string(meta.cfg.policy), dtype_of<T>()));
+  // Every file's size and CRC-32 before HDF5 parses a byte of any of them.
+  std::error_code ec;
+  for (const auto& [path, bytes, crc] : man.files) {
+    const fs::path fp = fs::path(dir) / path;
+    if (!fs::exists(fp, ec)) fail(fmt::format("checkpoint '{}': {} is missing", dir, path));
+    const auto [n, c] = size_and_crc(fp);
+    if (n != bytes)
+      fail(fmt::format("checkpoint '{}': {} has {} bytes, the manifest says {} (truncated or replaced)", dir, path, n,
+                       bytes));
+    if (c != crc)
+      fail(fmt::format("checkpoint '{}': {} checksum mismatch (crc32 {}, the manifest says {}): the file is corrupt",
+                       dir, path, hex32(c), hex32(crc)));
+  }
+  const std::vector<md::ParamInfo> info = md::param_layout(meta.cfg);
+  md::TrainState<T> st;
+  st.params = md::ParamSet<T>::zeros(meta.cfg);
+  st.m = md::ParamSet<T>::zeros(meta.cfg);
+  st.v = md::ParamSet<T>::zeros(meta.cfg);
+  st.step = meta.step;
+  H5::Exception::dontPrint();
+  for (int64_t r = 0; r < static_cast<int64_t>(man.files.size()); ++r) {
+    const std::string where = fmt::format("checkpoint '{}': {}", dir, std::get<0>(man.files[static_cast<size_t>(r)]));
+    try {
+      read_rank_file<T>(fs::path(dir) / std::get<0>(man.files[static_cast<size_t>(r)]), where, meta.cfg, info,
+                        meta.mesh, r, meta.step, st);
+    } catch (const H5::Exception& e) {
+      fail(fmt::format("{}: HDF5: {}", where, e.getDetailMsg()));
+    }
+  }
+  if (meta_out) *meta_out = meta;
+  return st;
+}
+
+void check_resumable(const CheckpointMeta& saved, const md::Config& cfg, const md::RunConfig& run,
+                     const std::string& dir) {
+  const json a = saved.cfg.to_json(), b = cfg.to_json();
+  for (const auto& [k, v] : a.items())
+    if (!b.contains(k) || b[k] != v)
+      fail(fmt::format("checkpoint '{}' is incompatible: model config '{}' is {} in the checkpoint, {} here", dir, k,
+                       v.dump(), b.contains(k) ? b[k].dump() : "absent"));
+  for (const auto& [k, v] : b.items())
+    if (!a.contains(k)) fail(fmt::format("checkpoint '{}' is incompatible: model config '{}' is absent there", dir, k));
+  const json ra = saved.run.to_json(), rb = run.to_json();
+  for (const char* k : {"sequences", "seq_len", "lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm",
+                        "data_seed"})
+    if (ra.at(k) != rb.at(k))
+      fail(fmt::format("checkpoint '{}' is incompatible: run setting '{}' is {} in the checkpoint, {} here (resume "
+                       "with the same batch, optimizer and data settings)",
+                       dir, k, ra.at(k).dump(), rb.at(k).dump()));
+}
+
+template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const std::vector<ShardState<float>>&);
+template void save_checkpoint<double>(const std::string&, const CheckpointMeta&,
+                                      const std::vector<ShardState<double>>&);
+template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const md::TrainState<float>&);
+template void save_checkpoint<double>(const std::string&, const CheckpointMeta&, const md::TrainState<double>&);
+template md::TrainState<float> load_checkpoint<float>(const std::string&, CheckpointMeta*);
+template md::TrainState<double> load_checkpoint<double>(const std::string&, CheckpointMeta*);
+
+}  // namespace trident::golden
