@@ -10,6 +10,9 @@
 #include "cli/command.h"
 #include "emulator/run_step.h"
 #include "reference/check.h"
+#ifdef TRIDENT_HAVE_MPI
+#include "mpi/run.h"
+#endif
 
 namespace {
 
@@ -36,12 +39,29 @@ struct Opts {
   int64_t data_seed = 7;
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
+  std::string backend = "emulator";
+  int64_t ranks_per_process = 1;
+  double mpi_peer_timeout = 6.0;
+  double mpi_wait_timeout = 600.0;
+  int64_t mpi_chunk_bytes = 0;
 };
+
+// Peak resident set of this process (VmHWM), bytes.
+int64_t mpi_free_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
 
 template <class T>
-int run(const Opts& o, emu::EmulateSpec spec) {
+void print_header(const emu::EmulateSpec& spec) {
   const auto& c = spec.cfg;
   const auto& m = spec.mesh;
   const int64_t W = m.world();
@@ -75,6 +95,13 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
   std::fflush(stdout);
+}
+
+template <class T>
+int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult<T>& r);
+
+template <class T>
+int run(const Opts& o, emu::EmulateSpec spec) {
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -85,7 +112,39 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     std::fflush(stdout);
   };
   spec.keep_tensors = o.check;
+  if (o.backend == "mpi") {
+#ifdef TRIDENT_HAVE_MPI
+    mpi::FabricOptions fo;
+    fo.ranks_per_process = static_cast<int>(o.ranks_per_process);
+    fo.peer_timeout_s = o.mpi_peer_timeout;
+    fo.wait_timeout_s = o.mpi_wait_timeout;
+    fo.chunk_bytes = static_cast<size_t>(o.mpi_chunk_bytes);
+    const mpi::MpiRunResult<T> mr = mpi::run_mpi<T>(spec, fo, [&](int p, int np) {
+      if (p != 0) return;
+      print_header<T>(spec);
+      std::printf("MPI backend: %d process(es) x %d rank(s) per process (threads; in-process exchange in memory, "
+                  "between processes over MPI)\n",
+                  np, fo.ranks_per_process);
+      std::fflush(stdout);
+    });
+    if (!mr.root) return 0;
+    int64_t mx = 0, sum = 0;
+    for (int64_t b : mr.process_rss) mx = std::max(mx, b), sum += b;
+    std::printf("peak RSS per process: max %s, all %d processes %s\n", mib(mx).c_str(), mr.processes,
+                mib(sum).c_str());
+    return report<T>(o, spec, mr.res);
+#else
+    fail("--backend mpi: this trident was built without MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
+#endif
+  }
+  print_header<T>(spec);
   const emu::EmulateResult<T> r = emu::emulate<T>(spec);
+  std::printf("peak RSS of this process: %s\n", mib(mpi_free_peak_rss()).c_str());
+  return report<T>(o, spec, r);
+}
+
+template <class T>
+int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult<T>& r) {
   std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds, r.seconds / static_cast<double>(spec.run.steps));
   // peak memory per rank
   std::vector<int64_t> pk = r.peak_bytes;
@@ -200,6 +259,29 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::positive_int());
                    sub.add_option("--vocab-chunk", o->vocab_chunk, "override the config's linear-CE vocab chunk")
                        ->check(cli::positive_int());
+                   sub.add_option("--backend", o->backend,
+                                  "emulator: every rank a thread of this process; mpi: run under mpirun, "
+                                  "--ranks-per-process ranks per MPI process (docs/mpi.md)")
+                       ->check(CLI::IsMember({"emulator", "mpi"}))
+                       ->capture_default_str();
+                   sub.add_option("--ranks-per-process", o->ranks_per_process,
+                                  "--backend mpi: emulated ranks per MPI process (threads); the mesh must have "
+                                  "processes x this ranks")
+                       ->check(cli::positive_int())
+                       ->capture_default_str();
+                   sub.add_option("--mpi-peer-timeout", o->mpi_peer_timeout,
+                                  "--backend mpi: seconds without a heartbeat after which a process counts as dead")
+                       ->check(CLI::Range(1.0, 3600.0))
+                       ->capture_default_str();
+                   sub.add_option("--mpi-wait-timeout", o->mpi_wait_timeout,
+                                  "--backend mpi: seconds one rank may wait for one message")
+                       ->check(CLI::Range(1.0, 86400.0))
+                       ->capture_default_str();
+                   sub.add_option("--mpi-chunk-bytes", o->mpi_chunk_bytes,
+                                  "--backend mpi: largest MPI message payload (0: INT_MAX - 64; small values test "
+                                  "the splitting)")
+                       ->check(CLI::Range(int64_t{0}, int64_t{2147483583}))
+                       ->capture_default_str();
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->preset;
@@ -229,6 +311,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
                      spec.device.seed = static_cast<uint64_t>(o->device_seed);
                      spec.device.check_hazards = o->check_hazards;
+                     if (o->backend != "mpi" && o->ranks_per_process != 1)
+                       fail("--ranks-per-process needs --backend mpi");
                      (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      // Every mesh rule at once, each naming the flag to change (parallel/layout.h).
