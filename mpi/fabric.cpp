@@ -185,6 +185,12 @@ void Fabric::progress_main() {
     bool data;  // a data chunk (shutdown waits for these), else a heartbeat or abort notice
   };
   std::list<Inflight> inflight;
+  struct Arrival {
+    MPI_Request req;
+    int tag;
+    std::vector<char> buf;
+  };
+  std::vector<std::deque<Arrival>> recvs(static_cast<size_t>(nproc_));  // per source, in match order
   std::map<std::tuple<uint64_t, int, int>, std::pair<Msg, uint64_t>> partial;  // reassembly: message, bytes so far
   std::vector<Clock::time_point> heard(static_cast<size_t>(nproc_), Clock::now());
   auto last_hb = Clock::now() - std::chrono::hours(1);
@@ -194,7 +200,7 @@ void Fabric::progress_main() {
   auto backoff = std::chrono::microseconds(20);
   auto mpi_failed = [&](int rc, const char* call) {
     if (rc == MPI_SUCCESS) return false;
-    set_failure(fmt::format("process {}: {} failed: {}", proc_, call, mpi_error(rc)), false);
+    set_failure(fmt::format("process {}: {} failed: {}", proc_, call, mpi_error(rc)), true);
     return true;
   };
 
@@ -248,7 +254,8 @@ void Fabric::progress_main() {
         ++it;
       }
     }
-    // 4. arrivals
+    // 4. arrivals: matched with MPI_Improbe, received with MPI_Imrecv (never a blocking receive: a sender that dies
+    // mid-message must not block this thread), handled in match order per source (chunk and FIFO order).
     for (int budget = 0; budget < 256; ++budget) {
       int flag = 0;
       MPI_Message mh;
@@ -257,36 +264,47 @@ void Fabric::progress_main() {
       active = true;
       int bytes = 0;
       MPI_Get_count(&st, MPI_BYTE, &bytes);
-      std::vector<char> buf(static_cast<size_t>(bytes));
-      if (mpi_failed(MPI_Mrecv(buf.data(), bytes, MPI_BYTE, &mh, MPI_STATUS_IGNORE), "MPI_Mrecv")) break;
-      const int from = st.MPI_SOURCE;
-      heard[static_cast<size_t>(from)] = Clock::now();
-      if (st.MPI_TAG == kTagAbort) {
-        set_failure(fmt::format("{} failed: {}", describe_process(from), std::string(buf.begin(), buf.end())), false);
-      } else if (st.MPI_TAG == kTagData) {
-        Header h;
-        std::memcpy(&h, buf.data(), sizeof h);
-        const size_t n = buf.size() - sizeof h;
-        auto key = std::make_tuple(h.ctx, int{h.src}, int{h.dst});
-        if (h.offset == 0 && n == h.total) {  // whole message in one chunk
-          Msg m;
-          m.sig = h.sig;
-          m.data.assign(buf.begin() + sizeof h, buf.end());
-          deliver(h.ctx, h.src, h.dst, std::move(m));
-          continue;
-        }
-        auto& [m, got] = partial[key];
-        if (h.offset == 0) {
-          m.sig = h.sig;
-          m.data.resize(h.total);
-          got = 0;
-        }
-        std::memcpy(m.data.data() + h.offset, buf.data() + sizeof h, n);
-        got += n;
-        if (got == h.total) {
-          Msg done = std::move(m);
-          partial.erase(key);
-          deliver(h.ctx, h.src, h.dst, std::move(done));
+      auto& q = recvs[static_cast<size_t>(st.MPI_SOURCE)];
+      q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::vector<char>(static_cast<size_t>(bytes))});
+      if (mpi_failed(MPI_Imrecv(q.back().buf.data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
+    }
+    for (int from = 0; from < nproc_; ++from) {
+      auto& q = recvs[static_cast<size_t>(from)];
+      while (!q.empty()) {
+        int flag = 0;
+        if (mpi_failed(MPI_Test(&q.front().req, &flag, MPI_STATUS_IGNORE), "MPI_Test") || !flag) break;
+        active = true;
+        heard[static_cast<size_t>(from)] = Clock::now();
+        Arrival a = std::move(q.front());
+        q.pop_front();
+        const std::vector<char>& buf = a.buf;
+        if (a.tag == kTagAbort) {
+          set_failure(fmt::format("{} failed: {}", describe_process(from), std::string(buf.begin(), buf.end())), true);
+        } else if (a.tag == kTagData) {
+          Header h;
+          std::memcpy(&h, buf.data(), sizeof h);
+          const size_t n = buf.size() - sizeof h;
+          auto key = std::make_tuple(h.ctx, int{h.src}, int{h.dst});
+          if (h.offset == 0 && n == h.total) {  // whole message in one chunk
+            Msg m;
+            m.sig = h.sig;
+            m.data.assign(buf.begin() + sizeof h, buf.end());
+            deliver(h.ctx, h.src, h.dst, std::move(m));
+            continue;
+          }
+          auto& [m, got] = partial[key];
+          if (h.offset == 0) {
+            m.sig = h.sig;
+            m.data.resize(h.total);
+            got = 0;
+          }
+          std::memcpy(m.data.data() + h.offset, buf.data() + sizeof h, n);
+          got += n;
+          if (got == h.total) {
+            Msg done = std::move(m);
+            partial.erase(key);
+            deliver(h.ctx, h.src, h.dst, std::move(done));
+          }
         }
       }
     }
@@ -315,7 +333,7 @@ void Fabric::progress_main() {
             set_failure(fmt::format("{} sent nothing for {:.1f} s (no heartbeat): it died, was stopped or is "
                                     "unreachable (--mpi-peer-timeout {})",
                                     describe_process(p), quiet, opt_.peer_timeout_s),
-                        false);
+                        true);
             break;
           }
         }
@@ -333,6 +351,12 @@ void Fabric::progress_main() {
         int flag = 0;
         if (!mpi_failed(MPI_Test(&barrier, &flag, MPI_STATUS_IGNORE), "MPI_Test") && flag) {
           for (auto& f : inflight) MPI_Request_free(&f.req);  // heartbeats to live peers complete on their own
+          for (auto& q : recvs)  // matched heartbeats: complete (eager, the senders are alive) or released
+            for (auto& a : q) {
+              int f = 0;
+              for (auto t = Clock::now(); !f && seconds_since(t) < 1.0;) MPI_Test(&a.req, &f, MPI_STATUS_IGNORE);
+              if (!f) MPI_Request_free(&a.req);
+            }
           done_.store(true);
           return;
         }

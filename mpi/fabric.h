@@ -13,7 +13,8 @@
 //  - the progress thread sends a heartbeat to every other process every heartbeat_s and fails the run when a
 //    process was silent for peer_timeout_s (it died, was stopped or is unreachable): every waiting rank throws an
 //    error naming the silent process's ranks;
-//  - a process whose rank fails sends the error to the others, which fail at once with it;
+//  - a process that fails (a rank's error, a silent process, an MPI error) sends its error once to every other
+//    process, which fail at once with it (so one detection is enough, whatever the others saw);
 //  - a rank waiting longer than wait_timeout_s for one message fails naming what it waited for.
 #pragma once
 #include <atomic>
