@@ -100,7 +100,7 @@ void Fabric::deliver(uint64_t ctx, int src, int dst, Msg&& m) {
   Mailbox& b = *boxes_[static_cast<size_t>(dst - first_rank())];
   std::lock_guard lk(b.m);
   b.q[{ctx, src}].push_back(std::move(m));
-  b.cv.notify_all();
+  if (b.waiting && b.want == std::make_pair(ctx, src)) b.cv.notify_all();
 }
 
 void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {
@@ -146,7 +146,10 @@ Msg Fabric::take(uint64_t ctx, int src, int dst, const std::string& what) {
       fail(msg);
       trident::fail(msg);
     }
+    b.waiting = true;
+    b.want = {ctx, src};
     b.cv.wait_for(lk, std::chrono::milliseconds(50));
+    b.waiting = false;
   }
 }
 

@@ -91,6 +91,10 @@ class Fabric {
     std::mutex m;
     std::condition_variable cv;
     std::map<std::pair<uint64_t, int>, std::deque<Msg>> q;
+    // What the rank's thread waits for: deliver() wakes it only for that (a collective over n ranks would
+    // otherwise wake its receivers n times). Another waiter would still see its message within the 50 ms poll.
+    bool waiting = false;
+    std::pair<uint64_t, int> want{};
   };
   struct Out {
     uint64_t ctx;
