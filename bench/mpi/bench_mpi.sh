@@ -29,7 +29,7 @@ run() {
   shift
   local t0 t1
   t0=$(date +%s%N)
-  "$@" >"$out" 2>&1 || { echo "bench_mpi: $name failed:" >&2; tail -5 "$out" >&2; exit 1; }
+  "$@" >"$out" 2>&1 || { echo "bench_mpi: $name failed:" >&2; grep -m 3 "error" "$out" >&2; exit 1; }
   t1=$(date +%s%N)
   local wall rss loss
   wall=$(sed -n 's/^wall time \([0-9.]*\) s.*/\1/p' "$out")
@@ -40,8 +40,11 @@ run() {
 }
 
 echo "bench_mpi: tiny-e64, mesh $mesh ($ranks ranks), $seqs x 256 tokens, EP chunks 2, 1 step; $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
-a=$(run "${procs}x$((ranks / procs))" "$mpirun" -np "$procs" "$trident" "${args[@]}" --backend mpi --ranks-per-process $((ranks / procs)))
-b=$(run "1x$ranks" "$mpirun" -np 1 "$trident" "${args[@]}" --backend mpi --ranks-per-process "$ranks")
+# A process with hundreds of rank threads on an oversubscribed machine can go seconds without its progress thread
+# being scheduled: a longer peer timeout than the default 6 s keeps that from counting as a dead process.
+mpi=(--backend mpi --mpi-peer-timeout 120)
+a=$(run "${procs}x$((ranks / procs))" "$mpirun" -np "$procs" "$trident" "${args[@]}" "${mpi[@]}" --ranks-per-process $((ranks / procs)))
+b=$(run "1x$ranks" "$mpirun" -np 1 "$trident" "${args[@]}" "${mpi[@]}" --ranks-per-process "$ranks")
 c=$(run "emulator" "$trident" "${args[@]}")
 printf "%-12s %10s %10s %14s %10s\n" run "step s" "total s" "RSS MiB (sum)" loss
 for l in "$a" "$b" "$c"; do printf "%-12s %10s %10s %14s %10s\n" $l; done
