@@ -28,6 +28,8 @@ struct Opts {
   int64_t vocab_slices = 0;
   bool recompute = false;
   bool lower_exact_sum = false;
+  std::string comm = "emu";
+  bool nccl_blocking = false;
   std::string device = "eager";
   int64_t device_seed = 0;
   bool check_hazards = false;
@@ -91,6 +93,10 @@ void print_header(const emu::EmulateSpec& spec) {
                 static_cast<unsigned long long>(spec.device.seed));
   else if (spec.device.check_hazards)
     std::printf("stream-hazard checker on (every declared access against the streams' event order)\n");
+  if (spec.comm == emu::CommBackend::nccl_fake)
+    std::printf("communicator: NcclCommunicator over the fake NCCL (%s communicators; exact sums lowered onto "
+                "ncclInt64 sums)\n",
+                spec.nccl_blocking ? "blocking" : "non-blocking");
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
@@ -226,6 +232,14 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_flag("--lower-exact-sum", o->lower_exact_sum,
                                 "run every exact_sum as an i64 sum of packed accumulators (the lowering a backend "
                                 "without a native exact_sum uses; bits unchanged)");
+                   sub.add_option("--comm", o->comm,
+                                  "communicator: emu (the emulator's) or nccl-fake (the CUDA path's "
+                                  "NcclCommunicator over a fake NCCL on the emulator; bits unchanged)")
+                       ->check(CLI::IsMember({"emu", "nccl-fake"}))
+                       ->capture_default_str();
+                   sub.add_flag("--nccl-blocking", o->nccl_blocking,
+                                "with --comm nccl-fake: blocking NCCL communicators (default: non-blocking, "
+                                "every call polled to completion)");
                    sub.add_option("--device", o->device,
                                   "emulated device: eager (run work when issued) or deferred (queue it per stream, "
                                   "run it in a seeded legal order, check stream hazards; bits unchanged)")
@@ -308,6 +322,10 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
+                     spec.comm = o->comm == "nccl-fake" ? emu::CommBackend::nccl_fake : emu::CommBackend::emu;
+                     if (o->nccl_blocking && spec.comm != emu::CommBackend::nccl_fake)
+                       fail("--nccl-blocking needs --comm nccl-fake");
+                     spec.nccl_blocking = o->nccl_blocking;
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
                      spec.device.seed = static_cast<uint64_t>(o->device_seed);
                      spec.device.check_hazards = o->check_hazards;

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
+#include "emulator/fake_nccl.h"
 #include "emulator/world.h"
 #include "parallel/mesh_comm.h"
 #include "reference/check.h"
@@ -18,6 +20,8 @@
 namespace trident::emu {
 
 namespace md = trident::model;
+
+std::string_view to_string(CommBackend b) { return b == CommBackend::nccl_fake ? "nccl-fake" : "emu"; }
 
 std::string EmulateSpec::repro() const {
   std::string s = fmt::format(
@@ -32,6 +36,8 @@ std::string EmulateSpec::repro() const {
   if (vocab_slices != 0) s += fmt::format(" --vocab-slices {}", vocab_slices);
   if (run.recompute) s += " --recompute";
   if (lower_exact_sum) s += " --lower-exact-sum";
+  if (comm != CommBackend::emu) s += fmt::format(" --comm {}", to_string(comm));
+  if (comm == CommBackend::nccl_fake && nccl_blocking) s += " --nccl-blocking";
   if (device.mode == DeviceMode::deferred) s += fmt::format(" --device deferred --device-seed {}", device.seed);
   else if (device.check_hazards) s += " --check-hazards";
   s += " --check-reference";
@@ -111,16 +117,30 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
   so.lower_exact_sum = spec.lower_exact_sum;
+  std::optional<FakeNcclWorld> fake_world;
+  if (spec.comm == CommBackend::nccl_fake) {
+    NcclOptions no;
+    no.blocking = spec.nccl_blocking;
+    no.deadline = std::chrono::milliseconds(int64_t{spec.watchdog_s} * 1000);
+    fake_world.emplace(no);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   SpawnResult sr = spawn(
       W,
       [&](RankContext& ctx) {
         omp_set_num_threads(1);  // one core's worth per fake rank: ranks are the parallelism
         const int r = ctx.rank();
-        MeshComms mc = make_mesh_comms(ctx.world(), spec.mesh);
+        std::optional<FakeNcclScope> fake_scope;
+        std::unique_ptr<NcclCommunicator> nccl_world;
+        if (spec.comm == CommBackend::nccl_fake) {
+          fake_scope.emplace(ctx);
+          nccl_world = fake_world->world(ctx);
+        }
+        Communicator& world = nccl_world ? static_cast<Communicator&>(*nccl_world) : ctx.world();
+        MeshComms mc = make_mesh_comms(world, spec.mesh);
         std::unique_ptr<Kernels<T>> k =
             kernels ? kernels(r, ctx.device()) : std::make_unique<CpuKernels<T>>(ctx.device());
-        RankStep<T> step(sh, ctx.world(), mc, ctx.device(), *k);
+        RankStep<T> step(sh, world, mc, ctx.device(), *k);
         for (int64_t s = 0; s < steps; ++s) {
           const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
           per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;

@@ -20,6 +20,9 @@
 
 namespace trident::emu {
 
+enum class CommBackend { emu, nccl_fake };
+std::string_view to_string(CommBackend b);  // "emu", "nccl-fake"
+
 // One thread per rank: emulate() rejects larger meshes (docs/emulator.md gives the memory per rank).
 inline constexpr int64_t kMaxEmulatedRanks = 65536;
 
@@ -45,6 +48,10 @@ struct EmulateSpec {
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
   bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
+  // The communicator the step runs on: the emulator's own, or NcclCommunicator (the CUDA path's communicator,
+  // gpu/nccl/nccl_comm.h) over the fake NCCL (emulator/fake_nccl.h). Same bits.
+  CommBackend comm = CommBackend::emu;
+  bool nccl_blocking = false;     // CommBackend::nccl_fake: blocking communicators (default: non-blocking)
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const RankStepStats&)> progress;
   std::string repro() const;    // `trident emulate ...` command line for this spec (synthetic data)

@@ -168,6 +168,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     fail("--backend mpi runs every rank on the eager device without traces (--device deferred, --check-hazards and "
          "traces need the emulator backend)");
   if (!spec.skip_wait.empty()) fail("--backend mpi: skip_wait is an emulator test hook");
+  if (spec.comm != emu::CommBackend::emu) fail("--backend mpi uses its own communicator (--comm needs the emulator backend)");
   Session session;
   auto fabric_owner = std::make_unique<Fabric>(opt);  // freed before MPI_Finalize
   Fabric& fabric = *fabric_owner;

@@ -62,6 +62,9 @@ Access writes(T* p, int64_t n) {
 }
 using Accesses = std::vector<Access>;
 
+// The inverse of Device::native_stream's default encoding.
+inline Stream stream_from_native(const void* h) { return Stream{static_cast<int>(reinterpret_cast<uintptr_t>(h) - 1)}; }
+
 // Bytes of device memory of one rank.
 struct DeviceMemory {
   int64_t cur = 0, peak = 0;
@@ -73,6 +76,10 @@ class Device {
   virtual ~Device() = default;
   virtual Stream compute_stream() = 0;  // id 0
   virtual Stream comm_stream() = 0;     // id 1
+  // The backend's handle of a stream, passed to a communication library (cudaStream_t on CUDA). The default
+  // encodes the id (id + 1, never null) for backends whose streams are their own: the emulator's fake NCCL decodes
+  // it with stream_from_native().
+  virtual void* native_stream(Stream s) { return reinterpret_cast<void*>(static_cast<uintptr_t>(s.id) + 1); }
   virtual Stream create_stream(std::string name) = 0;
   virtual Event create_event() = 0;
   // Marks the current end of `s`.

@@ -21,6 +21,7 @@ struct Case {
   std::string policy = "fp32";
   int64_t seqs = 4, seq_len = 32, steps = 3;
   int64_t experts = 0, top_k = 0, tile = 0, vocab_chunk = 0;  // overrides (0: the preset's)
+  emu::CommBackend comm = emu::CommBackend::emu;
 };
 
 inline MeshShape M(int64_t dr, int64_t f, int64_t cp, int64_t ef, int64_t ep) { return MeshShape{dr, f, cp, ef, ep}; }
@@ -42,6 +43,7 @@ inline emu::EmulateSpec make_spec(const Case& c) {
   s.mesh = c.mesh;
   s.ep_chunks = c.chunks;
   s.vocab_slices = c.vocab_slices;
+  s.comm = c.comm;
   return s;
 }
 

@@ -26,5 +26,20 @@ TEST(StepLong, Mesh256_E64) {
   std::printf("256 ranks, 3 steps: %.2f s emulated\n", r.seconds);
 }
 
+// The same mesh with the CUDA path's NcclCommunicator over the fake NCCL.
+TEST(StepLong, Mesh256_E64_FakeNccl) {
+  const emu::EmulateSpec s = make_spec({.preset = "tiny-e64",
+                                        .mesh = M(4, 1, 64, 4, 64),
+                                        .chunks = 2,
+                                        .recompute = true,
+                                        .seqs = 4,
+                                        .seq_len = 256,
+                                        .steps = 2,
+                                        .tile = 2,
+                                        .comm = emu::CommBackend::nccl_fake});
+  const auto r = expect_equal<float>(s);
+  std::printf("256 ranks over NcclCommunicator + fake NCCL, 2 steps: %.2f s emulated\n", r.seconds);
+}
+
 }  // namespace
 }  // namespace trident

@@ -1,0 +1,57 @@
+// A fake NCCL implemented over the emulator: the entry points of gpu/nccl/nccl_api.h running on emulated ranks, so
+// that NcclCommunicator (gpu/nccl/nccl_comm.h) — the communicator of the CUDA path — runs its own code on CPU
+// threads, in CI, under the emulator's mismatch and deadlock detection, with the emulator's bits.
+//
+// Each rank thread binds its RankContext with a FakeNcclScope. ncclCommInitRank over the whole world returns the
+// rank's world communicator; ncclCommSplit creates emulated sub-communicators (named through set_next_comm_name);
+// streams are the rank's Device streams (Device::native_stream's default encoding). ncclGroupStart/End map to
+// the emulator's group on each communicator used inside the group. Non-blocking communicators report every
+// operation kInProgress once before it settles, so NcclCommunicator's polling path runs too. Errors raised by
+// the emulator (a mismatch, a deadlock, a failed peer) become kSystemError with the report as ncclGetLastError.
+//
+// Limits: one world per id (ncclCommInitRank over a subset of ranks is refused: use ncclCommSplit), collectives
+// inside a group run at once (the step groups only send/recv).
+#pragma once
+#include <memory>
+
+#include "emulator/world.h"
+#include "gpu/nccl/nccl_api.h"
+#include "gpu/nccl/nccl_bootstrap.h"
+#include "gpu/nccl/nccl_comm.h"
+
+namespace trident::emu {
+
+const nccl::Api& fake_nccl();
+
+// Binds the calling rank thread to ctx for the fake's entry points. Communicators created through the fake on
+// this thread that were aborted rather than destroyed are freed when the scope ends.
+class FakeNcclScope {
+ public:
+  explicit FakeNcclScope(RankContext& ctx);
+  ~FakeNcclScope();
+  FakeNcclScope(const FakeNcclScope&) = delete;
+  FakeNcclScope& operator=(const FakeNcclScope&) = delete;
+};
+
+// Fault injection for tests, on one fake communicator.
+enum class FakeFault {
+  none,
+  async_error,   // ncclCommGetAsyncError reports ncclRemoteError from now on (the watchdog aborts the comm)
+  stuck,         // every later operation stays kInProgress forever (the deadline checker aborts the comm)
+};
+void fake_nccl_inject(nccl::Comm comm, FakeFault f);
+
+// The world communicator of every rank of one emulated run, as an NcclCommunicator over the fake NCCL: rank 0
+// makes the unique id and the in-process exchange hands it to the others. One object per run, shared by the
+// rank threads; world() is called once on each rank thread inside a FakeNcclScope.
+class FakeNcclWorld {
+ public:
+  explicit FakeNcclWorld(NcclOptions opts = {}) : opts_(opts) {}
+  std::unique_ptr<NcclCommunicator> world(RankContext& ctx);
+
+ private:
+  NcclOptions opts_;
+  nccl::InProcessExchange ids_;
+};
+
+}  // namespace trident::emu

@@ -1,0 +1,147 @@
+// CudaDevice (the Device seam on a GPU) and NcclCommunicator over the real NCCL on one GPU (and on two when the
+// machine has them). Skips with a message without a CUDA device or without libnccl.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "gpu/cuda_device.h"
+#include "gpu/gemm.h"
+#include "gpu/nccl/nccl_bootstrap.h"
+#include "gpu/nccl/nccl_comm.h"
+#include "reference/check.h"
+#include "reference/exact_acc.h"
+
+namespace trident {
+namespace {
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  }
+};
+
+TEST_F(Cuda, MemoryCopiesEventsAndPeak) {
+  gpu::CudaDevice dev(0);
+  const Stream c = dev.compute_stream(), m = dev.comm_stream();
+  std::vector<float> h(1024);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i) * 0.5f - 7.f;
+  DeviceBuffer<float> a(dev, 1024, c), b(dev, 1024, c), t(dev, 1024, c);
+  dev.upload(a.data(), h.data(), 4096, c);
+  dev.copy(b.data(), a.data(), 4096, c);
+  const Event e = dev.create_event();
+  dev.record(e, c);
+  dev.wait(m, e);
+  dev.memset(t.data(), 0, 4096, m);
+  // 2D: 32 rows of 16 floats from a (pitch 32 floats) into t (pitch 16)
+  dev.copy_2d(t.data(), 64, a.data(), 128, 64, 32, m);
+  std::vector<float> got_b = dev.fetch(b.data(), 1024, c);
+  std::vector<float> got_t = dev.fetch(t.data(), 1024, m);
+  EXPECT_EQ(std::memcmp(got_b.data(), h.data(), 4096), 0);
+  for (int r = 0; r < 32; ++r)
+    for (int k = 0; k < 16; ++k) ASSERT_EQ(got_t[static_cast<size_t>(r * 16 + k)], h[static_cast<size_t>(r * 32 + k)]);
+  for (size_t i = 512; i < 1024; ++i) ASSERT_EQ(got_t[i], 0.f);
+  EXPECT_EQ(dev.memory().cur, 3 * 4096);
+  EXPECT_GE(dev.memory().peak, 3 * 4096);
+}
+
+TEST_F(Cuda, ErrorsNameTheCall) {
+  gpu::CudaDevice dev(0);
+  EXPECT_THROW(gpu::CudaDevice bad(1 << 20), Error);
+  try {
+    (void)dev.allocate(int64_t{1} << 50, dev.compute_stream());
+    ADD_FAILURE() << "a 1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory allocating"), std::string::npos) << e.what();
+  }
+}
+
+const nccl::Api* real_nccl() {
+  std::string why;
+  const nccl::Api* api = nccl::load_nccl("", &why);
+  if (!api) std::printf("NCCL not loadable: %s\n", why.c_str());
+  return api;
+}
+
+// One rank: every operation through the real library on device memory (sums of one contribution are the input).
+TEST_F(Cuda, NcclOneRank) {
+  const nccl::Api* api = real_nccl();
+  if (!api) GTEST_SKIP() << "libnccl not found";
+  gpu::CudaDevice dev(0);
+  nccl::UniqueId id;
+  ASSERT_EQ(api->get_unique_id(&id), nccl::kSuccess);
+  for (bool blocking : {true, false}) {
+    NcclOptions o;
+    o.blocking = blocking;
+    auto w = NcclCommunicator::init(*api, id, 1, 0, dev, "world", o);
+    if (!blocking) {  // a fresh id per communicator
+      ASSERT_EQ(api->get_unique_id(&id), nccl::kSuccess);
+      w = NcclCommunicator::init(*api, id, 1, 0, dev, "world", o);
+    }
+    const Stream s = dev.comm_stream();
+    std::vector<float> h(257);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = 1.f / static_cast<float>(i + 1);
+    DeviceBuffer<float> x(dev, 257, s), y(dev, 257, s);
+    dev.upload(x.data(), h.data(), 257 * 4, s);
+    w->all_reduce(x.data(), y.data(), 257, DataType::f32, ReduceOp::sum, s);
+    EXPECT_EQ(std::memcmp(dev.fetch(y.data(), 257, s).data(), h.data(), 257 * 4), 0);
+    // exact sums, lowered onto ncclInt64
+    std::vector<ExactAcc<float>> acc(5);
+    for (size_t i = 0; i < acc.size(); ++i) acc[i].add(h[i]);
+    DeviceBuffer<ExactAcc<float>> ea(dev, 5, s);
+    dev.upload(ea.data(), acc.data(), static_cast<int64_t>(5 * sizeof(ExactAcc<float>)), s);
+    w->all_reduce(ea.data(), ea.data(), 5, DataType::exact_f32, ReduceOp::exact_sum, s);
+    const std::vector<ExactAcc<float>> back = dev.fetch(ea.data(), 5, s);
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(back[i].round(), h[i]);
+    // all_to_allv to itself (grouped send/recv) and a split
+    const size_t cnt = 257, disp = 0;
+    w->all_to_allv(x.data(), &cnt, &disp, y.data(), &cnt, &disp, DataType::f32, s);
+    EXPECT_EQ(std::memcmp(dev.fetch(y.data(), 257, s).data(), h.data(), 257 * 4), 0);
+    auto sub = w->split(0, 0, "self");
+    ASSERT_NE(sub, nullptr);
+    sub->all_gather(x.data(), y.data(), 257, DataType::f32, s);
+    EXPECT_EQ(std::memcmp(dev.fetch(y.data(), 257, s).data(), h.data(), 257 * 4), 0);
+    std::printf("%s, %s communicator: ok\n", api->name, blocking ? "blocking" : "non-blocking");
+  }
+}
+
+// Two GPUs in one process (one thread each): an all-reduce of two contributions, checked against the host sum.
+TEST_F(Cuda, NcclTwoGpus) {
+  if (gpu::device_count() < 2) GTEST_SKIP() << "one CUDA device: the two-GPU check needs two";
+  const nccl::Api* api = real_nccl();
+  if (!api) GTEST_SKIP() << "libnccl not found";
+  nccl::InProcessExchange ids;
+  std::vector<std::vector<float>> out(2);
+  std::vector<std::string> errs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        gpu::CudaDevice dev(r);
+        const nccl::UniqueId id = ids.exchange(r, 2, [&] {
+          nccl::UniqueId u;
+          api->get_unique_id(&u);
+          return u;
+        });
+        auto w = NcclCommunicator::init(*api, id, 2, r, dev, "world");
+        const Stream s = dev.comm_stream();
+        std::vector<float> h(64, static_cast<float>(r + 1));
+        DeviceBuffer<float> x(dev, 64, s);
+        dev.upload(x.data(), h.data(), 256, s);
+        w->all_reduce(x.data(), x.data(), 64, DataType::f32, ReduceOp::sum, s);
+        out[static_cast<size_t>(r)] = dev.fetch(x.data(), 64, s);
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errs[static_cast<size_t>(r)], "");
+    for (float v : out[static_cast<size_t>(r)]) ASSERT_EQ(v, 3.f);
+  }
+}
+
+}  // namespace
+}  // namespace trident
