@@ -12,6 +12,9 @@
 #include "emulator/run_step.h"
 #include "golden/checkpoint.h"
 #include "reference/check.h"
+#ifdef TRIDENT_HAVE_MPI
+#include "mpi/run.h"
+#endif
 
 namespace {
 
@@ -43,25 +46,37 @@ struct Opts {
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
   std::string max_memory;
   std::string save, resume;  // checkpoints (docs/checkpoints.md)
+  std::string backend = "emulator";
+  int64_t ranks_per_process = 1;
+  double mpi_peer_timeout = 6.0;
+  double mpi_wait_timeout = 600.0;
+  int64_t mpi_chunk_bytes = 0;
 };
+
+// Peak resident set of this process (VmHWM), bytes.
+int64_t mpi_free_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
 
+// What run() hands to report(): the memory estimate, the repro line and the resumed state (or null).
 template <class T>
-int run(const Opts& o, emu::EmulateSpec spec) {
-  if (!o.save.empty()) golden::check_save_target(o.save);
-  std::unique_ptr<model::TrainState<T>> resume;
-  if (!o.resume.empty()) {
-    const auto l0 = std::chrono::steady_clock::now();
-    golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
-    golden::check_resumable(meta, spec.cfg, spec.run, o.resume);
-    resume = std::make_unique<model::TrainState<T>>(golden::load_checkpoint<T>(o.resume, &meta));
-    spec.first_step = resume->step;
-    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
-                "%.2f s\n",
-                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
-  }
+struct RunInfo {
+  emu::MemoryEstimate est;
+  std::string repro;
+  const model::TrainState<T>* resume = nullptr;
+};
+
+template <class T>
+std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
   const auto& c = spec.cfg;
   const auto& m = spec.mesh;
   const int64_t W = m.world();
@@ -101,17 +116,30 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   // The exact command: the spec's flags (one builder, reference/repro.h) and the display flag --verbose.
   const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "");
   std::printf("repro: %s\n", repro.c_str());
-  spec.keep_tensors = o.check;
-  if (W > emu::kMaxEmulatedRanks)  // emulate() refuses it too; named before the memory estimate of so many ranks
-    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
-                     m.str(), W, emu::kMaxEmulatedRanks));
-  // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
-  emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
-                              o.check};
-  const emu::MemoryEstimate est = emu::estimate_emulate(mi);
-  emu::check_memory(est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
-  std::printf("memory estimate: %s\n", est.describe().c_str());
   std::fflush(stdout);
+  return repro;
+}
+
+template <class T>
+int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult<T>& r, const RunInfo<T>& info);
+
+template <class T>
+int run(const Opts& o, emu::EmulateSpec spec) {
+  if (o.backend == "mpi" && (!o.save.empty() || !o.resume.empty()))
+    fail("--save and --resume are not supported with --backend mpi yet (use the emulator backend)");
+  if (!o.save.empty()) golden::check_save_target(o.save);
+  std::unique_ptr<model::TrainState<T>> resume;
+  if (!o.resume.empty()) {
+    const auto l0 = std::chrono::steady_clock::now();
+    golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
+    golden::check_resumable(meta, spec.cfg, spec.run, o.resume);
+    resume = std::make_unique<model::TrainState<T>>(golden::load_checkpoint<T>(o.resume, &meta));
+    spec.first_step = resume->step;
+    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
+                "%.2f s\n",
+                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,7 +152,56 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   };
   spec.keep_tensors = o.check;
   spec.keep_state = !o.save.empty();
+  const int64_t W = spec.mesh.world();
+  if (W > emu::kMaxEmulatedRanks)  // emulate() refuses it too; named before the memory estimate of so many ranks
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     spec.mesh.str(), W, emu::kMaxEmulatedRanks));
+  RunInfo<T> info;
+  info.resume = resume.get();
+  // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
+  emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
+                              o.check};
+  info.est = emu::estimate_emulate(mi);
+  emu::check_memory(info.est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
+  if (o.backend == "mpi") {
+#ifdef TRIDENT_HAVE_MPI
+    mpi::FabricOptions fo;
+    fo.ranks_per_process = static_cast<int>(o.ranks_per_process);
+    fo.peer_timeout_s = o.mpi_peer_timeout;
+    fo.wait_timeout_s = o.mpi_wait_timeout;
+    fo.chunk_bytes = static_cast<size_t>(o.mpi_chunk_bytes);
+    const mpi::MpiRunResult<T> mr = mpi::run_mpi<T>(spec, fo, [&](int p, int np) {
+      if (p != 0) return;
+      info.repro = print_header<T>(o, spec);
+      std::printf("memory estimate: %s\n", info.est.describe().c_str());
+      std::printf("MPI backend: %d process(es) x %d rank(s) per process (threads; in-process exchange in memory, "
+                  "between processes over MPI)\n",
+                  np, fo.ranks_per_process);
+      std::fflush(stdout);
+    });
+    if (!mr.root) return 0;
+    int64_t mx = 0, sum = 0;
+    for (int64_t b : mr.process_rss) mx = std::max(mx, b), sum += b;
+    std::printf("peak RSS per process: max %s, all %d processes %s\n", mib(mx).c_str(), mr.processes,
+                mib(sum).c_str());
+    return report<T>(o, spec, mr.res, info);
+#else
+    fail("--backend mpi: this trident was built without MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
+#endif
+  }
+  info.repro = print_header<T>(o, spec);
+  std::printf("memory estimate: %s\n", info.est.describe().c_str());
+  std::fflush(stdout);
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
+  std::printf("peak RSS of this process: %s\n", mib(mpi_free_peak_rss()).c_str());
+  return report<T>(o, spec, r, info);
+}
+
+template <class T>
+int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult<T>& r, const RunInfo<T>& info) {
+  const int64_t W = spec.mesh.world();
+  const std::string& repro = info.repro;
+  const emu::MemoryEstimate& est = info.est;
   std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds,
               r.seconds / static_cast<double>(std::max<int64_t>(spec.run.steps, 1)));
   // peak memory per rank
@@ -170,7 +247,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (!o.check) return 0;
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
   std::fflush(stdout);
-  const emu::CheckReport rep = emu::check_reference<T>(spec, r, resume.get());
+  const emu::CheckReport rep = emu::check_reference<T>(spec, r, info.resume);
   for (int64_t s = 0; s < spec.run.steps; ++s) {
     int64_t ng = 0, eg = 0, np = 0, ep = 0;
     bool loss_ok = true;
@@ -285,6 +362,29 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--resume", o->resume,
                                   "continue from a checkpoint directory of `emulate` (any mesh: re-sharded onto this "
                                   "one) or `train` (same model, batch, optimizer and data flags), bit for bit");
+                   sub.add_option("--backend", o->backend,
+                                  "emulator: every rank a thread of this process; mpi: run under mpirun, "
+                                  "--ranks-per-process ranks per MPI process (docs/mpi.md)")
+                       ->check(CLI::IsMember({"emulator", "mpi"}))
+                       ->capture_default_str();
+                   sub.add_option("--ranks-per-process", o->ranks_per_process,
+                                  "--backend mpi: emulated ranks per MPI process (threads); the mesh must have "
+                                  "processes x this ranks")
+                       ->check(cli::positive_int())
+                       ->capture_default_str();
+                   sub.add_option("--mpi-peer-timeout", o->mpi_peer_timeout,
+                                  "--backend mpi: seconds without a heartbeat after which a process counts as dead")
+                       ->check(CLI::Range(1.0, 3600.0))
+                       ->capture_default_str();
+                   sub.add_option("--mpi-wait-timeout", o->mpi_wait_timeout,
+                                  "--backend mpi: seconds one rank may wait for one message")
+                       ->check(CLI::Range(1.0, 86400.0))
+                       ->capture_default_str();
+                   sub.add_option("--mpi-chunk-bytes", o->mpi_chunk_bytes,
+                                  "--backend mpi: largest MPI message payload (0: INT_MAX - 64; small values test "
+                                  "the splitting)")
+                       ->check(CLI::Range(int64_t{0}, int64_t{2147483583}))
+                       ->capture_default_str();
                    return [o]() -> int {
                      emu::EmulateSpec spec;
                      spec.preset = o->config.empty() ? o->preset : "";
@@ -320,6 +420,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
                      spec.device.seed = static_cast<uint64_t>(o->device_seed);
                      spec.device.check_hazards = o->check_hazards;
+                     if (o->backend != "mpi" && o->ranks_per_process != 1)
+                       fail("--ranks-per-process needs --backend mpi");
                      (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      // Every mesh rule at once, each naming the flag to change (parallel/layout.h).

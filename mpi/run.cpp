@@ -1,0 +1,335 @@
+// The distributed step on MPI processes (mpi/run.h, docs/mpi.md).
+#include "mpi/run.h"
+
+#include <omp.h>
+#include <pthread.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "mpi/comm.h"
+#include "parallel/mesh_comm.h"
+#include "reference/check.h"
+
+namespace trident::mpi {
+
+namespace md = trident::model;
+
+namespace {
+
+constexpr uint64_t kResultCtx = ~uint64_t{0} - 1;  // per-rank results to rank 0
+constexpr uint64_t kTensorCtx = ~uint64_t{0} - 2;  // per-process tensors to rank 0
+
+// Flat byte buffers for the results (same binary on every process).
+struct Writer {
+  std::vector<char> b;
+  template <class X>
+  void pod(const X& x) {
+    const char* p = reinterpret_cast<const char*>(&x);
+    b.insert(b.end(), p, p + sizeof(X));
+  }
+  void str(const std::string& s) {
+    pod<uint64_t>(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+  }
+};
+struct Reader {
+  const std::vector<char>& b;
+  size_t at = 0;
+  template <class X>
+  X pod() {
+    TD_CHECK(at + sizeof(X) <= b.size(), "mpi: truncated result message");
+    X x;
+    std::memcpy(&x, b.data() + at, sizeof(X));
+    at += sizeof(X);
+    return x;
+  }
+  std::string str() {
+    const auto n = pod<uint64_t>();
+    TD_CHECK(at + n <= b.size(), "mpi: truncated result message");
+    std::string s(b.data() + at, n);
+    at += n;
+    return s;
+  }
+};
+
+struct RankOut {
+  std::vector<RankStepStats> steps;
+  int64_t peak = 0;
+  CommStats stats;
+  PhaseCounts phases;
+};
+
+std::vector<char> pack(const RankOut& r) {
+  Writer w;
+  w.pod<uint64_t>(r.steps.size());
+  for (const RankStepStats& s : r.steps) w.pod(s);
+  w.pod(r.peak);
+  w.pod<uint64_t>(r.stats.size());
+  for (const auto& [name, tab] : r.stats) {
+    w.str(name);
+    w.pod(tab);
+  }
+  w.pod<uint64_t>(r.phases.size());
+  for (const auto& [phase, comms] : r.phases) {
+    w.str(phase);
+    w.pod<uint64_t>(comms.size());
+    for (const auto& [name, calls] : comms) {
+      w.str(name);
+      w.pod(calls);
+    }
+  }
+  return std::move(w.b);
+}
+
+RankOut unpack(const std::vector<char>& b) {
+  Reader r{b};
+  RankOut o;
+  o.steps.resize(r.pod<uint64_t>());
+  for (RankStepStats& s : o.steps) s = r.pod<RankStepStats>();
+  o.peak = r.pod<int64_t>();
+  for (auto n = r.pod<uint64_t>(); n > 0; --n) {
+    std::string name = r.str();
+    o.stats[name] = r.pod<OpStatsTable>();
+  }
+  for (auto n = r.pod<uint64_t>(); n > 0; --n) {
+    auto& comms = o.phases[r.str()];
+    for (auto m = r.pod<uint64_t>(); m > 0; --m) {
+      std::string name = r.str();
+      comms[name] = r.pod<std::array<int64_t, kNumCollOps>>();
+    }
+  }
+  TD_CHECK(r.at == b.size(), "mpi: result message has {} trailing bytes", b.size() - r.at);
+  return o;
+}
+
+template <class T>
+size_t tensor_bytes(const std::vector<md::ParamSet<T>>& v) {
+  size_t n = 0;
+  for (const auto& ps : v)
+    for (const auto& t : ps.t) n += static_cast<size_t>(t.size()) * sizeof(T);
+  return n;
+}
+// Every tensor of every step, grads then params, as bytes: the parts a process wrote, zero elsewhere.
+template <class T>
+void append_tensors(std::vector<char>& out, const std::vector<md::ParamSet<T>>& v) {
+  for (const auto& ps : v)
+    for (const auto& t : ps.t) {
+      const char* p = reinterpret_cast<const char*>(t.ptr());
+      out.insert(out.end(), p, p + t.size() * static_cast<int64_t>(sizeof(T)));
+    }
+}
+// OR of the bytes: the parts written by different processes are disjoint (RankStep::write_*), unwritten bytes are
+// the zeros of ParamSet::zeros, so this assembles the full tensors with every bit (signed zeros included).
+template <class T>
+size_t or_tensors(std::vector<md::ParamSet<T>>& v, const char* src) {
+  size_t at = 0;
+  for (auto& ps : v)
+    for (auto& t : ps.t) {
+      auto* p = reinterpret_cast<unsigned char*>(t.ptr());
+      const size_t n = static_cast<size_t>(t.size()) * sizeof(T);
+      for (size_t i = 0; i < n; ++i) p[i] |= static_cast<unsigned char>(src[at + i]);
+      at += n;
+    }
+  return at;
+}
+
+// MPI for this process. Finalised only after a clean run (a run that failed leaves it to process exit).
+struct Session {
+  Session() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    TD_CHECK(!inited, "mpi: MPI was initialised twice");
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+      fail(fmt::format("mpi: the MPI library provides thread level {}; the backend needs MPI_THREAD_SERIALIZED ({})",
+                       provided, static_cast<int>(MPI_THREAD_SERIALIZED)));
+  }
+  void finalize() { MPI_Finalize(); }
+};
+
+struct Thread {
+  pthread_t t{};
+  std::function<void()> fn;
+  static void* main(void* p) {
+    static_cast<Thread*>(p)->fn();
+    return nullptr;
+  }
+};
+
+}  // namespace
+
+template <class T>
+MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, const OnStart& on_start) {
+  if (spec.device.mode != emu::DeviceMode::eager || spec.device.check_hazards || spec.record_trace)
+    fail("--backend mpi runs every rank on the eager device without traces (--device deferred, --check-hazards and "
+         "traces need the emulator backend)");
+  if (!spec.skip_wait.empty()) fail("--backend mpi: skip_wait is an emulator test hook");
+  if (spec.comm != emu::CommBackend::emu) fail("--backend mpi uses its own communicator (--comm needs the emulator backend)");
+  Session session;
+  auto fabric_owner = std::make_unique<Fabric>(opt);  // freed before MPI_Finalize
+  Fabric& fabric = *fabric_owner;
+  const int W = fabric.world();
+  if (spec.mesh.world() != W)
+    fail(fmt::format("mesh {} has {} ranks but mpirun started {} process(es) x --ranks-per-process {} = {} ranks",
+                     spec.mesh.str(), spec.mesh.world(), fabric.processes(), fabric.ranks_per_process(), W));
+
+  StepShared<T> sh;
+  sh.cfg = spec.cfg;
+  sh.run = spec.run;
+  sh.mesh = spec.mesh;
+  sh.ep_chunks = spec.ep_chunks;
+  sh.vocab_slices = spec.vocab_slices;
+  const md::ParamSet<T> init = emu::spec_init<T>(spec);
+  sh.init = &init;
+  sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
+  sh.validate();
+  const std::vector<md::Batch> batches = emu::spec_batches(spec);
+  for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
+  const int64_t steps = spec.run.steps;
+  const int k = fabric.ranks_per_process();
+  if (on_start) on_start(fabric.process(), fabric.processes());
+  std::vector<md::ParamSet<T>> grads, params;  // this process's parts
+  if (spec.keep_tensors) {
+    grads.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
+    params.assign(static_cast<size_t>(steps), md::ParamSet<T>::zeros(spec.cfg));
+  }
+
+  std::mutex err_m;
+  std::string first_error;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto rank_main = [&](int g) {
+    try {
+      omp_set_num_threads(1);  // ranks are the parallelism
+      RankTrace trace;
+      emu::DeviceOptions dopt = spec.device;
+      dopt.record_trace = false;
+      emu::EmuDevice dev(g, trace, dopt);
+      std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world(fabric, g);
+      MeshComms mc = make_mesh_comms(*world, spec.mesh);
+      CpuKernels<T> kern(dev);
+      RankOut out;
+      {
+        RankStep<T> step(sh, *world, mc, dev, kern);
+        for (int64_t s = 0; s < steps; ++s) {
+          const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
+          out.steps.push_back(st);
+          if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+            fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
+                             st.grad_norm));
+          if (spec.keep_tensors) {
+            step.write_grads(grads[static_cast<size_t>(s)]);
+            step.write_params(params[static_cast<size_t>(s)]);
+          }
+          if (g == 0 && spec.progress) spec.progress(s, st);
+        }
+        out.peak = step.memory().peak;
+        out.phases = step.phase_counts();
+      }
+      dev.finish();
+      accumulate_stats(out.stats, *world);
+      for (const auto* c : {&mc.fsdp_cp, &mc.d_rep, &mc.fsdp, &mc.cp, &mc.e_fsdp, &mc.ep})
+        if (*c) accumulate_stats(out.stats, **c);
+      const std::vector<char> blob = pack(out);
+      fabric.post(kResultCtx, g, 0, 0, blob.data(), blob.size());
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      if (msg.rfind("rank ", 0) != 0) msg = fmt::format("rank {}: {}", g, msg);
+      {
+        std::lock_guard lk(err_m);
+        if (first_error.empty()) first_error = msg;
+      }
+      fabric.fail(msg);
+    }
+  };
+
+  std::vector<Thread> threads(static_cast<size_t>(k));
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 2 << 20);
+  int started = 0;
+  for (int i = 0; i < k; ++i) {
+    const int g = fabric.first_rank() + i;
+    threads[static_cast<size_t>(i)].fn = [&, g] { rank_main(g); };
+    if (pthread_create(&threads[static_cast<size_t>(i)].t, &attr, &Thread::main, &threads[static_cast<size_t>(i)]) !=
+        0) {
+      const std::string msg = fmt::format("rank {}: could not start its thread ({} of {} in this process)", g, i, k);
+      {
+        std::lock_guard lk(err_m);
+        if (first_error.empty()) first_error = msg;
+      }
+      fabric.fail(msg);
+      break;
+    }
+    ++started;
+  }
+  pthread_attr_destroy(&attr);
+  for (int i = 0; i < started; ++i) pthread_join(threads[static_cast<size_t>(i)].t, nullptr);
+
+  MpiRunResult<T> r;
+  r.processes = fabric.processes();
+  r.ranks_per_process = k;
+  r.root = fabric.process() == 0;
+  try {
+    if (!first_error.empty()) fail(first_error);
+    Writer w;
+    w.pod<int64_t>(Fabric::peak_rss());
+    append_tensors(w.b, grads);
+    append_tensors(w.b, params);
+    if (!r.root) {
+      fabric.post(kTensorCtx, fabric.first_rank(), 0, 0, w.b.data(), w.b.size());
+    } else {
+      emu::EmulateResult<T>& res = r.res;
+      res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<RankOut> outs;
+      for (int g = 0; g < W; ++g) outs.push_back(unpack(fabric.take(kResultCtx, g, 0, "its results").data));
+      r.process_rss.push_back(Fabric::peak_rss());
+      if (spec.keep_tensors) {
+        res.grads = std::move(grads);
+        res.params = std::move(params);
+      }
+      const size_t want = sizeof(int64_t) + tensor_bytes(res.grads) + tensor_bytes(res.params);
+      for (int p = 1; p < fabric.processes(); ++p) {
+        const Msg m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
+        TD_CHECK_EQ(m.data.size(), want, "mpi: tensor message of process {}", p);
+        int64_t rss = 0;
+        std::memcpy(&rss, m.data.data(), sizeof rss);
+        r.process_rss.push_back(rss);
+        const size_t at = sizeof rss + or_tensors(res.grads, m.data.data() + sizeof rss);
+        or_tensors(res.params, m.data.data() + at);
+      }
+      res.steps.resize(static_cast<size_t>(steps));
+      for (int64_t s = 0; s < steps; ++s) {
+        const RankStepStats& a = outs[0].steps.at(static_cast<size_t>(s));
+        for (int g = 1; g < W; ++g) {
+          const RankStepStats& b = outs[static_cast<size_t>(g)].steps.at(static_cast<size_t>(s));
+          TD_CHECK(std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0 && a.n_valid == b.n_valid &&
+                       std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0,
+                   "mpi: rank {} disagrees with rank 0 on step {} (loss {} vs {})", g, s, b.loss, a.loss);
+        }
+        res.steps[static_cast<size_t>(s)] = a;
+      }
+      for (RankOut& o : outs) {
+        res.peak_bytes.push_back(o.peak);
+        res.rank_stats.push_back(std::move(o.stats));
+        res.phases.push_back(std::move(o.phases));
+      }
+    }
+    fabric.shutdown();
+  } catch (const std::exception& e) {
+    fabric.fail(e.what());
+    fabric.stop_after_failure();
+    throw;
+  }
+  fabric_owner.reset();
+  session.finalize();
+  return r;
+}
+
+template MpiRunResult<float> run_mpi<float>(const emu::EmulateSpec&, const FabricOptions&, const OnStart&);
+template MpiRunResult<double> run_mpi<double>(const emu::EmulateSpec&, const FabricOptions&, const OnStart&);
+
+}  // namespace trident::mpi
