@@ -80,6 +80,16 @@ nccl::RedOp nccl_op(ReduceOp op) {
   }
   fail("NcclCommunicator: exact_sum reached the backend (it must be lowered onto an i64 sum)");
 }
+// Polls a non-blocking communicator until its pending operation settles or the deadline passes; returns the
+// settled result (kInProgress at the deadline).
+Result settle(const nccl::Api& api, nccl::Comm c, std::chrono::milliseconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  Result st = nccl::kInProgress, r;
+  while ((r = api.comm_get_async_error(c, &st)) == nccl::kSuccess && st == nccl::kInProgress &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  return r == nccl::kSuccess ? st : r;
+}
 std::string site(std::source_location loc) {
   return fmt::format("{}:{}", std::filesystem::path(loc.file_name()).filename().string(), loc.line());
 }
@@ -109,14 +119,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::init(const nccl::Api& api, c
   TD_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, "NCCL init: rank {} of {} ranks is out of range", rank, nranks);
   nccl::Comm c = nullptr;
   Result r = api.comm_init_rank(&c, nranks, id, rank, opts.blocking ? 1 : 0);
-  if (r == nccl::kInProgress && c) {  // non-blocking init: poll until ready
-    const auto until = std::chrono::steady_clock::now() + opts.deadline;
-    Result st = nccl::kInProgress;
-    while ((r = api.comm_get_async_error(c, &st)) == nccl::kSuccess && st == nccl::kInProgress &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    if (r == nccl::kSuccess) r = st;
-  }
+  if (r == nccl::kInProgress && c) r = settle(api, c, opts.deadline);  // non-blocking init
   if (r != nccl::kSuccess) {
     const char* last = api.get_last_error(c);  // ncclGetLastError takes a null communicator
     if (c) api.comm_abort(c);
@@ -132,11 +135,7 @@ NcclCommunicator::~NcclCommunicator() {
   if (!aborted_.load()) {
     // A finalize that fails (a peer died) falls back to an abort; errors are not thrown from a destructor.
     if (api_.comm_finalize(comm_) == nccl::kSuccess) {
-      Result st = nccl::kInProgress;
-      const auto until = std::chrono::steady_clock::now() + opts_.deadline;
-      while (api_.comm_get_async_error(comm_, &st) == nccl::kSuccess && st == nccl::kInProgress &&
-             std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const Result st = settle(api_, comm_, opts_.deadline);
       if (st == nccl::kSuccess) {
         api_.comm_destroy(comm_);
         return;
@@ -293,12 +292,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key, std
   nccl::Comm c = nullptr;
   Result r = api_.comm_split(comm_, color < 0 ? nccl::kSplitNoColor : color, key, &c, opts_.blocking ? 1 : 0);
   if (r == nccl::kInProgress && c) {  // a non-blocking split completes on the child
-    const auto until = std::chrono::steady_clock::now() + opts_.deadline;
-    Result st = nccl::kInProgress;
-    while ((r = api_.comm_get_async_error(c, &st)) == nccl::kSuccess && st == nccl::kInProgress &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    if (r == nccl::kSuccess) r = st;
+    r = settle(api_, c, opts_.deadline);
     if (r != nccl::kSuccess) api_.comm_abort(c);
     if (r == nccl::kInProgress)
       raise(fmt::format("ncclCommSplit still in progress after {} ms", opts_.deadline.count()), loc);
