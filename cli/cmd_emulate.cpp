@@ -215,9 +215,11 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
               "activations): min %s, median %s, max %s (rank %lld); all ranks %s\n",
               mib(pk.front()).c_str(), mib(pk[pk.size() / 2]).c_str(), mib(pk.back()).c_str(),
               static_cast<long long>(max_rank), mib(sum).c_str());
-  const int64_t dev_peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
-  std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n", mib(dev_peak).c_str(),
-              mib(static_cast<int64_t>(est.device_bytes())).c_str());
+  if (!r.device_peak_bytes.empty()) {  // the MPI backend gathers the step's tracked peaks only
+    const int64_t dev_peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
+    std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n",
+                mib(dev_peak).c_str(), mib(static_cast<int64_t>(est.device_bytes())).c_str());
+  }
   // collectives per mesh dimension
   const CommStats tot = r.total();
   std::printf("collectives (all ranks, %lld steps)            calls        bytes\n",

@@ -33,6 +33,12 @@ CASES = [
 
 # Wall-clock numbers ("0.08s", "0.75s/step", "wall time 0.08 s (0.08 s/step)") are masked before comparing.
 TIMING = re.compile(r"\d+(?:\.\d+)?\s*(?:s/step|s\b)")
+# Resident-set sizes of the process ("peak RSS of this process: 21.84 MiB") vary between runs too.
+RSS = re.compile(r"(peak RSS[^:]*:).*")
+
+
+def mask(line):
+    return RSS.sub(r"\1 <rss>", TIMING.sub("<t>", line))
 
 
 def run(trident, root, args):
@@ -71,8 +77,8 @@ def main(argv):
             print(f"FAIL the repro line lacks {missing}")
             failures += 1
         rc2, out2 = run(trident, root, words[1:])
-        a = [TIMING.sub("<t>", l) for l in out.splitlines()]
-        b = [TIMING.sub("<t>", l) for l in out2.splitlines()]
+        a = [mask(l) for l in out.splitlines()]
+        b = [mask(l) for l in out2.splitlines()]
         if rc2 != rc or a != b:
             diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             print(f"FAIL the repro run differs (exit {rc2} vs {rc}); first different line {diff + 1}:\n"
