@@ -10,15 +10,14 @@ namespace {
 
 using namespace steptest;
 
+// The 256-rank case: `steps` AdamW steps on the given communicator.
+Case mesh256(int64_t steps, emu::CommBackend comm) {
+  return {.preset = "tiny-e64", .mesh = M(4, 1, 64, 4, 64), .chunks = 2, .recompute = true, .seqs = 4,
+          .seq_len = 256, .steps = steps, .tile = 2, .comm = comm};
+}
+
 TEST(StepLong, Mesh256_E64) {
-  const emu::EmulateSpec s = make_spec({.preset = "tiny-e64",
-                                        .mesh = M(4, 1, 64, 4, 64),
-                                        .chunks = 2,
-                                        .recompute = true,
-                                        .seqs = 4,
-                                        .seq_len = 256,
-                                        .steps = 3,
-                                        .tile = 2});
+  const emu::EmulateSpec s = make_spec(mesh256(3, emu::CommBackend::emu));
   const auto r = expect_equal<float>(s);
   // every rank ran the documented schedule
   const Counts want = expected_schedule(s);
@@ -28,16 +27,7 @@ TEST(StepLong, Mesh256_E64) {
 
 // The same mesh with the CUDA path's NcclCommunicator over the fake NCCL.
 TEST(StepLong, Mesh256_E64_FakeNccl) {
-  const emu::EmulateSpec s = make_spec({.preset = "tiny-e64",
-                                        .mesh = M(4, 1, 64, 4, 64),
-                                        .chunks = 2,
-                                        .recompute = true,
-                                        .seqs = 4,
-                                        .seq_len = 256,
-                                        .steps = 2,
-                                        .tile = 2,
-                                        .comm = emu::CommBackend::nccl_fake});
-  const auto r = expect_equal<float>(s);
+  const auto r = expect_equal<float>(make_spec(mesh256(2, emu::CommBackend::nccl_fake)));
   std::printf("256 ranks over NcclCommunicator + fake NCCL, 2 steps: %.2f s emulated\n", r.seconds);
 }
 
