@@ -41,6 +41,7 @@ struct Opts {
   int64_t seq_len = 32;
   double lr = 3e-3;
   int64_t data_seed = 7;
+  int64_t docs_per_seq = 1;
   int64_t seed = -1;  // -1: the config's
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
@@ -340,6 +341,11 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::non_negative_number());
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str()
                        ->check(cli::int_at_least(0));
+                   sub.add_option("--docs-per-seq", o->docs_per_seq,
+                                  "packed sequences: documents per sequence (cut at positions drawn from the data "
+                                  "seed; document masks, RoPE restarts; prints the attention work per rank)")
+                       ->capture_default_str()
+                       ->check(cli::positive_int());
                    sub.add_option("--seed", o->seed, "parameter init seed (default: the config's seed)")
                        ->check(cli::int_at_least(0));
                    sub.add_option("--token-chunk", o->token_chunk, "linear-CE token chunk (memory only)")
@@ -409,6 +415,7 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      if (o->data_seed < 0) fail("--data-seed must be >= 0");
                      spec.run.data_seed = static_cast<uint64_t>(o->data_seed);
                      spec.run.token_chunk = o->token_chunk;
+                     spec.run.docs_per_seq = o->docs_per_seq;
                      spec.run.validate();
                      spec.run.validate_for(spec.cfg);  // bounds and overflow-checked sizes of this model and batch
                      spec.mesh = parse_mesh(o->mesh);

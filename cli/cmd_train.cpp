@@ -30,6 +30,7 @@ struct Opts {
   double lr = 3e-3;
   int64_t seed = -1;
   int64_t data_seed = 7;
+  int64_t docs_per_seq = 1;
   int64_t token_chunk = 64;
   std::string dump;
   std::string save, resume;  // checkpoints (docs/checkpoints.md)
@@ -61,8 +62,11 @@ int run(const Opts& o, const Config& cfg) {
   rc.recompute = o.recompute;
   rc.lr = o.lr;
   rc.data_seed = static_cast<uint64_t>(o.data_seed);
+  rc.docs_per_seq = o.docs_per_seq;
   rc.validate_for(cfg);  // bounds of every run value and overflow-checked sizes of this model on this batch
   if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
+  if (!o.dump.empty() && rc.docs_per_seq > 1)
+    fail("--dump does not store document boundaries (the state dump schema has none): drop --docs-per-seq or --dump");
   if (!o.dump.empty()) golden::check_writable(o.dump);  // before training, not after it
   // Refused before any allocation when the estimate exceeds the available memory or --max-memory.
   emu::check_memory(emu::estimate_train(cfg, rc, !o.dump.empty()),
@@ -181,6 +185,11 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                        ->check(trident::cli::int_at_least(0));
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str()
                        ->check(trident::cli::int_at_least(0));
+                   sub.add_option("--docs-per-seq", o->docs_per_seq,
+                                  "packed sequences: documents per sequence, cut at positions drawn from the data "
+                                  "seed; attention stays inside a document, RoPE positions restart (docs/model.md)")
+                       ->capture_default_str()
+                       ->check(trident::cli::positive_int());
                    sub.add_option("--token-chunk", o->token_chunk,
                                   "linear-CE token chunk (memory only: results are bitwise independent of it)")
                        ->capture_default_str()

@@ -459,6 +459,10 @@ void check_resumable(const CheckpointMeta& saved, const md::Config& cfg, const m
       fail(fmt::format("checkpoint '{}' is incompatible: run setting '{}' is {} in the checkpoint, {} here (resume "
                        "with the same batch, optimizer and data settings)",
                        dir, k, ra.at(k).dump(), rb.at(k).dump()));
+  if (saved.run.docs_per_seq != run.docs_per_seq)
+    fail(fmt::format("checkpoint '{}' is incompatible: run setting 'docs_per_seq' is {} in the checkpoint, {} here "
+                     "(resume with the same batch, optimizer and data settings)",
+                     dir, saved.run.docs_per_seq, run.docs_per_seq));
 }
 
 template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const std::vector<ShardState<float>>&);

@@ -23,7 +23,7 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   st.attn = md::AttnBufs<T>{take(z.q), take(z.qc), take(z.c), take(z.kv_rinv), take(z.payload), take(z.o),
                             take(z.stats), take(z.ocat)};
   const md::AttnBufs<T>& A = st.attn;
-  K.attn_qkv_forward(pol, cfg, w, st.a1.data(), pos.data(), N, sh.rope, A, CS);
+  K.attn_qkv_forward(pol, cfg, w, st.a1.data(), rope_pos(), N, sh.rope, A, CS);
   st.kv = Buf<T>(dev, nseq * S * P, CS);
   Buf<T> gbuf(dev, S * P, CS);
   for (int64_t j = 0; j < nseq; ++j) {
@@ -32,8 +32,12 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
     mc.cp->all_gather(A.payload + r0 * P, gbuf.data(), sz(2 * ch * P), dt<T>(), CS);
     note(ph, *mc.cp, CollOp::all_gather);
     K.kv_zigzag_reorder(kv, gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
-    K.attn_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
-                        A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
+    if (packed)  // document mask: each query attends its own document's keys only
+      K.attn_doc_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch, kv, S,
+                              A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
+    else
+      K.attn_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
+                          A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
   }
   K.attn_out_forward(pol, cfg, w, N, A, y, CS);
 }
@@ -55,9 +59,14 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
     const int64_t r0 = j * 2 * ch;
     if (j > 0) dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
-    K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
-                         st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
-                         dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
+    if (packed)
+      K.attn_doc_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
+                               st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
+                               dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
+    else
+      K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+                           st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
+                           dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
     // Position order -> gather order, in place, then the exact reduce-scatter: each cp rank receives the key-side
     // sums of its own rows, unrounded.
     K.kv_zigzag_to_gather_acc(kacc, blk, cp, ch * P, CS);
@@ -85,7 +94,7 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
                                         : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
   alloc_grads(qkv_g);
-  K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), pos.data(), N, sh.rope, st.attn, dqc.data(),
+  K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(),
                       dpay.data(), rows.segs, da, CS);
   reduce_grads(qkv_g, ph);
 }

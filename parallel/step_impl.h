@@ -123,6 +123,10 @@ struct StepImpl {
   std::vector<int32_t> tokens_h, targets_h;        // host copies (EP lists, embedding slots, valid count)
   Buf<int32_t> tokens, targets;                    // (N)
   Buf<int64_t> pos;                                // (N) global positions
+  // Packed sequences (batch.doc_start non-empty): (N) each row's document start and RoPE position (pos - doc).
+  bool packed = false;
+  Buf<int64_t> docs, rpos;
+  const int64_t* rope_pos() const { return packed ? rpos.data() : pos.data(); }
   model::TokenRows rows;                           // host metadata: tile segments (rows.pos: host copy of pos)
   std::vector<int64_t> chunk_tile;  // EP chunk k holds local tiles [chunk_tile[k], chunk_tile[k+1])
   std::vector<int64_t> load;        // (L * E) local routed counts (MoE layers), host

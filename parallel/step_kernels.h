@@ -132,6 +132,14 @@ class Kernels {
   virtual void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                   const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
                                   ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) = 0;
+  // Packed sequences: the core under a document mask; qdoc (Nq) each query's document start (device memory).
+  virtual void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                     const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
+                                     Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                      const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o,
+                                      const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv, Stream s,
+                                      loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y,
                                 Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
@@ -230,6 +238,12 @@ class CpuKernels : public Kernels<T> {
   void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                           int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
                           Stream s, loc_t loc = loc_t::current()) override;
+  void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                             int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s,
+                             loc_t loc = loc_t::current()) override;
+  void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                              int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                              T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) override;
   void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
                         loc_t loc = loc_t::current()) override;
   void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts,

@@ -241,6 +241,28 @@ void CpuKernels<T>::attn_core_backward(Policy pol, const CoreDims& cd, const T* 
               }, loc);
 }
 template <class T>
+void CpuKernels<T>::attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                          const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
+                                          Stream s, loc_t loc) {
+  go(dev_, s, "attn_doc_core_forward",
+     {rd(q, Nq * cd.H * cd.Dq), rd(qdoc, Nq), rd(kv, S * cd.P), wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2)},
+     2.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=] { m::attn_doc_core_forward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats); }, loc);
+}
+template <class T>
+void CpuKernels<T>::attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                           const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o,
+                                           const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv, Stream s,
+                                           loc_t loc) {
+  go(dev_, s, "attn_doc_core_backward",
+     {rd(q, Nq * cd.H * cd.Dq), rd(qdoc, Nq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
+      rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
+     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=, sg = hold(dev_, qsegs)] {
+       m::attn_doc_core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
+     }, loc);
+}
+template <class T>
 void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts,
                                      T* y, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);

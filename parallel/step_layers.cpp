@@ -130,10 +130,12 @@ void StepImpl<T>::take_rows(const md::Batch& b) {
   rows.segs = {0};
   tokens_h.clear();
   targets_h.clear();
+  packed = !b.doc_start.empty();
   for (const TokenRange& r : ranges) {
     for (int64_t p = r.begin; p < r.end; ++p) {
       rows.seq.push_back(r.seq);
       rows.pos.push_back(p);
+      if (packed) rows.doc.push_back(b.doc_start[sz(r.seq * S + p)]);
       tokens_h.push_back(b.tokens[sz(r.seq * S + p)]);
       targets_h.push_back(b.targets[sz(r.seq * S + p)]);
       const int64_t n = static_cast<int64_t>(rows.pos.size());
@@ -146,6 +148,16 @@ void StepImpl<T>::take_rows(const md::Batch& b) {
   dev.upload(tokens.data(), tokens_h.data(), tokens.bytes(), CS);
   dev.upload(targets.data(), targets_h.data(), targets.bytes(), CS);
   dev.upload(pos.data(), rows.pos.data(), pos.bytes(), CS);
+  if (packed) {
+    const std::vector<int64_t> rp = md::rope_positions(rows);
+    docs = Buf<int64_t>(dev, N, CS);
+    rpos = Buf<int64_t>(dev, N, CS);
+    dev.upload(docs.data(), rows.doc.data(), docs.bytes(), CS);
+    dev.upload(rpos.data(), rp.data(), rpos.bytes(), CS);
+  } else {
+    docs = Buf<int64_t>();
+    rpos = Buf<int64_t>();
+  }
   const int64_t nt = static_cast<int64_t>(rows.segs.size()) - 1, n = sh.ep_chunks;
   chunk_tile.assign(sz(n + 1), 0);
   for (int64_t k = 0; k <= n; ++k) chunk_tile[sz(k)] = k * nt / n;

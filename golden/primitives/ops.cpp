@@ -367,6 +367,43 @@ void bind_attn_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, c
   b.call([&] { b.k().attn_core_backward(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s()); });
 }
 template <class T>
+void bind_attn_doc_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
+                                const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+  pol = b.pol(pol);
+  m::CoreDims cd = cd_;
+  bind_core_dims(b, cd);
+  Nq = b.i("Nq", Nq), S = b.i("S", S);
+  q = b.in("q", q, {Nq, cd.H * cd.Dq});
+  qpos = b.in("qpos", qpos, {Nq});
+  qdoc = b.in("qdoc", qdoc, {Nq});
+  kv = b.in("kv", kv, {S, cd.P});
+  o = b.out("o", o, {Nq, cd.H * cd.Dv});
+  stats = b.out("stats", stats, {Nq, cd.H * 2});
+  b.call([&] { b.k().attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, b.s()); });
+}
+template <class T>
+void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
+                                 const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                                 const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv) {
+  pol = b.pol(pol);
+  m::CoreDims cd = cd_;
+  bind_core_dims(b, cd);
+  Nq = b.i("Nq", Nq), S = b.i("S", S);
+  qsegs = b.host("qsegs", qsegs);
+  q = b.in("q", q, {Nq, cd.H * cd.Dq});
+  qpos = b.in("qpos", qpos, {Nq});
+  qdoc = b.in("qdoc", qdoc, {Nq});
+  kv = b.in("kv", kv, {S, cd.P});
+  o = b.in("o", o, {Nq, cd.H * cd.Dv});
+  stats = b.in("stats", stats, {Nq, cd.H * 2});
+  dO = b.in("dO", dO, {Nq, cd.H * cd.Dv});
+  dq = b.out("dq", dq, {Nq, cd.H * cd.Dq});
+  dkv = b.acc("dkv", dkv, {S, cd.P});
+  b.call([&] {
+    b.k().attn_doc_core_backward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s());
+  });
+}
+template <class T>
 void bind_attn_out_forward(Binder<T>& b, Policy pol, const m::Config& cfg_, const m::AttnW<T>& W_, int64_t N,
                            const m::AttnBufs<T>& acts_, T* y) {
   pol = b.pol(pol);
@@ -558,6 +595,10 @@ const std::map<std::string, OpEntry<T>>& op_table() {
     t["attn_core_forward"] = OpEntry<T>{[z](Binder<T>& b) { bind_attn_core_forward<T>(b, z, z, z, z, z, z, z, z, z); }};
     t["attn_core_backward"] = OpEntry<T>{
         [z](Binder<T>& b) { bind_attn_core_backward<T>(b, z, z, z, z, z, z, z, z, z, z, z, z, z); }};
+    t["attn_doc_core_forward"] =
+        OpEntry<T>{[z](Binder<T>& b) { bind_attn_doc_core_forward<T>(b, z, z, z, z, z, z, z, z, z, z); }};
+    t["attn_doc_core_backward"] = OpEntry<T>{
+        [z](Binder<T>& b) { bind_attn_doc_core_backward<T>(b, z, z, z, z, z, z, z, z, z, z, z, z, z, z); }};
     t["attn_out_forward"] = OpEntry<T>{[z](Binder<T>& b) { bind_attn_out_forward<T>(b, z, z, z, z, z, z); }};
     t["attn_out_backward"] = OpEntry<T>{[z](Binder<T>& b) { bind_attn_out_backward<T>(b, z, z, z, z, z, z, z, z, z); }};
     t["attn_qkv_backward"] = OpEntry<T>{
@@ -775,6 +816,17 @@ class RecordingKernels final : public Kernels<T> {
     TD_REC(attn_core_backward, pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
     in_->attn_core_backward(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, s, loc);
   }
+  void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                             int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s, loc_t loc) override {
+    TD_REC(attn_doc_core_forward, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats);
+    in_->attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, s, loc);
+  }
+  void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                              int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                              T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
+    TD_REC(attn_doc_core_backward, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+    in_->attn_doc_core_backward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, s, loc);
+  }
   void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
                         loc_t loc) override {
     TD_REC(attn_out_forward, pol, cfg, W, N, acts, y);
@@ -973,6 +1025,17 @@ class PerturbedKernels final : public Kernels<T> {
   void kv_zigzag_to_gather_acc(ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block, Stream s,
                                loc_t loc) override {
     in_->kv_zigzag_to_gather_acc(x, scratch, cp, block, s, loc);
+  }
+  void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                             int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s, loc_t loc) override {
+    in_->attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, s, loc);
+    flip("attn_doc_core_forward", o, Nq * cd.H * cd.Dv, s);
+  }
+  void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                              int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                              T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
+    in_->attn_doc_core_backward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, s, loc);
+    flip("attn_doc_core_backward", dq, Nq * cd.H * cd.Dq, s);
   }
   void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                          int64_t S, T* o, T* stats, Stream s, loc_t loc) override {

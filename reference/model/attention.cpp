@@ -97,13 +97,27 @@ inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_
 
 }  // namespace
 
+namespace {
+
+// Query r's first key: its document's start (packed sequences) or 0.
+inline int64_t first_key(const int64_t* qdoc, int64_t r) { return qdoc ? qdoc[r] : 0; }
+
+void check_queries(const int64_t* qpos, const int64_t* qdoc, int64_t Nq, int64_t S) {
+  for (int64_t r = 0; r < Nq; ++r) {
+    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+    if (qdoc)
+      TD_CHECK(qdoc[r] >= 0 && qdoc[r] <= qpos[r], "attention: document start {} of the query at position {} is "
+               "outside [0, {}]", qdoc[r], qpos[r], qpos[r]);
+  }
+}
+
+// The core forward; qdoc null: causal over the whole sequence (keys 0..qpos), else keys qdoc..qpos.
 template <class T>
-void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
-                       int64_t S, T* o, T* stats) {
+void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                  const T* kv, int64_t S, T* o, T* stats) {
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
-  for (int64_t r = 0; r < Nq; ++r)
-    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+  check_queries(qpos, qdoc, Nq, S);
   std::vector<T> qb, kb;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
   const T* kr = operand(pol, kv, S * P, kb);
@@ -115,24 +129,24 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
   std::vector<T> s(static_cast<size_t>(S));  // per thread, reused by every row (rows use s[0, np))
 #pragma omp for schedule(dynamic, 4)
   for (int64_t r = 0; r < Nq; ++r) {
-    const int64_t np = qpos[r] + 1;
+    const int64_t np = qpos[r] + 1, j0 = first_key(qdoc, r);  // keys [j0, np)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / hpg;
       const T* qh = qr + (r * H + h) * Dq;
-      dots_t(s.data(), qh, kT.data() + g * Dq * S, Dq, S, np);
+      dots_t(s.data() + j0, qh, kT.data() + g * Dq * S + j0, Dq, S, np - j0);
       T m = T(0);
-      for (int64_t j = 0; j < np; ++j) {
+      for (int64_t j = j0; j < np; ++j) {
         s[j] = s[j] * sc;
-        if (j == 0 || s[j] > m) m = s[j];
+        if (j == j0 || s[j] > m) m = s[j];
       }
       T l = T(0);
-      for (int64_t j = 0; j < np; ++j) {
+      for (int64_t j = j0; j < np; ++j) {
         s[j] = dm::exp(s[j] - m);
         l = l + s[j];
       }
       T* oh = o + (r * H + h) * Dv;
       for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
-      for (int64_t j = 0; j < np; ++j) {
+      for (int64_t j = j0; j < np; ++j) {
         const T p = op1(pol, s[j] / l);
         const T* v = kr + j * P + cd.val_base + g * Dv;
         axpy(oh, p, v, Dv);
@@ -145,15 +159,14 @@ void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t
 }
 
 template <class T>
-void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
-                        int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
-                        ExactAcc<T>* dkv) {
+void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                   const T* kv, int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs,
+                   T* dq, ExactAcc<T>* dkv) {
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
            "attn_core_backward: query segments must cover rows [0, {})", Nq);
-  for (int64_t r = 0; r < Nq; ++r)
-    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+  check_queries(qpos, qdoc, Nq, S);
   std::vector<T> qb, kb, db;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);
   const T* kr = operand(pol, kv, S * P, kb);
@@ -164,8 +177,8 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
   for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
     const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
     if (nr == 0) continue;
-    int64_t nk = 0;  // keys touched by this tile: 0..max position
-    for (int64_t r = r0; r < r1; ++r) nk = std::max(nk, qpos[r] + 1);
+    int64_t nk = 0, k0 = S;  // keys touched by this tile: [k0, nk), k0 the smallest first key (0 when causal)
+    for (int64_t r = r0; r < r1; ++r) nk = std::max(nk, qpos[r] + 1), k0 = std::min(k0, first_key(qdoc, r));
     pbuf.assign(static_cast<size_t>(nr * H * nk), T(0));   // (nr, H, nk) p_j (bf16: rounded)
     dsbuf.assign(static_cast<size_t>(nr * H * nk), T(0));  // (nr, H, nk) dsc_j (bf16: rounded)
     // Per (row, head): probabilities, dsc, and dq (per-query reduction over keys, ascending).
@@ -175,7 +188,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     std::vector<T> sv(static_cast<size_t>(nk)), dpv(static_cast<size_t>(nk));  // per thread; rows use [0, np)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t np = qpos[r] + 1;
+      const int64_t np = qpos[r] + 1, j0 = first_key(qdoc, r);  // keys [j0, np); p = dsc = 0 outside
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / hpg;
         const T* qh = qr + (r * H + h) * Dq;
@@ -185,9 +198,9 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
         const T D = dot(doh, o + (r * H + h) * Dv, Dv);
         T* pp = pbuf.data() + ((r - r0) * H + h) * nk;
         T* dd = dsbuf.data() + ((r - r0) * H + h) * nk;
-        dots_t(sv.data(), qh, kT.data() + g * Dq * S, Dq, S, np);
-        dots_t(dpv.data(), dohr, vT.data() + g * Dv * S, Dv, S, np);
-        for (int64_t j = 0; j < np; ++j) {
+        dots_t(sv.data() + j0, qh, kT.data() + g * Dq * S + j0, Dq, S, np - j0);
+        dots_t(dpv.data() + j0, dohr, vT.data() + g * Dv * S + j0, Dv, S, np - j0);
+        for (int64_t j = j0; j < np; ++j) {
           const T s = sv[j] * sc;
           const T p = dm::exp(s - m) / l;
           const T dp = dpv[j];
@@ -196,7 +209,7 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
         }
         T* dqh = dq + (r * H + h) * Dq;
         for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
-        for (int64_t j = 0; j < np; ++j) {
+        for (int64_t j = j0; j < np; ++j) {
           const T* k = kr + j * P + g * Dq;
           axpy(dqh, dd[j], k, Dq);
         }
@@ -209,10 +222,10 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     {
     std::vector<T> part(static_cast<size_t>(P));  // per thread, zeroed per key
 #pragma omp for schedule(static)
-    for (int64_t j = 0; j < nk; ++j) {
+    for (int64_t j = k0; j < nk; ++j) {
       std::fill(part.begin(), part.end(), T(0));
       for (int64_t r = r0; r < r1; ++r) {
-        if (j > qpos[r]) continue;  // masked: no term
+        if (j > qpos[r] || j < first_key(qdoc, r)) continue;  // masked: no term
         for (int64_t h = 0; h < H; ++h) {
           const int64_t g = h / hpg;
           const T ds = dsbuf[((r - r0) * H + h) * nk + j];
@@ -230,6 +243,41 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
     }
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                       int64_t S, T* o, T* stats) {
+  core_forward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats);
+}
+template <class T>
+void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                        int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
+                        ExactAcc<T>* dkv) {
+  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+}
+template <class T>
+void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                           int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+  TD_CHECK(qdoc != nullptr, "attn_doc_core_forward: no document starts");
+  core_forward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats);
+}
+template <class T>
+void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                            int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                            std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
+  TD_CHECK(qdoc != nullptr, "attn_doc_core_backward: no document starts");
+  core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+}
+
+std::vector<int64_t> rope_positions(const TokenRows& rows) {
+  if (rows.doc.empty()) return rows.pos;
+  TD_CHECK_EQ(rows.doc.size(), rows.pos.size(), "rope_positions: one document start per row");
+  std::vector<int64_t> rp(rows.pos.size());
+  for (size_t i = 0; i < rp.size(); ++i) rp[i] = rows.pos[i] - rows.doc[i];
+  return rp;
 }
 
 // ---- activations ----------------------------------------------------------------------------------------------
@@ -394,13 +442,17 @@ void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T
   const CoreDims cd = CoreDims::from(cfg);
   attn_acts_size<T>(cfg, N, acts);
   const AttnBufs<T> A = acts.bufs();
-  attn_qkv_forward<T>(pol, cfg, W, a, rows.pos.data(), N, rope, A);
+  const std::vector<int64_t> rpos = rope_positions(rows);
+  attn_qkv_forward<T>(pol, cfg, W, a, rpos.data(), N, rope, A);
   for (const auto& run : rows.sequence_runs()) {
     check_run(rows, run);
-    const int64_t S = run.end - run.begin;
-    attn_core_forward<T>(pol, cd, A.qc + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
-                         A.payload + run.begin * cd.P, S, A.o + run.begin * cd.H * cd.Dv,
-                         A.stats + run.begin * cd.H * 2);
+    const int64_t S = run.end - run.begin, b = run.begin;
+    if (rows.doc.empty())
+      attn_core_forward<T>(pol, cd, A.qc + b * cd.H * cd.Dq, rows.pos.data() + b, S, A.payload + b * cd.P, S,
+                           A.o + b * cd.H * cd.Dv, A.stats + b * cd.H * 2);
+    else
+      attn_doc_core_forward<T>(pol, cd, A.qc + b * cd.H * cd.Dq, rows.pos.data() + b, rows.doc.data() + b, S,
+                               A.payload + b * cd.P, S, A.o + b * cd.H * cd.Dv, A.stats + b * cd.H * 2);
   }
   attn_out_forward<T>(pol, cfg, W, N, A, y);
 }
@@ -421,16 +473,22 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
     const int64_t S = run.end - run.begin;
     const std::vector<int64_t> qsegs = rows.segs_in(run.begin, run.end);
     acc.assign(static_cast<size_t>(S * cd.P), ExactAcc<T>());
-    attn_core_backward<T>(pol, cd, A.qc + run.begin * cd.H * cd.Dq, rows.pos.data() + run.begin, S,
-                          A.payload + run.begin * cd.P, S, A.o + run.begin * cd.H * cd.Dv,
-                          A.stats + run.begin * cd.H * 2, dO.data() + run.begin * cd.H * cd.Dv, qsegs,
-                          dqc.data() + run.begin * cd.H * cd.Dq, acc.data());
+    const int64_t b = run.begin;
+    if (rows.doc.empty())
+      attn_core_backward<T>(pol, cd, A.qc + b * cd.H * cd.Dq, rows.pos.data() + b, S, A.payload + b * cd.P, S,
+                            A.o + b * cd.H * cd.Dv, A.stats + b * cd.H * 2, dO.data() + b * cd.H * cd.Dv, qsegs,
+                            dqc.data() + b * cd.H * cd.Dq, acc.data());
+    else
+      attn_doc_core_backward<T>(pol, cd, A.qc + b * cd.H * cd.Dq, rows.pos.data() + b, rows.doc.data() + b, S,
+                                A.payload + b * cd.P, S, A.o + b * cd.H * cd.Dv, A.stats + b * cd.H * 2,
+                                dO.data() + b * cd.H * cd.Dv, qsegs, dqc.data() + b * cd.H * cd.Dq, acc.data());
     {
       ReductionSection timer;
       exact_round<T>(acc.data(), dpay.data() + run.begin * cd.P, S * cd.P);  // the single rounding of the key side
     }
   }
-  attn_qkv_backward<T>(pol, cfg, W, G, a, rows.pos.data(), N, rope, A, dqc.data(), dpay.data(), rows.segs, da);
+  const std::vector<int64_t> rpos = rope_positions(rows);
+  attn_qkv_backward<T>(pol, cfg, W, G, a, rpos.data(), N, rope, A, dqc.data(), dpay.data(), rows.segs, da);
 }
 
 #define TD_ATTN(T)                                                                                                 \
@@ -439,6 +497,11 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,        \
                                       int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,         \
                                       ExactAcc<T>*);                                                               \
+  template void attn_doc_core_forward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*, int64_t, \
+                                         const T*, int64_t, T*, T*);                                               \
+  template void attn_doc_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*,       \
+                                          int64_t, const T*, int64_t, const T*, const T*, const T*,                \
+                                          std::span<const int64_t>, T*, ExactAcc<T>*);                             \
   template void attn_acts_size<T>(const Config&, int64_t, AttnActs<T>&);                                           \
   template void attn_qkv_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const int64_t*, int64_t,     \
                                     const RopeTable<T>&, const AttnBufs<T>&);                                      \

@@ -51,6 +51,20 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
                         int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
                         ExactAcc<T>* dkv);
 
+// Packed sequences (docs/model.md "Packed sequences"): the core under a document mask. qdoc (Nq): the global
+// position of each query's document start (0 <= qdoc[r] <= qpos[r]); query r attends keys j in [qdoc[r], qpos[r]]
+// only, ascending, with attn_core_forward/backward's arithmetic over that range (so qdoc = 0 everywhere gives their
+// bits). Backward: a key outside every row's range receives no term (its accumulator is left as it was).
+template <class T>
+void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                           int64_t Nq, const T* kv, int64_t S, T* o /*(Nq,H,Dv)*/, T* stats /*(Nq,H,2)*/);
+template <class T>
+void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                            int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                            std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv);
+// The RoPE position of each row: pos - doc (positions restart in every document) or pos (one document).
+std::vector<int64_t> rope_positions(const TokenRows& rows);
+
 template <class T>
 struct AttnW {  // pointers into (gathered) weights; unused ones null
   const T *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;             // GQA (wq, wo also MLA)

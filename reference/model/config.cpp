@@ -30,6 +30,7 @@ class Reader {
     seen_.insert(key);
     return j_.at(key);
   }
+  bool has(const std::string& key) const { return j_.contains(key); }
   int64_t i64(const std::string& key) {
     const json& v = get(key);
     if (!v.is_number_integer())
@@ -395,6 +396,10 @@ void RunConfig::validate() const {
   req(max_grad_norm > 0 && std::isfinite(max_grad_norm),
       fmt::format("max_grad_norm must be finite and > 0 (got {})", max_grad_norm));
   bounded(kRun, "max_grad_norm", max_grad_norm, limits::max_grad_norm);
+  req(docs_per_seq >= 1, fmt::format("docs_per_seq must be >= 1 (got {})", docs_per_seq));
+  req(docs_per_seq <= seq_len,
+      fmt::format("docs_per_seq {} exceeds seq_len {} (each document holds at least one token): use --docs-per-seq {}",
+                  docs_per_seq, seq_len, seq_len));
 }
 
 void RunConfig::validate_for(const Config& m) const {
@@ -431,10 +436,12 @@ void RunConfig::validate_for(const Config& m) const {
 }
 
 json RunConfig::to_json() const {
-  return json{{"sequences", sequences}, {"seq_len", seq_len}, {"steps", steps},     {"token_chunk", token_chunk},
+  json j{{"sequences", sequences}, {"seq_len", seq_len}, {"steps", steps},     {"token_chunk", token_chunk},
               {"recompute", recompute}, {"lr", lr},           {"beta1", beta1},     {"beta2", beta2},
               {"eps", eps},             {"weight_decay", weight_decay}, {"max_grad_norm", max_grad_norm},
               {"data_seed", data_seed}};
+  if (docs_per_seq != 1) j["docs_per_seq"] = docs_per_seq;  // optional key: absent = one document per sequence
+  return j;
 }
 
 RunConfig RunConfig::from_json(const json& j) {
@@ -452,6 +459,7 @@ RunConfig RunConfig::from_json(const json& j) {
   c.weight_decay = r.f64("weight_decay");
   c.max_grad_norm = r.f64("max_grad_norm");
   c.data_seed = r.u64("data_seed");
+  if (r.has("docs_per_seq")) c.docs_per_seq = r.i64("docs_per_seq");
   r.finish();
   c.validate();
   return c;

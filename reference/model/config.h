@@ -109,7 +109,7 @@ struct Config {
   static std::vector<std::string> preset_names();
 };
 
-// How one run uses the model (not model config). All keys required in from_json.
+// How one run uses the model (not model config). All keys required in from_json except docs_per_seq.
 struct RunConfig {
   int64_t sequences = 4;     // B sequences per step
   int64_t seq_len = 32;      // S tokens per sequence
@@ -118,6 +118,9 @@ struct RunConfig {
   bool recompute = false;    // full recompute: keep each layer's input only
   double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, max_grad_norm = 1.0;
   uint64_t data_seed = 7;    // synthetic data
+  // Packed sequences: documents per sequence (synthetic_batch cuts each sequence at docs_per_seq-1 distinct
+  // positions drawn from data_seed; 1 = one document per sequence, the default). Optional in JSON.
+  int64_t docs_per_seq = 1;
   void validate() const;
   // validate() plus the sizes this run derives from `model` (tokens per step, the widest activation, the
   // linear-CE chunk), computed with overflow checks and bounded by limits::tokens / limits::activation.

@@ -128,6 +128,17 @@ void validate_batch(const Config& cfg, const Batch& b) {
       fail(fmt::format("batch: target {} at (sequence {}, position {}) is out of range [0, {}) and not -100",
                        b.targets[i], static_cast<int64_t>(i) / b.S, static_cast<int64_t>(i) % b.S, cfg.vocab));
   }
+  if (b.doc_start.empty()) return;
+  if (b.doc_start.size() != n)
+    fail(fmt::format("batch: doc_start must hold {} x {} = {} values or none (got {})", b.B, b.S, n,
+                     b.doc_start.size()));
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t p = static_cast<int64_t>(i) % b.S, ds = b.doc_start[i];
+    if (ds != p && (p == 0 || ds != b.doc_start[i - 1]))
+      fail(fmt::format("batch: doc_start {} at (sequence {}, position {}) is neither the position itself nor the "
+                       "previous token's document start (documents are runs of consecutive positions)",
+                       ds, static_cast<int64_t>(i) / b.S, p));
+  }
 }
 
 namespace {
@@ -147,7 +158,8 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
   check_policy<T>(cfg);
   validate_batch(cfg, batch);
   const Policy pol = cfg.policy;
-  const TokenRows rows = TokenRows::contiguous(batch.B, batch.S, cfg.tile);
+  TokenRows rows = TokenRows::contiguous(batch.B, batch.S, cfg.tile);
+  rows.doc = batch.doc_start;  // contiguous rows are in (sequence, position) order, as doc_start
   const int64_t N = rows.n, d = cfg.d_model, L = cfg.layers, V = cfg.vocab;
   const RopeTable<T> rope = rope_table<T>(batch.S, cfg.rope_width(), cfg.rope_theta);
   const bool store = grads != nullptr && !opt.recompute;

@@ -59,6 +59,9 @@ void layer_backward(Policy pol, const Config& cfg, const LayerW<T>& W, const Lay
 struct Batch {
   int64_t B = 0, S = 0;
   std::vector<int32_t> tokens, targets;  // (B, S)
+  // Packed sequences (docs/model.md "Packed sequences"): (B, S) position of the first token of each token's
+  // document, so doc_start[b, p] is p or doc_start[b, p-1]; empty = one document per sequence.
+  std::vector<int64_t> doc_start;
 };
 
 template <class T>

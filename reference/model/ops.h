@@ -28,6 +28,9 @@ struct TokenRows {
   std::vector<int64_t> seq;   // (N)
   std::vector<int64_t> pos;   // (N)
   std::vector<int64_t> segs;  // (n_tiles + 1), segs[0] = 0, segs.back() = N
+  // Packed sequences: (N) global position of the first token of the row's document (attention masks keys outside
+  // [doc, pos]; RoPE uses pos - doc). Empty: one document per sequence (doc = 0 for every row).
+  std::vector<int64_t> doc;
   // B whole sequences of S tokens, sequence-major; tiles of T positions (the last of a sequence may be short).
   static TokenRows contiguous(int64_t B, int64_t S, int64_t T);
   // Runs of rows that belong to one sequence: [(seq, row_begin, row_end)], in row order.

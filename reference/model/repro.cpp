@@ -24,6 +24,7 @@ void add_run_flags(ReproLine& r, const RunConfig& run) {
   r.opt_if("--seq-len", run.seq_len, d.seq_len);
   r.opt_if("--lr", run.lr, d.lr);
   r.opt_if("--data-seed", run.data_seed, d.data_seed);
+  r.opt_if("--docs-per-seq", run.docs_per_seq, d.docs_per_seq);
   r.opt_if("--token-chunk", run.token_chunk, d.token_chunk);
   r.flag("--recompute", run.recompute);
 }

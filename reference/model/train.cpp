@@ -1,12 +1,57 @@
 #include "reference/model/train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <type_traits>
 
 #include "reference/check.h"
+#include "reference/model/linear_ce.h"
 
 namespace trident::model {
+
+namespace {
+
+// Packed sequences: cuts each sequence of b into k documents at k-1 distinct positions of [1, S) (a partial
+// Fisher-Yates draw from the data seed, per step and sequence), so document lengths are random (length-1 documents
+// included). Each document after the first restarts the chain at a hashed token; the last token of every document
+// but the sequence's last has target -100 (no prediction crosses a document boundary).
+void pack_documents(Batch& b, const std::vector<int32_t>& pi, uint64_t data_seed, int64_t step, int64_t k) {
+  const int64_t V = static_cast<int64_t>(pi.size());
+  const int64_t S = b.S;
+  b.doc_start.assign(static_cast<size_t>(b.B * S), 0);
+  std::vector<int64_t> cand(static_cast<size_t>(S - 1));
+  for (int64_t s = 0; s < b.B; ++s) {
+    const uint64_t stream = hash3(0xd0c5, 1 + static_cast<uint64_t>(step), static_cast<uint64_t>(s));
+    std::iota(cand.begin(), cand.end(), int64_t{1});
+    for (int64_t i = 0; i < k - 1; ++i) {
+      const int64_t j = i + static_cast<int64_t>(hash3(data_seed, stream, static_cast<uint64_t>(i)) %
+                                                 static_cast<uint64_t>(S - 1 - i));
+      std::swap(cand[static_cast<size_t>(i)], cand[static_cast<size_t>(j)]);
+    }
+    std::vector<int64_t> cuts(cand.begin(), cand.begin() + (k - 1));
+    std::sort(cuts.begin(), cuts.end());
+    const size_t row0 = static_cast<size_t>(s * S);
+    // Tokens: the chain t_{p+1} = pi(t_p), restarted at each cut.
+    int64_t ds = 0;
+    size_t ci = 0;
+    for (int64_t p = 0; p < S; ++p) {
+      if (ci < cuts.size() && cuts[ci] == p) {
+        ds = p;
+        ++ci;
+        b.tokens[row0 + p] = static_cast<int32_t>(hash3(data_seed, stream ^ 0x5eed, static_cast<uint64_t>(ci)) %
+                                                  static_cast<uint64_t>(V));
+      } else if (p > 0) {
+        b.tokens[row0 + p] = b.targets[row0 + p - 1];
+      }
+      b.doc_start[row0 + p] = ds;
+      b.targets[row0 + p] = pi[static_cast<size_t>(b.tokens[row0 + p])];
+      if (ci < cuts.size() && cuts[ci] == p + 1) b.targets[row0 + p] = kIgnoreIndex;
+    }
+  }
+}
+
+}  // namespace
 
 Batch synthetic_batch(const Config& cfg, const RunConfig& run, int64_t step) {
   const int64_t V = cfg.vocab;
@@ -31,6 +76,7 @@ Batch synthetic_batch(const Config& cfg, const RunConfig& run, int64_t step) {
       b.targets[static_cast<size_t>(s * b.S + p)] = t;
     }
   }
+  if (run.docs_per_seq > 1) pack_documents(b, pi, run.data_seed, step, run.docs_per_seq);
   return b;
 }
 
