@@ -94,6 +94,15 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
               static_cast<long long>(spec.run.seq_len), static_cast<long long>(m.cp),
               static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1) * spec.run.seq_len / m.cp),
               static_cast<long long>(spec.ep_chunks), spec.run.recompute ? ", full recompute" : "");
+  if (spec.run.docs_per_seq > 1) {  // packed sequences: the document masks' load balance over the ranks
+    const AttentionWork aw = attention_work(m, spec.run.sequences, spec.run.seq_len,
+                                            model::synthetic_batch(c, spec.run, spec.first_step).doc_start);
+    std::printf("packed sequences: %lld documents per sequence; attention work per rank (query-key pairs per layer, "
+                "first step): mean %.1f, max %lld (rank %lld), max/mean %.3f (one document per sequence: %.3f)\n",
+                static_cast<long long>(spec.run.docs_per_seq), aw.mean, static_cast<long long>(aw.max),
+                static_cast<long long>(aw.argmax), aw.max_over_mean(),
+                attention_work(m, spec.run.sequences, spec.run.seq_len, {}).max_over_mean());
+  }
   const VocabSlices vs =
       vocab_slices(c.vocab, c.vocab_chunk, m.fsdp * m.cp, spec.vocab_slices);
   int64_t hw = 0, er = 0;

@@ -82,6 +82,26 @@ std::vector<TokenRange> local_tokens(const MeshShape& m, int64_t rank, int64_t s
   return out;
 }
 
+AttentionWork attention_work(const MeshShape& m, int64_t sequences, int64_t seq_len,
+                             const std::vector<int64_t>& doc_start) {
+  TD_CHECK(doc_start.empty() || static_cast<int64_t>(doc_start.size()) == sequences * seq_len,
+           "attention_work: {} document starts for {} x {} tokens", doc_start.size(), sequences, seq_len);
+  AttentionWork w;
+  const int64_t W = m.world();
+  w.per_rank.assign(static_cast<size_t>(W), 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < W; ++r) {
+    int64_t& n = w.per_rank[static_cast<size_t>(r)];
+    for (const TokenRange& t : local_tokens(m, r, sequences, seq_len))
+      for (int64_t p = t.begin; p < t.end; ++p)
+        n += p + 1 - (doc_start.empty() ? 0 : doc_start[static_cast<size_t>(t.seq * seq_len + p)]);
+    if (n > w.max) w.max = n, w.argmax = r;
+    total += n;
+  }
+  w.mean = static_cast<double>(total) / static_cast<double>(W);
+  return w;
+}
+
 int64_t ShardSpec::begin_row(int64_t i) const { return std::min(i * rows_per_shard(), rows); }
 int64_t ShardSpec::end_row(int64_t i) const { return std::min((i + 1) * rows_per_shard(), rows); }
 

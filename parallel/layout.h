@@ -42,6 +42,19 @@ struct TokenRange {
 // 2cp-1-c. Concatenating the ranges gives the rank's rows.
 std::vector<TokenRange> local_tokens(const MeshShape& m, int64_t rank, int64_t sequences, int64_t seq_len);
 
+// ---- Packed sequences: attention work per rank ---------------------------------------------------------------
+// The query-key pairs a rank's local queries score in one layer's attention core: the sum over its local rows of
+// pos - doc_start + 1 (doc_start: (sequences, seq_len) document starts of the batch, model::Batch::doc_start; empty:
+// one document per sequence, pos + 1). Zig-zag balances whole-sequence causal work exactly; document masks do not.
+struct AttentionWork {
+  std::vector<int64_t> per_rank;  // (world)
+  int64_t max = 0, argmax = 0;    // the busiest rank (the lowest such rank)
+  double mean = 0;
+  double max_over_mean() const { return mean > 0 ? static_cast<double>(max) / mean : 1.0; }
+};
+AttentionWork attention_work(const MeshShape& m, int64_t sequences, int64_t seq_len,
+                             const std::vector<int64_t>& doc_start);
+
 // ---- Parameter shards: per-parameter dim-0 shards with padding --------------------------------------------
 // A parameter of dim-0 size `rows` (and `row_elems` elements per row) over n shards: rows_per_shard =
 // ceil(rows / n); shard i holds rows [i*rps, min((i+1)*rps, rows)), padded with zeros to rps rows.
