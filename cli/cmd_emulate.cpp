@@ -42,6 +42,7 @@ struct Opts {
   double lr = 3e-3;
   int64_t data_seed = 7;
   int64_t docs_per_seq = 1;
+  int64_t nvl = 0;    // 0: not given (8 for a 2D-CP mesh)
   int64_t seed = -1;  // -1: the config's
   int64_t token_chunk = 64;
   int64_t experts = 0, top_k = 0, tile = 0, layers = 0, vocab_chunk = 0;
@@ -350,6 +351,10 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(cli::non_negative_number());
                    sub.add_option("--data-seed", o->data_seed, "synthetic data seed")->capture_default_str()
                        ->check(cli::int_at_least(0));
+                   sub.add_option("--nvl", o->nvl,
+                                  "GPUs per NVLink domain for a 2D-CP mesh (--mesh ...,cp_inner=k: k <= this); "
+                                  "default 8")
+                       ->check(cli::positive_int());
                    sub.add_option("--docs-per-seq", o->docs_per_seq,
                                   "packed sequences: documents per sequence (cut at positions drawn from the data "
                                   "seed; document masks, RoPE restarts; prints the attention work per rank)")
@@ -428,6 +433,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.run.validate();
                      spec.run.validate_for(spec.cfg);  // bounds and overflow-checked sizes of this model and batch
                      spec.mesh = parse_mesh(o->mesh);
+                     if (o->nvl > 0 && !spec.mesh.cp_2d()) fail("--nvl needs a 2D-CP mesh (--mesh ...,cp_inner=k)");
+                     spec.nvl = o->nvl > 0 ? o->nvl : 8;
                      spec.ep_chunks = o->chunks;
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
@@ -447,7 +454,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                                     .sequences = spec.run.sequences,
                                                     .seq_len = spec.run.seq_len,
                                                     .tile = spec.cfg.tile,
-                                                    .ep_chunks = spec.ep_chunks});
+                                                    .ep_chunks = spec.ep_chunks,
+                                                    .nvl = spec.nvl});
                      if (spec.cfg.policy == Policy::fp64) return run<double>(*o, spec);
                      return run<float>(*o, spec);
                    };

@@ -28,6 +28,7 @@ std::string EmulateSpec::repro(bool check_reference) const {
   ReproLine r("trident emulate");
   md::add_model_flags(r, preset, config_path, cfg);
   r.opt("--mesh", mesh.spec());
+  if (mesh.cp_2d()) r.opt_if("--nvl", nvl, 8);
   md::add_run_flags(r, run);
   r.opt_if("--chunks", ep_chunks, 1);
   r.opt_if("--vocab-slices", vocab_slices, 0);

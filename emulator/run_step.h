@@ -35,6 +35,7 @@ struct EmulateSpec {
   MeshShape mesh;
   int64_t ep_chunks = 1;
   int64_t vocab_slices = 0;     // see StepShared::vocab_slices (0: one per vocab chunk)
+  int64_t nvl = 8;              // GPUs per NVLink domain: bounds mesh.cp_inner (2D CP; `emulate --nvl`)
   std::vector<model::Batch> batches;  // one per step; empty: synthetic_batch(cfg, run, first_step + step)
   int64_t first_step = 0;       // synthetic data position: a run resumed after n steps starts at n
   // Initial values replacing ParamSet::init's for named tensors (e.g. router biases that force routing);

@@ -10,11 +10,15 @@
 namespace trident {
 
 std::string MeshShape::str() const {
-  return fmt::format("(d_rep,fsdp,cp)x(e_fsdp,ep) = ({},{},{})x({},{})", d_rep, fsdp, cp, e_fsdp, ep);
+  std::string s = fmt::format("(d_rep,fsdp,cp)x(e_fsdp,ep) = ({},{},{})x({},{})", d_rep, fsdp, cp, e_fsdp, ep);
+  if (cp_inner != 1) s += fmt::format(", cp_inner {}", cp_inner);
+  return s;
 }
 
 std::string MeshShape::spec() const {
-  return fmt::format("d_rep={},fsdp={},cp={},e_fsdp={},ep={}", d_rep, fsdp, cp, e_fsdp, ep);
+  std::string s = fmt::format("d_rep={},fsdp={},cp={},e_fsdp={},ep={}", d_rep, fsdp, cp, e_fsdp, ep);
+  if (cp_inner != 1) s += fmt::format(",cp_inner={}", cp_inner);
+  return s;
 }
 
 MeshShape parse_mesh(const std::string& spec) {
@@ -49,7 +53,8 @@ MeshShape parse_mesh(const std::string& spec) {
     else if (key == "cp") m.cp = v;
     else if (key == "e_fsdp") m.e_fsdp = v;
     else if (key == "ep") m.ep = v;
-    else fail(fmt::format("mesh: unknown key '{}' (expected d_rep, fsdp, cp, e_fsdp, ep)", key));
+    else if (key == "cp_inner") m.cp_inner = v;
+    else fail(fmt::format("mesh: unknown key '{}' (expected d_rep, fsdp, cp, e_fsdp, ep, cp_inner)", key));
   }
   if (m.d_rep * m.fsdp * m.cp > kMaxMeshDim || m.e_fsdp * m.ep > kMaxMeshDim)
     fail(fmt::format("mesh: world size {} exceeds {}", std::max(m.d_rep * m.fsdp * m.cp, m.e_fsdp * m.ep),
@@ -131,6 +136,7 @@ const char* rule_text(LayoutRule r) {
     case LayoutRule::zigzag: return "seq_len % (2*cp) == 0";
     case LayoutRule::tile: return "(seq_len / (2*cp)) % tile == 0";
     case LayoutRule::ep_chunks: return "1 <= ep_chunks <= local tiles";
+    case LayoutRule::cp_inner: return "cp % cp_inner == 0 and cp_inner <= NVL";
   }
   return "?";
 }
@@ -175,7 +181,8 @@ struct Fixes {
                                                                          {"fsdp", {from.fsdp, to.fsdp}},
                                                                          {"cp", {from.cp, to.cp}},
                                                                          {"e_fsdp", {from.e_fsdp, to.e_fsdp}},
-                                                                         {"ep", {from.ep, to.ep}}};
+                                                                         {"ep", {from.ep, to.ep}},
+                                                                         {"cp_inner", {from.cp_inner, to.cp_inner}}};
     for (const auto& [key, v] : keys)
       if (v.first != v.second) parts.push_back(fmt::format("{}.{} = {}", n.mesh, key, v.second));
     return fmt::format("{}", fmt::join(parts, ", "));
@@ -309,6 +316,22 @@ uint32_t check_rules(const MeshShape& m, const LayoutInputs& in, const InputName
         });
     }
   }
+  // 2D CP: the inner groups tile the cp group and each fits one NVLink domain. The fix: the largest divisor of cp
+  // that fits the domain (and is not above the requested cp_inner).
+  const bool has_nvl = in.nvl && *in.nvl >= 1;
+  const bool divides = m.cp_inner >= 1 && m.cp % m.cp_inner == 0;
+  if (!divides || (has_nvl && m.cp_inner > *in.nvl))
+    broken(LayoutRule::cp_inner, [&] {
+      MeshShape to = m;
+      to.cp_inner = largest_divisor_upto(m.cp, std::max<int64_t>(1, std::min(m.cp_inner, has_nvl ? *in.nvl : m.cp)));
+      if (!divides)
+        return fmt::format("cp_inner {} does not divide cp = {} (2D CP: cp/cp_inner NVLink domains of cp_inner "
+                           "ranks each){}",
+                           m.cp_inner, m.cp, use({fix.mesh(m, to)}));
+      return fmt::format("cp_inner {} exceeds the NVLink domain of {} GPUs (an inner CP group must fit one "
+                         "domain){}",
+                         m.cp_inner, *in.nvl, use({fix.mesh(m, to), fix.value(names.nvl, m.cp_inner)}));
+    });
   return bits;
 }
 

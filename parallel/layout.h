@@ -14,9 +14,14 @@ namespace trident {
 struct MeshShape {
   int64_t d_rep = 1, fsdp = 1, cp = 1;  // dense mesh (cp innermost)
   int64_t e_fsdp = 1, ep = 1;           // expert mesh (ep innermost)
+  // 2D CP (docs/parallel.md section 5): the cp group as cp/cp_inner NVLink domains of cp_inner consecutive ranks;
+  // the KV is gathered across domains first, then inside one. 1: one-dimensional CP (a single cp collective).
+  int64_t cp_inner = 1;
   int64_t world() const { return d_rep * fsdp * cp; }
-  std::string str() const;              // "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)"
-  std::string spec() const;             // "d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2" (what parse_mesh reads)
+  int64_t cp_outer() const { return cp_inner >= 1 ? cp / cp_inner : 0; }
+  bool cp_2d() const { return cp_inner > 1; }
+  std::string str() const;              // "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)" (+ ", 2D CP 2x2")
+  std::string spec() const;             // "d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2" (+ ",cp_inner=2"; parse_mesh reads it)
   bool operator==(const MeshShape&) const = default;
 };
 
@@ -102,6 +107,7 @@ struct LayoutInputs {
   std::optional<int64_t> seq_len = std::nullopt;    // tokens per sequence S
   std::optional<int64_t> tile = std::nullopt;       // reduction tile T
   std::optional<int64_t> ep_chunks = std::nullopt;  // EP chunks per MoE layer
+  std::optional<int64_t> nvl = std::nullopt;        // GPUs per NVLink domain (bounds cp_inner)
 };
 
 // The rules, in the order violations() reports them. A rule whose inputs are missing, or that depends on an
@@ -115,8 +121,9 @@ enum class LayoutRule : int {
   zigzag,     // seq_len % (2*cp) == 0
   tile,       // (seq_len / (2*cp)) % tile == 0: a reduction tile never straddles two CP ranks
   ep_chunks,  // 1 <= ep_chunks <= local reduction tiles of a rank
+  cp_inner,   // cp % cp_inner == 0 and cp_inner <= nvl (2D CP: an inner group fits one NVLink domain)
 };
-inline constexpr int kNumLayoutRules = 8;
+inline constexpr int kNumLayoutRules = 9;
 inline constexpr uint32_t rule_bit(LayoutRule r) { return uint32_t{1} << static_cast<int>(r); }
 const char* rule_text(LayoutRule r);  // the rule as a formula, e.g. "seq_len % (2*cp) == 0"
 
@@ -132,6 +139,7 @@ struct InputNames {
   std::string seq_len = "--seq-len";
   std::string tile = "--tile";
   std::string ep_chunks = "--chunks";
+  std::string nvl = "--nvl";
 };
 
 // Every broken rule, in LayoutRule order, one readable line each that names the numbers and the fix, e.g.

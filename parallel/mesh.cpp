@@ -133,6 +133,14 @@ DeviceMesh dense_mesh(const MeshShape& m) {
                      {"fsdp", narrow_dim("fsdp", m.fsdp)},
                      {"cp", narrow_dim("cp", m.cp)}});
 }
+DeviceMesh dense_mesh_2d_cp(const MeshShape& m) {
+  TD_CHECK(m.cp_inner >= 1 && m.cp % m.cp_inner == 0, "dense_mesh_2d_cp: cp_inner {} does not divide cp {}",
+           m.cp_inner, m.cp);
+  return DeviceMesh({{"d_rep", narrow_dim("d_rep", m.d_rep)},
+                     {"fsdp", narrow_dim("fsdp", m.fsdp)},
+                     {"cp_outer", narrow_dim("cp_outer", m.cp_outer())},
+                     {"cp_inner", narrow_dim("cp_inner", m.cp_inner)}});
+}
 DeviceMesh expert_mesh(const MeshShape& m) {
   return DeviceMesh({{"e_fsdp", narrow_dim("e_fsdp", m.e_fsdp)}, {"ep", narrow_dim("ep", m.ep)}});
 }

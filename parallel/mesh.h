@@ -56,5 +56,8 @@ class DeviceMesh {
 // over the same ranks. Sizes must be >= 1 and the world at most 2^30 ranks (DeviceMesh's limit).
 DeviceMesh dense_mesh(const MeshShape& m);
 DeviceMesh expert_mesh(const MeshShape& m);
+// 2D CP: the dense mesh with cp split into (cp_outer, cp_inner), cp_inner innermost: cp coordinate
+// c = o * cp_inner + i, the same ranks in the same order as dense_mesh (m.cp % m.cp_inner == 0).
+DeviceMesh dense_mesh_2d_cp(const MeshShape& m);
 
 }  // namespace trident

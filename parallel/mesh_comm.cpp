@@ -23,6 +23,11 @@ MeshComms make_mesh_comms(Communicator& world, const MeshShape& mesh, std::sourc
   m.cp = split_mesh(world, dense, {"cp"}, loc);
   m.e_fsdp = split_mesh(world, expert, {"e_fsdp"}, loc);
   m.ep = split_mesh(world, expert, {"ep"}, loc);
+  if (mesh.cp_2d()) {
+    const DeviceMesh d2 = dense_mesh_2d_cp(mesh);
+    m.cp_outer = split_mesh(world, d2, {"cp_outer"}, loc);
+    m.cp_inner = split_mesh(world, d2, {"cp_inner"}, loc);
+  }
   return m;
 }
 

@@ -26,6 +26,9 @@ struct MeshComms {
   std::unique_ptr<Communicator> cp;       // "cp":      KV all-gather / KV-gradient reduce-scatter
   std::unique_ptr<Communicator> e_fsdp;   // "e_fsdp":  expert parameter shards
   std::unique_ptr<Communicator> ep;       // "ep":      token dispatch / combine (all-to-all(v))
+  // 2D CP only (mesh.cp_inner > 1; null otherwise): the cp group split into NVLink domains.
+  std::unique_ptr<Communicator> cp_outer;  // "cp_outer": same inner index, one rank per domain (RDMA)
+  std::unique_ptr<Communicator> cp_inner;  // "cp_inner": the cp ranks of one domain (NVLink)
 };
 MeshComms make_mesh_comms(Communicator& world, const MeshShape& mesh,
                           std::source_location loc = std::source_location::current());

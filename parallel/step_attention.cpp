@@ -26,11 +26,25 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   K.attn_qkv_forward(pol, cfg, w, st.a1.data(), rope_pos(), N, sh.rope, A, CS);
   st.kv = Buf<T>(dev, nseq * S * P, CS);
   Buf<T> gbuf(dev, S * P, CS);
+  const bool two_d = mc.cp_inner != nullptr;
+  const int64_t blk = 2 * ch * P, no = two_d ? sh.mesh.cp_outer() : 1, ni = two_d ? sh.mesh.cp_inner : 1;
+  Buf<T> obuf = two_d ? Buf<T>(dev, no * blk, CS) : Buf<T>(), ibuf = two_d ? Buf<T>(dev, S * P, CS) : Buf<T>();
   for (int64_t j = 0; j < nseq; ++j) {
     const int64_t r0 = j * 2 * ch;
     T* kv = st.kv.data() + j * S * P;
-    mc.cp->all_gather(A.payload + r0 * P, gbuf.data(), sz(2 * ch * P), dt<T>(), CS);
-    note(ph, *mc.cp, CollOp::all_gather);
+    if (two_d) {
+      // 2D CP (seed 000): across domains first (each rank receives only its counterparts' blocks over RDMA:
+      // obuf (no, blk), block o' = cp rank o'*ni + i), then inside the domain (NVLink: ibuf (ni, no, blk)), then
+      // the (ni, no) block grid transposed into cp order (no, ni) = the 1D all-gather's bytes.
+      mc.cp_outer->all_gather(A.payload + r0 * P, obuf.data(), sz(blk), dt<T>(), CS);
+      note(ph, *mc.cp_outer, CollOp::all_gather);
+      mc.cp_inner->all_gather(obuf.data(), ibuf.data(), sz(no * blk), dt<T>(), CS);
+      note(ph, *mc.cp_inner, CollOp::all_gather);
+      transpose_blocks(gbuf.data(), ibuf.data(), ni, no, blk * static_cast<int64_t>(sizeof(T)));
+    } else {
+      mc.cp->all_gather(A.payload + r0 * P, gbuf.data(), sz(blk), dt<T>(), CS);
+      note(ph, *mc.cp, CollOp::all_gather);
+    }
     K.kv_zigzag_reorder(kv, gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
     if (packed)  // document mask: each query attends its own document's keys only
       K.attn_doc_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch, kv, S,
@@ -50,11 +64,15 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
   const int64_t P = cd.P;
   const md::AttnBufs<T>& A = st.attn;
   TD_CHECK(arena_live == 0, "key-side accumulators overlap a gradient group");
-  const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P);
-  grow_arena(nk + nb + nm);
+  const bool two_d = mc.cp_inner != nullptr;
+  const int64_t no = two_d ? sh.mesh.cp_outer() : 1, ni = two_d ? sh.mesh.cp_inner : 1;
+  const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P), nt = two_d ? nk : 0, np = two_d ? sz(no) * nm : 0;
+  grow_arena(nk + nb + nm + nt + np);
   Acc* kacc = arena_take(nk);
   Acc* blk = arena_take(nb);
   Acc* mine = arena_take(nm);
+  Acc* tacc = two_d ? arena_take(nt) : nullptr;  // 2D: kacc's blocks in (inner, outer) order
+  Acc* part = two_d ? arena_take(np) : nullptr;  // 2D: the domain's sums of this inner index's blocks (no, 2ch, P)
   for (int64_t j = 0; j < nseq; ++j) {
     const int64_t r0 = j * 2 * ch;
     if (j > 0) dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
@@ -70,13 +88,30 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
     // Position order -> gather order, in place, then the exact reduce-scatter: each cp rank receives the key-side
     // sums of its own rows, unrounded.
     K.kv_zigzag_to_gather_acc(kacc, blk, cp, ch * P, CS);
-    mc.cp->reduce_scatter(kacc, mine, sz(2 * ch * P), dt_exact<T>(), ReduceOp::exact_sum, CS);
-    note(ph, *mc.cp, CollOp::reduce_scatter);
+    if (two_d) {
+      // 2D CP, the all-gather reversed (seed 000: NVLink first, then RDMA): cp order (no, ni) -> (ni, no), the
+      // exact reduce-scatter inside the domain, then across domains. Exact sums: the order never changes a bit.
+      transpose_blocks(tacc, kacc, no, ni, static_cast<int64_t>(nm * sizeof(Acc)));
+      mc.cp_inner->reduce_scatter(tacc, part, np, dt_exact<T>(), ReduceOp::exact_sum, CS);
+      note(ph, *mc.cp_inner, CollOp::reduce_scatter);
+      mc.cp_outer->reduce_scatter(part, mine, nm, dt_exact<T>(), ReduceOp::exact_sum, CS);
+      note(ph, *mc.cp_outer, CollOp::reduce_scatter);
+    } else {
+      mc.cp->reduce_scatter(kacc, mine, nm, dt_exact<T>(), ReduceOp::exact_sum, CS);
+      note(ph, *mc.cp, CollOp::reduce_scatter);
+    }
     K.exact_round(mine, dpay + r0 * P, 2 * ch * P, CS);  // the single rounding of the key side
   }
-  arena_give();
-  arena_give();
-  arena_give();
+  for (int k = two_d ? 5 : 3; k > 0; --k) arena_give();
+}
+
+// dst (cols, rows) blocks = src (rows, cols) blocks transposed; a block is `bytes` bytes. One strided copy per
+// source row: block (r, c) of src goes to block (c, r) of dst.
+template <class T>
+void StepImpl<T>::transpose_blocks(void* dst, const void* src, int64_t rows, int64_t cols, int64_t bytes) {
+  for (int64_t r = 0; r < rows; ++r)
+    dev.copy_2d(static_cast<char*>(dst) + r * bytes, rows * bytes, static_cast<const char*>(src) + r * cols * bytes,
+                bytes, bytes, cols, CS);
 }
 
 template <class T>
@@ -102,6 +137,7 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
 #define TD_STEP_ATTN(T)                                                                                            \
   template void StepImpl<T>::attention_fwd(int64_t, const md::AttnW<T>&, LayerState&, T*, const std::string&);     \
   template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, const std::string&);                  \
+  template void StepImpl<T>::transpose_blocks(void*, const void*, int64_t, int64_t, int64_t);                      \
   template void StepImpl<T>::attention_bwd(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,                \
                                            const std::string&);
 TD_STEP_ATTN(float)

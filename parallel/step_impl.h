@@ -165,6 +165,7 @@ struct StepImpl {
 
   void attention_fwd(int64_t i, const model::AttnW<T>& w, LayerState& st, T* y, const std::string& ph);
   void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph);
+  void transpose_blocks(void* dst, const void* src, int64_t rows, int64_t cols, int64_t bytes);  // 2D CP
   void attention_bwd(int64_t i, const model::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph);
 
   struct ExpertW {
