@@ -108,6 +108,13 @@ MeshCheck check_mesh(const PlanInput& in, const MeshShape& m) {
   return c;
 }
 
+CpTraffic cp_traffic(double kv_bytes, int64_t cp, int64_t cp_inner, int64_t cp_outer, double passes) {
+  CpTraffic t;
+  t.rdma = kv_bytes * double(cp_outer - 1) / double(cp) * passes;
+  t.nvlink = kv_bytes * double(cp_inner - 1) / double(cp_inner) * passes;
+  return t;
+}
+
 Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk) {
   const auto& mo = in.model;
   const auto& cl = in.cluster;
@@ -165,9 +172,9 @@ Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk) {
 
   // All-gather-KV CP (seed 000, "2D CP"): AG fwd + AG bwd (bf16) + RS bwd (fp32) = 1 + 1 + 2.
   p.kv_bytes = double(wl.context) * double(wl.sequences_per_cp_group) * mo.kv_latent_bytes_per_token;
-  const double cp = double(m.cp);
-  p.cp_rdma_bytes = p.kv_bytes * double(chk.cp_outer - 1) / cp * (1.0 + 1.0 + 2.0);
-  p.cp_nvlink_bytes = p.kv_bytes * double(chk.cp_inner - 1) / double(chk.cp_inner) * (1.0 + 1.0 + 2.0);
+  const CpTraffic cpt = cp_traffic(p.kv_bytes, m.cp, chk.cp_inner, chk.cp_outer, kCpPasses);
+  p.cp_rdma_bytes = cpt.rdma;
+  p.cp_nvlink_bytes = cpt.nvlink;
   p.cp_rdma_s = p.cp_rdma_bytes / rdma_Bps;
   p.cp_rdma_share = p.layer_compute_s > 0 ? p.cp_rdma_s / p.layer_compute_s : 0.0;
   p.rdma_bytes_per_layer = p.efsdp_rdma_bytes + p.cp_rdma_bytes;

@@ -107,6 +107,19 @@ struct Plan {
   double naive_logits_bytes = 0;        // tokens_per_gpu * vocab * 4 (fp32) when a vocab is given
 };
 
+// All-gather-KV CP traffic of one layer, bytes one GPU receives (seed 000, "2D CP"), for a CP group of cp = cp_outer x
+// cp_inner ranks (cp_inner per NVLink domain) holding kv_bytes of KV per layer. The KV is gathered across domains
+// first (a rank receives one 1/cp block from its counterpart in each other domain: kv_bytes * (cp_outer-1)/cp over
+// RDMA), then inside the domain (kv_bytes * (cp_inner-1)/cp_inner over NVLink); the key-side reduce-scatter is the
+// reverse with the same shapes. `passes` counts the collectives in units of one all-gather's bytes: the planner's
+// 1 + 1 + 2 (bf16 all-gather forward, again in the recompute, fp32 reduce-scatter); the emulator's step moves fp32
+// payloads and 88-byte exact accumulators, so it is 1 (+ 1 with recompute) + 22 there (tests/step).
+struct CpTraffic {
+  double rdma = 0, nvlink = 0;
+};
+CpTraffic cp_traffic(double kv_bytes, int64_t cp, int64_t cp_inner, int64_t cp_outer, double passes);
+inline constexpr double kCpPasses = 1.0 + 1.0 + 2.0;
+
 // Evaluates one mesh. `chk` must come from check_mesh(in, m); hard-invalid meshes are evaluated anyway.
 Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk);
 inline Plan evaluate(const PlanInput& in, const MeshShape& m) { return evaluate(in, m, check_mesh(in, m)); }

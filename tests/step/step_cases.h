@@ -22,9 +22,14 @@ struct Case {
   int64_t seqs = 4, seq_len = 32, steps = 3;
   int64_t experts = 0, top_k = 0, tile = 0, vocab_chunk = 0;  // overrides (0: the preset's)
   emu::CommBackend comm = emu::CommBackend::emu;
+  int64_t docs_per_seq = 1;  // packed sequences (1: one document per sequence)
 };
 
 inline MeshShape M(int64_t dr, int64_t f, int64_t cp, int64_t ef, int64_t ep) { return MeshShape{dr, f, cp, ef, ep}; }
+// 2D CP: cp = (cp / ci) domains x ci ranks.
+inline MeshShape M2(int64_t dr, int64_t f, int64_t cp, int64_t ef, int64_t ep, int64_t ci) {
+  return MeshShape{dr, f, cp, ef, ep, ci};
+}
 
 inline emu::EmulateSpec make_spec(const Case& c) {
   emu::EmulateSpec s;
@@ -40,6 +45,7 @@ inline emu::EmulateSpec make_spec(const Case& c) {
   s.run.seq_len = c.seq_len;
   s.run.steps = c.steps;
   s.run.recompute = c.recompute;
+  s.run.docs_per_seq = c.docs_per_seq;
   s.mesh = c.mesh;
   s.ep_chunks = c.chunks;
   s.vocab_slices = c.vocab_slices;
@@ -99,10 +105,15 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
     const int64_t P = dense_params(fmt::format("layers.{}.", i));
     const std::string f = fmt::format("fwd.layer.{}", i), b = fmt::format("bwd.layer.{}", i);
     add(c, f, "fsdp*cp", AG, P);
-    add(c, f, "cp", AG, q);
     add(c, b, "fsdp*cp", AG, P);
-    add(c, b, "cp", AG, recompute ? q : 0);
-    add(c, b, "cp", RS, q);
+    // CP: one collective per local sequence on cp, or one on each of cp_outer and cp_inner (2D CP)
+    const std::vector<std::string> cp_comms =
+        m.cp_2d() ? std::vector<std::string>{"cp_outer", "cp_inner"} : std::vector<std::string>{"cp"};
+    for (const std::string& cpc : cp_comms) {
+      add(c, f, cpc, AG, q);
+      add(c, b, cpc, AG, recompute ? q : 0);
+      add(c, b, cpc, RS, q);
+    }
     add(c, b, "fsdp*cp", RS, P);
     add(c, b, "d_rep", AR, P);
     if (moe) {
@@ -127,6 +138,29 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
   add(c, "bwd.embed", "d_rep", AR, n_e);
   add(c, "opt", "world", AR, any_moe ? 2 : 1);
   return c;
+}
+
+// Runs the spec and checks every rank's collectives against expected_schedule, per phase and in CommStats (nothing
+// issued outside the schedule).
+inline void expect_schedule(emu::EmulateSpec s) {
+  s.keep_tensors = false;
+  const auto r = emu::emulate<float>(s);
+  const Counts want = expected_schedule(s);
+  for (int64_t rank = 0; rank < s.mesh.world(); ++rank) {
+    const Counts& got = r.phases[static_cast<size_t>(rank)];
+    EXPECT_EQ(got, want) << "rank " << rank << " " << s.repro();
+    std::map<std::string, std::array<int64_t, kNumCollOps>> tot;
+    for (const auto& [ph, m] : want)
+      for (const auto& [comm, a] : m)
+        for (int op = 0; op < kNumCollOps; ++op) tot[comm][static_cast<size_t>(op)] += a[static_cast<size_t>(op)];
+    for (const auto& [comm, tab] : r.rank_stats[static_cast<size_t>(rank)])
+      for (int op = 0; op < kNumCollOps; ++op) {
+        if (static_cast<CollOp>(op) == CollOp::split) continue;  // communicator setup, once per run
+        const int64_t w = tot.count(comm) ? tot[comm][static_cast<size_t>(op)] * s.run.steps : 0;
+        EXPECT_EQ(tab[static_cast<size_t>(op)].calls, w)
+            << "rank " << rank << " " << comm << " " << to_string(static_cast<CollOp>(op)) << " " << s.repro();
+      }
+  }
 }
 
 }  // namespace trident::steptest
