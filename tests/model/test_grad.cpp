@@ -1,4 +1,5 @@
-// fp64 finite differences on every trainable parameter tensor of `tiny` (MLA) and `tiny-gqa` (issue 3).
+// fp64 finite differences on every trainable parameter tensor of `tiny` (MLA) and `tiny-gqa` (issue 3), also with
+// packed sequences (document masks and restarting RoPE positions, docs/model.md "Packed sequences").
 //
 // For sampled entries w[k]: Richardson-extrapolated central differences
 //   D(h) = (L(w+h) - L(w-h)) / (2h),  FD = (4 D(h/2) - D(h)) / 3,  h = 1e-3,
@@ -33,7 +34,15 @@ Batch fd_batch(const Config& c, uint64_t seed) {
   return b;
 }
 
-void run_fd(const std::string& preset) {
+// Packed sequences: document starts of the FD batch (sequence 0: documents [0,3) [3,4) [4,10); sequence 1: [0,6)
+// [6,10)), so the masked attention (keys of the query's document only, RoPE positions restarting) is what is checked.
+void pack_fd_batch(Batch& b) {
+  const int64_t starts[2][10] = {{0, 0, 0, 3, 4, 4, 4, 4, 4, 4}, {0, 0, 0, 0, 0, 0, 6, 6, 6, 6}};
+  for (int64_t q = 0; q < b.B; ++q)
+    for (int64_t p = 0; p < b.S; ++p) b.doc_start.push_back(starts[q][p]);
+}
+
+void run_fd(const std::string& preset, bool packed = false) {
   Config c = Config::preset(preset);
   c.policy = Policy::fp64;
   c.tile = 4;
@@ -46,7 +55,8 @@ void run_fd(const std::string& preset) {
     if (n.find("norm") != std::string::npos || n.find("router_bias") != std::string::npos)
       for (int64_t k = 0; k < p.t[i].size(); ++k) p.t[i][k] += 0.2 * uniform_pm1(seed, 777 + i, static_cast<uint64_t>(k));
   }
-  const Batch b = fd_batch(c, seed);
+  Batch b = fd_batch(c, seed);
+  if (packed) pack_fd_batch(b);
   StepOptions opt;
   opt.token_chunk = 5;
   GradAcc<double> acc = GradAcc<double>::zeros(p.info);
@@ -98,8 +108,8 @@ void run_fd(const std::string& preset) {
     }
     EXPECT_GE(used, 1) << "no usable (non-tiny, non-flipping) entry for " << name << " (" << preset << ")";
   }
-  std::printf("[fd %s] %d entries checked, %d skipped (top-k flip), worst relative error %.3g\n", preset.c_str(),
-              checked, skipped, worst);
+  std::printf("[fd %s%s] %d entries checked, %d skipped (top-k flip), worst relative error %.3g\n", preset.c_str(),
+              packed ? " packed" : "", checked, skipped, worst);
   EXPECT_GE(checked, 40);
   EXPECT_LE(2 * skipped, drawn_total) << "too many top-k flips under the FD perturbation";
 }
@@ -108,3 +118,5 @@ void run_fd(const std::string& preset) {
 
 TEST(ModelGrad, FiniteDifferencesTinyMla) { run_fd("tiny"); }
 TEST(ModelGrad, FiniteDifferencesTinyGqa) { run_fd("tiny-gqa"); }
+TEST(ModelGrad, FiniteDifferencesPackedMla) { run_fd("tiny", true); }
+TEST(ModelGrad, FiniteDifferencesPackedGqa) { run_fd("tiny-gqa", true); }
