@@ -7,6 +7,7 @@
 #include <set>
 
 #include "parallel/layout.h"
+#include "parallel/mesh.h"
 #include "reference/check.h"
 
 using namespace trident;
@@ -32,6 +33,49 @@ TEST(Layout, ParseMesh) {
   EXPECT_THROW(parse_mesh(""), Error);                                    // empty: never a silent 1-rank mesh
   EXPECT_THROW(parse_mesh("  "), Error);
   EXPECT_THROW(parse_mesh("cp=2,,ep=2"), Error);
+}
+
+// 2D CP: cp_inner is read, printed only when set (every 1D spec and str() unchanged) and round-trips; the 2D dense
+// mesh keeps every rank's cp coordinate (c = o * cp_inner + i).
+TEST(Layout, CpInnerKey) {
+  const MeshShape m = parse_mesh("fsdp=2,cp=8,e_fsdp=2,ep=8,cp_inner=4");
+  EXPECT_EQ(m.cp_inner, 4);
+  EXPECT_EQ(m.cp_outer(), 2);
+  EXPECT_TRUE(m.cp_2d());
+  EXPECT_EQ(m.spec(), "d_rep=1,fsdp=2,cp=8,e_fsdp=2,ep=8,cp_inner=4");
+  EXPECT_EQ(parse_mesh(m.spec()), m);
+  EXPECT_EQ(parse_mesh("cp=2,ep=2").spec(), "d_rep=1,fsdp=1,cp=2,e_fsdp=1,ep=2");
+  EXPECT_EQ(parse_mesh("cp=2,ep=2").str(), "(d_rep,fsdp,cp)x(e_fsdp,ep) = (1,1,2)x(1,2)");
+  const DeviceMesh d = dense_mesh(m), d2 = dense_mesh_2d_cp(m);
+  for (int r = 0; r < m.world(); ++r) {
+    EXPECT_EQ(d2.coord(r, "cp_outer") * 4 + d2.coord(r, "cp_inner"), d.coord(r, "cp")) << r;
+    EXPECT_EQ(d2.coord(r, "fsdp"), d.coord(r, "fsdp")) << r;
+  }
+  EXPECT_TRUE(violations(m, {.nvl = 4}).empty());
+  EXPECT_EQ(broken_rules(m, {.nvl = 2}), rule_bit(LayoutRule::cp_inner));
+}
+
+// Attention work per rank: with one document per sequence zig-zag balances it exactly (each rank: sum of its two
+// chunks' causal rows = closed form); with one document per token every rank does one pair per row.
+TEST(Layout, AttentionWork) {
+  const MeshShape m{1, 2, 4, 2, 4};
+  const int64_t B = 4, S = 64, ch = S / 8, per = B / 2;
+  const AttentionWork w = attention_work(m, B, S, {});
+  for (int64_t r = 0; r < m.world(); ++r) {
+    const int64_t c = r % 4, lo = c * ch, hi = (7 - c) * ch;
+    // sum_{p in [lo, lo+ch)} (p + 1) + sum_{p in [hi, hi+ch)} (p + 1), per local sequence
+    const int64_t want = per * (ch * (lo + hi) + ch * (ch + 1));
+    EXPECT_EQ(w.per_rank[static_cast<size_t>(r)], want) << r;
+  }
+  EXPECT_EQ(w.max_over_mean(), 1.0);
+  std::vector<int64_t> ones(static_cast<size_t>(B * S));
+  for (size_t i = 0; i < ones.size(); ++i) ones[i] = static_cast<int64_t>(i) % S;
+  const AttentionWork w1 = attention_work(m, B, S, ones);
+  for (int64_t n : w1.per_rank) EXPECT_EQ(n, per * 2 * ch);
+  // documents [0, S/4) and [S/4, S): the causal mirror no longer pairs up, ranks differ (halves would still balance)
+  std::vector<int64_t> two(static_cast<size_t>(B * S));
+  for (size_t i = 0; i < two.size(); ++i) two[i] = static_cast<int64_t>(i) % S < S / 4 ? 0 : S / 4;
+  EXPECT_GT(attention_work(m, B, S, two).max_over_mean(), 1.0);
 }
 
 TEST(Layout, CoordinatesRoundTrip) {
@@ -169,6 +213,15 @@ TEST(Validator, EachRuleAlone) {
        "8; an EP chunk holds whole tiles): use --chunks 2"},
       {mesh(1, 1, 2, 1, 2), step_inputs(8, 1, 32, 8, 0), LayoutRule::ep_chunks,
        "EP chunks 0 must be >= 1: use --chunks 1"},
+      {MeshShape{1, 1, 4, 1, 4, 3}, step_inputs(8, 1, 64, 8, 1), LayoutRule::cp_inner,
+       "cp_inner 3 does not divide cp = 4 (2D CP: cp/cp_inner NVLink domains of cp_inner ranks each): use --mesh "
+       "d_rep=1,fsdp=1,cp=4,e_fsdp=1,ep=4,cp_inner=2"},
+      {MeshShape{1, 1, 8, 1, 8, 8}, {.nvl = 4}, LayoutRule::cp_inner,
+       "cp_inner 8 exceeds the NVLink domain of 4 GPUs (an inner CP group must fit one domain): use --mesh "
+       "d_rep=1,fsdp=1,cp=8,e_fsdp=1,ep=8,cp_inner=4 or --nvl 8"},
+      {MeshShape{1, 1, 12, 1, 12, 12}, {.nvl = 8}, LayoutRule::cp_inner,  // the fix: the largest divisor <= 8
+       "cp_inner 12 exceeds the NVLink domain of 8 GPUs (an inner CP group must fit one domain): use --mesh "
+       "d_rep=1,fsdp=1,cp=12,e_fsdp=1,ep=12,cp_inner=6 or --nvl 12"},
   };
   for (const Case& c : cases) {
     const auto v = violations(c.m, c.in);
