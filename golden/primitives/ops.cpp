@@ -1115,9 +1115,15 @@ const std::vector<std::string>& kernel_ops() {
       "rmsnorm_backward", "residual_forward", "swiglu_forward", "swiglu_backward_dgrad", "expert_forward",
       "expert_backward_dgrad", "router_forward", "router_backward", "moe_combine_forward", "moe_combine_backward",
       "moe_dx_sum", "gather_rows", "scatter_rows", "attn_qkv_forward", "kv_zigzag_reorder",
-      "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward", "attn_out_forward", "attn_out_backward",
+      "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward", "attn_doc_core_forward",
+      "attn_doc_core_backward", "attn_out_forward", "attn_out_backward",
       "attn_qkv_backward", "linear_ce_forward", "linear_ce_backward", "grad_sq_acc", "adamw_step",
       "router_bias_update"};
+  return ops;
+}
+
+const std::vector<std::string>& packed_only_ops() {
+  static const std::vector<std::string> ops = {"attn_doc_core_forward", "attn_doc_core_backward"};
   return ops;
 }
 

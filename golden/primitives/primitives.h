@@ -50,6 +50,9 @@ struct PrimCase {
 
 // Every op of Kernels<T>, in header order (on_moe_combined is a test hook, not an op).
 const std::vector<std::string>& kernel_ops();
+// The ops a step runs only with packed sequences (document masks: attn_doc_core_*; a step without documents runs
+// attn_core_* instead), so a golden of such a step holds them and one without does not.
+const std::vector<std::string>& packed_only_ops();
 
 // Recomputes a case with `k` on `dev` (stream 0) and returns its outputs in the case's order.
 template <class T>

@@ -85,6 +85,11 @@ CheckOptions opts(bool bitwise, std::string op = {}, std::string backend = "cpu"
   return o;
 }
 
+bool is_packed_only(const std::string& op) {
+  const auto& p = packed_only_ops();
+  return std::find(p.begin(), p.end(), op) != p.end();
+}
+
 KernelsFactory<float> cpu() {
   return [](Device& d) { return std::make_unique<CpuKernels<float>>(d); };
 }
@@ -95,7 +100,8 @@ TEST(Primitives, EveryOpOnEveryRankIsCapturedAndRechecksBitwise) {
   for (const PrimCase& c : f.cases) ops[c.rank].insert(c.op);
   ASSERT_EQ(ops.size(), 4u);
   for (const auto& [r, s] : ops)
-    for (const std::string& op : kernel_ops()) EXPECT_TRUE(s.count(op)) << "rank " << r << " has no case of " << op;
+    for (const std::string& op : kernel_ops())
+      EXPECT_TRUE(is_packed_only(op) || s.count(op)) << "rank " << r << " has no case of " << op;
   const CheckSummary sum = check_primitives<float>(f, cpu(), {}, "golden");
   EXPECT_EQ(sum.cases, static_cast<int64_t>(f.cases.size()));
   EXPECT_EQ(sum.passed, sum.cases);
@@ -127,6 +133,46 @@ TEST(Primitives, OneUlpAtOneElementFailsWithARepro) {
       EXPECT_NE(fl.message.find("differs at element"), std::string::npos) << fl.message;
     }
   }
+}
+
+// Packed sequences add two ops (attn_doc_core_forward/backward, with the document starts `qdoc` as an input): a step
+// with documents captures them on every rank, the file round-trips, the CPU kernels recheck them bitwise, and one ulp
+// flipped in either fails every case of that op.
+TEST(Primitives, DocumentMaskOpsAreCapturedAndChecked) {
+  emu::EmulateSpec spec = tiny_spec("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 2, 32);
+  spec.run.docs_per_seq = 5;
+  Recorder rec(1, "test");
+  const auto r = emu::emulate<float>(spec, [&](int rank, Device& dev) {
+    return make_recording_kernels<float>(std::make_unique<CpuKernels<float>>(dev), dev, rank, rec);
+  });
+  PrimitivesFile out;
+  out.config = spec.cfg.to_json();
+  out.repro = spec.repro(false);
+  out.ranks = 4;
+  out.cases = rec.take();
+  TempDir dir;
+  const std::string path = (dir.p / "packed.h5").string();
+  write_primitives(path, out);
+  const PrimitivesFile f = read_primitives(path);
+  std::map<int, std::set<std::string>> ops;
+  for (const PrimCase& c : f.cases) ops[c.rank].insert(c.op);
+  ASSERT_EQ(ops.size(), 4u);
+  for (const auto& [rk, s] : ops) {
+    EXPECT_TRUE(s.count("attn_doc_core_forward")) << rk;
+    EXPECT_TRUE(s.count("attn_doc_core_backward")) << rk;
+    EXPECT_FALSE(s.count("attn_core_forward")) << rk << ": a packed step runs the document-mask core only";
+  }
+  for (const char* op : {"attn_doc_core_forward", "attn_doc_core_backward"}) {
+    const CheckSummary ok = check_primitives<float>(f, cpu(), opts(true, op), "golden");
+    EXPECT_EQ(ok.cases, 4) << op;
+    EXPECT_EQ(ok.passed, ok.cases) << op;
+    const CheckSummary bad = check_primitives<float>(
+        f, [&](Device& d) { return make_perturbed_kernels<float>(std::make_unique<CpuKernels<float>>(d), d, op, 0); },
+        opts(true, op, fmt::format("cpu-ulp:{}", op)), "golden");
+    EXPECT_EQ(static_cast<int64_t>(bad.failures.size()), bad.cases) << op;
+    EXPECT_GT(bad.cases, 0) << op;
+  }
+  (void)r;
 }
 
 TEST(Primitives, ToleranceModeUsesTheStoredBound) {
@@ -180,7 +226,7 @@ TEST(Primitives, CheckedInGoldensPassOnCpu) {
     const PrimitivesFile f = read_primitives(path);
     std::set<std::string> ops;
     for (const PrimCase& c : f.cases) ops.insert(c.op);
-    EXPECT_EQ(ops.size(), kernel_ops().size()) << preset;
+    EXPECT_EQ(ops.size(), kernel_ops().size() - packed_only_ops().size()) << preset;
     const CheckSummary sum = check_primitives<float>(f, cpu(), {}, path);
     EXPECT_EQ(sum.passed, static_cast<int64_t>(f.cases.size())) << preset;
     for (const auto& fl : sum.failures) ADD_FAILURE() << fl.message << "\n" << fl.repro;
