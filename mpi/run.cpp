@@ -231,7 +231,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       }
       dev.finish();
       accumulate_stats(out.stats, *world);
-      for (const auto* c : {&mc.fsdp_cp, &mc.d_rep, &mc.fsdp, &mc.cp, &mc.e_fsdp, &mc.ep})
+      for (const auto* c : {&mc.fsdp_cp, &mc.d_rep, &mc.fsdp, &mc.cp, &mc.e_fsdp, &mc.ep, &mc.cp_outer, &mc.cp_inner})
         if (*c) accumulate_stats(out.stats, **c);
       const std::vector<char> blob = pack(out);
       fabric.post(kResultCtx, g, 0, 0, blob.data(), blob.size());
