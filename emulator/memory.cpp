@@ -175,7 +175,11 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   std::sort(units.rbegin(), units.rend());
   double gathered = 0;
   for (size_t k = 0; k < std::min<size_t>(3, units.size()); ++k) gathered += units[k];
-  const double arena = units.empty() ? 0 : units[0] + pb.max_shard;  // the largest group, plus one merge buffer
+  double arena = units.empty() ? 0 : units[0] + pb.max_shard;  // the largest group, plus one merge buffer
+  // 2D CP: the key-side accumulator's blocks transposed for the in-domain reduce-scatter (S*P) and its result
+  // (cp_outer blocks of 2*S/(2cp) rows), on top of the 1D key side (parallel/step_attention.cpp).
+  if (m.cp_2d())
+    arena += (S + static_cast<double>(m.cp_outer()) * S / cp) * static_cast<double>(cfg.payload_dim());
 
   // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)
   const double R = std::min(ep * N * std::min(K, Eloc), kEpCapacity * N * K);
@@ -204,7 +208,7 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
       {"shards+AdamW", pb.shards},
       {"gathered units", gathered * ebd},
       {"accumulators", arena * abd},
-      {"activations", (saved + work + ce) * ebd + N * 16},
+      {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16)},  // + document starts
       {"staging", 8.0 * 2 * static_cast<double>(in.eager_bytes) + N * 32 + 64 * 1024},
       {"stack", static_cast<double>(in.stack_bytes)},
   };

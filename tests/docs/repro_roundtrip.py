@@ -25,6 +25,10 @@ CASES = [
     # emulate from a preset with model overrides, vocabulary slices, the i64 lowering and the hazard checker
     "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 2 --experts 4 --top-k 1 --layers 2 "
     "--vocab-chunk 64 --vocab-slices 3 --lower-exact-sum --check-hazards --policy bf16",
+    # packed sequences (train and emulate) and a 2D-CP mesh with its NVLink domain size
+    "train --preset tiny --steps 2 --seqs 2 --seq-len 16 --docs-per-seq 3",
+    "emulate --preset tiny --mesh cp=4,ep=4,cp_inner=2 --nvl 4 --seq-len 64 --steps 1 --docs-per-seq 5 "
+    "--check-reference",
     # selfcheck with both of its flags
     "selfcheck --seed 7 --threads 2",
     # plan with every flag that changes the text report
