@@ -333,24 +333,30 @@ void bind_core_dims(auto& b, m::CoreDims& cd) {
   cd.P = b.i("P", cd.P), cd.val_base = b.i("val_base", cd.val_base);
   cd.scale = b.f("scale", cd.scale);
 }
-template <class T>
-void bind_attn_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
-                            int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+// The attention core and its document-mask variant (packed sequences: the extra input qdoc, each query's document
+// start). One body: the plain op records exactly the inputs it always did.
+template <class T, bool kDoc>
+void bind_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
+                       const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
   pol = b.pol(pol);
   m::CoreDims cd = cd_;
   bind_core_dims(b, cd);
   Nq = b.i("Nq", Nq), S = b.i("S", S);
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   qpos = b.in("qpos", qpos, {Nq});
+  if constexpr (kDoc) qdoc = b.in("qdoc", qdoc, {Nq});
   kv = b.in("kv", kv, {S, cd.P});
   o = b.out("o", o, {Nq, cd.H * cd.Dv});
   stats = b.out("stats", stats, {Nq, cd.H * 2});
-  b.call([&] { b.k().attn_core_forward(pol, cd, q, qpos, Nq, kv, S, o, stats, b.s()); });
+  b.call([&] {
+    if constexpr (kDoc) b.k().attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, b.s());
+    else b.k().attn_core_forward(pol, cd, q, qpos, Nq, kv, S, o, stats, b.s());
+  });
 }
-template <class T>
-void bind_attn_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
-                             int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
-                             T* dq, ExactAcc<T>* dkv) {
+template <class T, bool kDoc>
+void bind_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
+                        const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                        const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv) {
   pol = b.pol(pol);
   m::CoreDims cd = cd_;
   bind_core_dims(b, cd);
@@ -358,41 +364,7 @@ void bind_attn_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, c
   qsegs = b.host("qsegs", qsegs);
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   qpos = b.in("qpos", qpos, {Nq});
-  kv = b.in("kv", kv, {S, cd.P});
-  o = b.in("o", o, {Nq, cd.H * cd.Dv});
-  stats = b.in("stats", stats, {Nq, cd.H * 2});
-  dO = b.in("dO", dO, {Nq, cd.H * cd.Dv});
-  dq = b.out("dq", dq, {Nq, cd.H * cd.Dq});
-  dkv = b.acc("dkv", dkv, {S, cd.P});
-  b.call([&] { b.k().attn_core_backward(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s()); });
-}
-template <class T>
-void bind_attn_doc_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
-                                const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
-  pol = b.pol(pol);
-  m::CoreDims cd = cd_;
-  bind_core_dims(b, cd);
-  Nq = b.i("Nq", Nq), S = b.i("S", S);
-  q = b.in("q", q, {Nq, cd.H * cd.Dq});
-  qpos = b.in("qpos", qpos, {Nq});
-  qdoc = b.in("qdoc", qdoc, {Nq});
-  kv = b.in("kv", kv, {S, cd.P});
-  o = b.out("o", o, {Nq, cd.H * cd.Dv});
-  stats = b.out("stats", stats, {Nq, cd.H * 2});
-  b.call([&] { b.k().attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, b.s()); });
-}
-template <class T>
-void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const int64_t* qpos,
-                                 const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
-                                 const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv) {
-  pol = b.pol(pol);
-  m::CoreDims cd = cd_;
-  bind_core_dims(b, cd);
-  Nq = b.i("Nq", Nq), S = b.i("S", S);
-  qsegs = b.host("qsegs", qsegs);
-  q = b.in("q", q, {Nq, cd.H * cd.Dq});
-  qpos = b.in("qpos", qpos, {Nq});
-  qdoc = b.in("qdoc", qdoc, {Nq});
+  if constexpr (kDoc) qdoc = b.in("qdoc", qdoc, {Nq});
   kv = b.in("kv", kv, {S, cd.P});
   o = b.in("o", o, {Nq, cd.H * cd.Dv});
   stats = b.in("stats", stats, {Nq, cd.H * 2});
@@ -400,8 +372,32 @@ void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd
   dq = b.out("dq", dq, {Nq, cd.H * cd.Dq});
   dkv = b.acc("dkv", dkv, {S, cd.P});
   b.call([&] {
-    b.k().attn_doc_core_backward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s());
+    if constexpr (kDoc)
+      b.k().attn_doc_core_backward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s());
+    else b.k().attn_core_backward(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, b.s());
   });
+}
+template <class T>
+void bind_attn_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd, const T* q, const int64_t* qpos,
+                            int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+  bind_core_forward<T, false>(b, pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats);
+}
+template <class T>
+void bind_attn_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd, const T* q, const int64_t* qpos,
+                             int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                             T* dq, ExactAcc<T>* dkv) {
+  bind_core_backward<T, false>(b, pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+}
+template <class T>
+void bind_attn_doc_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd, const T* q, const int64_t* qpos,
+                                const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+  bind_core_forward<T, true>(b, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats);
+}
+template <class T>
+void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd, const T* q, const int64_t* qpos,
+                                 const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                                 const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv) {
+  bind_core_backward<T, true>(b, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
 }
 template <class T>
 void bind_attn_out_forward(Binder<T>& b, Policy pol, const m::Config& cfg_, const m::AttnW<T>& W_, int64_t N,
