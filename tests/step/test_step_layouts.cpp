@@ -95,6 +95,17 @@ TEST(Step2dCp, FakeNccl) {
             .comm = emu::CommBackend::nccl_fake});
 }
 
+// The block transposes and the four collectives on the deferred device (seeded order, stream hazards checked).
+TEST(Step2dCp, DeferredDevice) {
+  for (const uint64_t seed : {3u, 19u}) {
+    emu::EmulateSpec s = make_spec({.mesh = M2(1, 2, 4, 2, 4, 2), .chunks = 2, .recompute = seed == 3, .seq_len = 64,
+                                    .steps = 2, .docs_per_seq = 4});
+    s.device.mode = emu::DeviceMode::deferred;
+    s.device.seed = seed;
+    expect_equal<float>(s);
+  }
+}
+
 // 2D CP gives 1D CP's bits (both are the reference's; compared directly here too) and the documented schedule.
 TEST(Step2dCp, EqualsOneDimensionalCp) {
   const Case c2{.mesh = M2(1, 2, 4, 2, 4, 2), .chunks = 2, .recompute = true, .seq_len = 64, .steps = 2};
