@@ -285,7 +285,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
 TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ranks (optionally vs the reference)",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
                                       ->capture_default_str();
                    sub.add_option("--config", o->config, "model config file (.json or .toml); instead of --preset")
                        ->check(CLI::ExistingFile)

@@ -157,7 +157,7 @@ int run(const Opts& o, const Config& cfg) {
 TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic next-token task",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
                                       ->capture_default_str();
                    sub.add_option("--config", o->config,
                                   "model config file (.json or .toml; every key required); instead of --preset")
