@@ -72,18 +72,6 @@ struct Opts {
   }
 };
 
-// Peak resident set of this process (VmHWM), bytes.
-int64_t mpi_free_peak_rss() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
-
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
 
 // What run() hands to report(): the memory estimate, the repro line and the resumed state (or null).
@@ -218,7 +206,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   std::printf("memory estimate: %s\n", info.est.describe().c_str());
   std::fflush(stdout);
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
-  std::printf("peak RSS of this process: %s\n", mib(mpi_free_peak_rss()).c_str());
+  std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
 }
 
