@@ -222,7 +222,7 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const RankTrace& t : traces)
     for (const StreamTrace& s : t) entries += static_cast<int64_t>(s.entries.size());
   const auto t0 = std::chrono::steady_clock::now();
-  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype});
+  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh});
   const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("timeline on %s (%s; compute in %s): %lld steps take %.3f ms of simulated time; replayed %lld trace "
               "entries of %zu ranks in %.2f s\n",

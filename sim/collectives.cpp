@@ -6,24 +6,6 @@
 
 namespace trident::sim {
 
-int64_t comm_group_size(const MeshShape& m, std::string_view name) {
-  if (name == "world") return m.world();
-  int64_t n = 1;
-  size_t b = 0;
-  while (b <= name.size()) {
-    const size_t e = std::min(name.find('*', b), name.size());
-    const std::string_view d = name.substr(b, e - b);
-    if (d == "d_rep") n *= m.d_rep;
-    else if (d == "fsdp") n *= m.fsdp;
-    else if (d == "cp") n *= m.cp;
-    else if (d == "e_fsdp") n *= m.e_fsdp;
-    else if (d == "ep") n *= m.ep;
-    else return 0;  // not a mesh communicator (unknown size)
-    b = e + 1;
-  }
-  return n;
-}
-
 std::vector<CollRow> collective_rows(const CommStats& total, const MeshShape& mesh, const Timeline* tl) {
   std::vector<CollRow> rows;
   for (const auto& [name, tab] : total)

@@ -28,9 +28,6 @@ struct CollRow {
   double busbw_GBps = 0;     // algbw x busbw_factor(op, group_ranks)
 };
 
-// Ranks in the communicator called `name` ("world" or mesh dimensions joined by '*', parallel/mesh.h).
-int64_t comm_group_size(const MeshShape& mesh, std::string_view name);
-
 // One row per (communicator name, op) with calls, in name then op order; `tl` (may be null) adds the times.
 std::vector<CollRow> collective_rows(const CommStats& total, const MeshShape& mesh, const Timeline* tl);
 // The text table (a header line and one line per row).

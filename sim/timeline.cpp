@@ -18,6 +18,24 @@ void unpack_entry(int64_t p, int& rank, int& stream, int64_t& index) {
   index = p & 0xFFFFFFFFll;
 }
 
+int64_t comm_group_size(const MeshShape& m, std::string_view name) {
+  if (name == "world") return m.world();
+  int64_t n = 1;
+  size_t b = 0;
+  while (b <= name.size()) {
+    const size_t e = std::min(name.find('*', b), name.size());
+    const std::string_view d = name.substr(b, e - b);
+    if (d == "d_rep") n *= m.d_rep;
+    else if (d == "fsdp") n *= m.fsdp;
+    else if (d == "cp") n *= m.cp;
+    else if (d == "e_fsdp") n *= m.e_fsdp;
+    else if (d == "ep") n *= m.ep;
+    else return 0;  // not a mesh communicator (unknown size)
+    b = e + 1;
+  }
+  return n;
+}
+
 double busbw_factor(CollOp op, int n) {
   if (n <= 1) return 0;
   const double f = static_cast<double>(n - 1) / n;
@@ -124,12 +142,20 @@ class Replay {
         out_.spans[static_cast<size_t>(r)][s].resize(rt[s].entries.size());
         for (const TraceEntry& e : rt[s].entries)
           if (is_comm(e.kind)) {
+            comm_names_.emplace(e.comm_id, e.comm);
             auto& m = comms_[e.comm_id].members;
             if (m.empty() || m.back() != r) m.push_back(r);
           }
       }
     }
     for (auto& [id, c] : comms_) {
+      if (opt.mesh) {  // a member that never calls the communicator would make it look smaller
+        const std::string& name = comm_names_.at(id);
+        const int64_t want = comm_group_size(*opt.mesh, name);
+        TD_CHECK(want == 0 || want == static_cast<int64_t>(c.members.size()),
+                 "timeline: communicator '{}' (id {}) has {} ranks on mesh {} but {} ranks call it in the trace", name,
+                 id, want, opt.mesh->spec(), c.members.size());
+      }
       std::map<int, int> per;
       for (int r : c.members) per[r / hw.nvl_domain]++;
       for (const auto& [d, k] : per) c.n_local = std::max(c.n_local, k);
@@ -330,6 +356,7 @@ class Replay {
   Timeline out_;
   std::vector<std::vector<Cursor>> cur_;
   std::map<int64_t, CommInfo> comms_;
+  std::map<int64_t, std::string> comm_names_;
   std::unordered_map<uint64_t, Pending> pending_;
   std::deque<std::pair<int, int>> queue_;
   std::unordered_set<int64_t> queued_;

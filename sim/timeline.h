@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "parallel/layout.h"
 #include "parallel/trace.h"
 #include "sim/hardware.h"
 
@@ -25,7 +27,14 @@ void unpack_entry(int64_t p, int& rank, int& stream, int64_t& index);
 
 struct SimOptions {
   std::string dtype = "bf16";  // the compute dtype key of the hardware model (the run's precision policy)
+  // The run's mesh: when set, every mesh communicator must be called by as many ranks as it has (else a rank that
+  // never reaches a collective would make its group look smaller instead of being reported).
+  const MeshShape* mesh = nullptr;
 };
+
+// Ranks in the communicator called `name` ("world" or mesh dimensions joined by '*', parallel/mesh.h); 0 for a
+// name that is not a mesh communicator.
+int64_t comm_group_size(const MeshShape& mesh, std::string_view name);
 
 // Per (communicator name, op): the simulated seconds of every rank's calls, summed.
 struct CollTime {
