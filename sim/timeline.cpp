@@ -1,6 +1,7 @@
 #include "sim/timeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
@@ -54,7 +55,12 @@ double collective_seconds(CollOp op, double bytes, int n, double bw, double late
   const double steps = op == CollOp::all_reduce                                   ? 2.0 * (n - 1)
                        : op == CollOp::all_gather || op == CollOp::reduce_scatter ? n - 1.0
                                                                                   : 1.0;
-  return steps * latency + bytes * busbw_factor(op, n) / bw;
+  const double ring = steps * latency + bytes * busbw_factor(op, n) / bw;
+  if (op != CollOp::all_reduce) return ring;
+  // NCCL's tree all-reduce (reduce up, broadcast down a binary tree): 2 ceil(log2 n) latencies and the whole
+  // buffer twice; NCCL picks the faster of the two, so small all-reduces over many ranks are not ring-latency bound.
+  const double tree = 2.0 * std::ceil(std::log2(static_cast<double>(n))) * latency + 2.0 * bytes / bw;
+  return std::min(ring, tree);
 }
 
 double Timeline::max_exposed(const std::string& comm, int* rank) const {

@@ -129,6 +129,8 @@ TEST(Timeline, FormulasOfTheCollectives) {
   EXPECT_EQ(collective_seconds(CollOp::all_gather, S, 1, bw, lat), 0);  // a group of one rank: a no-op
   EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_gather, S, 4, bw, lat), 3 * lat + S * 0.75 / bw);
   EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_reduce, S, 4, bw, lat), 6 * lat + 2 * S * 0.75 / bw);
+  // a small all-reduce over many ranks: the tree (2 log2 n latencies) beats the ring (2 (n-1) latencies)
+  EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_reduce, 8, 1024, bw, lat), 20 * lat + 2 * 8 / bw);
   EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_to_allv, S, 4, bw, lat), lat + S * 0.75 / bw);
   EXPECT_DOUBLE_EQ(busbw_factor(CollOp::all_reduce, 8), 2 * 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor(CollOp::broadcast, 8), 1.0);
