@@ -60,12 +60,14 @@ struct Opts {
   // machine-readable output and the simulated timeline (docs/timeline.md)
   std::string json, trace, timeline, hardware;
   int64_t timeline_ranks = 4;
+  bool no_fixed_costs = false;
   bool simulate() const { return !trace.empty() || !timeline.empty() || !hardware.empty(); }
   std::string hardware_name() const { return hardware.empty() ? "h100" : hardware; }
   // The output flags for the repro line.
   std::string repro_flags() const {
     ReproLine r("");
-    r.opt_nonempty("--hardware", hardware).opt_nonempty("--json", json).opt_nonempty("--trace", trace);
+    r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
+    r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
     r.opt_nonempty("--timeline", timeline);
     if (!timeline.empty()) r.opt_if("--timeline-ranks", timeline_ranks, 4);
     return r.str();
@@ -162,6 +164,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   spec.record_trace = o.simulate();
   if (o.backend == "mpi" && o.simulate())
     fail("--trace, --timeline and --hardware need --backend emulator (the MPI backend does not gather traces)");
+  if (o.no_fixed_costs && !o.simulate()) fail("--no-fixed-costs needs --hardware (or --trace, --timeline)");
   if (o.simulate()) (void)sim::hardware_model(o.hardware_name());  // an unknown --hardware fails before the run
   for (const auto& [path, flag] : {std::pair{o.json, "--json"}, {o.trace, "--trace"}, {o.timeline, "--timeline"}})
     if (!path.empty()) sim::check_writable_file(path, flag);
@@ -222,11 +225,12 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const RankTrace& t : traces)
     for (const StreamTrace& s : t) entries += static_cast<int64_t>(s.entries.size());
   const auto t0 = std::chrono::steady_clock::now();
-  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh});
+  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs});
   const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("timeline on %s (%s; compute in %s): %lld steps take %.3f ms of simulated time; replayed %lld trace "
+  std::printf("timeline on %s (%s; compute in %s%s): %lld steps take %.3f ms of simulated time; replayed %lld trace "
               "entries of %zu ranks in %.2f s\n",
-              hw.name.c_str(), hw.description.c_str(), dtype.c_str(), static_cast<long long>(spec.run.steps),
+              hw.name.c_str(), hw.description.c_str(), dtype.c_str(),
+              o.no_fixed_costs ? "; no launch or latency costs" : "", static_cast<long long>(spec.run.steps),
               tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
   std::string path;
   for (const auto& [name, v] : tl.path_comm_s)
@@ -248,6 +252,7 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   nlohmann::json pc = nlohmann::json::object();
   for (const auto& [name, v] : tl.path_comm_s) pc[name] = v;
   j = {{"hardware", hw.name},
+       {"fixed_costs", !o.no_fixed_costs},
        {"compute_dtype", dtype},
        {"makespan_s", tl.makespan},
        {"critical_rank", tl.critical_rank},
@@ -489,6 +494,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--hardware", o->hardware,
                                   "simulate the step's timeline on a hardware model: h100, h200, gb200-nvl72, "
                                   "gb300-nvl72 (sim/hardware.json; default h100 with --trace or --timeline)");
+                   sub.add_flag("--no-fixed-costs", o->no_fixed_costs,
+                                "simulate without kernel launch and collective latency costs (the bandwidth-bound "
+                                "regime of a production-size model; docs/timeline.md section 7)");
                    sub.add_option("--trace", o->trace,
                                   "write the simulated timeline as Chrome/Perfetto trace-event JSON (one process "
                                   "per rank, one track per stream)");

@@ -215,6 +215,7 @@ nlohmann::json plan_json(const PlanInput& in, const MeshShape& m, const MeshChec
   j["cp_rdma_share"] = p.cp_rdma_share;
   j["cp_nvlink_gb_per_layer"] = p.cp_nvlink_bytes / 1e9;
   j["rdma_gb_per_layer"] = p.rdma_bytes_per_layer / 1e9;
+  j["ep_a2a_gb_per_layer"] = p.ep_a2a_bytes / 1e9;
   if (in.model.vocab > 0)
     j["linear_ce"] = {{"vocab", in.model.vocab},
                       {"local_tokens", p.tokens_per_gpu},

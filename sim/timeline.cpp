@@ -133,8 +133,9 @@ double overlap(const std::vector<std::pair<double, double>>& x, const std::vecto
 class Replay {
  public:
   Replay(const std::vector<RankTrace>& tr, const Hardware& hw, const SimOptions& opt) : tr_(tr), hw_(hw) {
-    gemm_ = hw.gemm_flops(opt.dtype);
-    attn_ = hw.attention_flops(opt.dtype);
+    if (!opt.fixed_costs) hw_.launch_us = hw_.nvlink_latency_us = hw_.ib_latency_us = 0;
+    gemm_ = hw_.gemm_flops(opt.dtype);
+    attn_ = hw_.attention_flops(opt.dtype);
     const int W = static_cast<int>(tr.size());
     out_.spans.resize(tr.size());
     cur_.resize(tr.size());
@@ -357,7 +358,7 @@ class Replay {
   }
 
   const std::vector<RankTrace>& tr_;
-  const Hardware& hw_;
+  Hardware hw_;  // a copy: SimOptions may change its fixed costs
   double gemm_ = 1, attn_ = 1;
   Timeline out_;
   std::vector<std::vector<Cursor>> cur_;

@@ -30,6 +30,11 @@ struct SimOptions {
   // The run's mesh: when set, every mesh communicator must be called by as many ranks as it has (else a rank that
   // never reaches a collective would make its group look smaller instead of being reported).
   const MeshShape* mesh = nullptr;
+  // false: drop the fixed costs (kernel launch, collective latency) and keep the model's throughputs and
+  // bandwidths. A tiny model moves kilobytes per call, so on real hardware its step is latency-bound; a production
+  // model moves megabytes and is bandwidth-bound. Without the fixed costs, a tiny model whose flops per byte match
+  // the production one (e.g. a wider expert FFN) shows the production overlap at small scale (docs/timeline.md 7).
+  bool fixed_costs = true;
 };
 
 // Ranks in the communicator called `name` ("world" or mesh dimensions joined by '*', parallel/mesh.h); 0 for a
