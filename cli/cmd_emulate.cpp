@@ -234,9 +234,9 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
               tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
   std::string path;
   for (const auto& [name, v] : tl.path_comm_s)
-    if (v > 0) path += fmt::format(", {} {:.3f} ms", name, v * 1e3);
-  std::printf("  critical path (ends on rank %d, %lld entries): compute %.3f ms%s\n", tl.critical_rank,
-              static_cast<long long>(tl.path_entries), tl.path_compute_s * 1e3, path.c_str());
+    if (v > 0) path += fmt::format(", {} {:.3f} us", name, v * 1e6);
+  std::printf("  critical path (ends on rank %d, %lld entries): compute %.3f us%s\n", tl.critical_rank,
+              static_cast<long long>(tl.path_entries), tl.path_compute_s * 1e6, path.c_str());
   std::printf("  exposed communication per mesh dimension (not overlapped by any kernel of the rank): max over ranks "
               "(rank) / critical rank %d\n",
               tl.critical_rank);
@@ -244,8 +244,8 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const auto& [name, v] : tl.exposed_s[static_cast<size_t>(tl.critical_rank)]) {
     int at = 0;
     const double mx = tl.max_exposed(name, &at);
-    std::printf("    %-10s %9.3f ms (rank %d) / %9.3f ms; busy %9.3f ms on the critical rank\n", name.c_str(), mx * 1e3,
-                at, v * 1e3, tl.comm_busy_s[static_cast<size_t>(tl.critical_rank)].at(name) * 1e3);
+    std::printf("    %-10s %12.3f us (rank %d) / %12.3f us; busy %12.3f us on the critical rank\n", name.c_str(),
+                mx * 1e6, at, v * 1e6, tl.comm_busy_s[static_cast<size_t>(tl.critical_rank)].at(name) * 1e6);
     exposed[name] = {{"max_s", mx}, {"max_rank", at}, {"critical_rank_s", v},
                      {"critical_rank_busy_s", tl.comm_busy_s[static_cast<size_t>(tl.critical_rank)].at(name)}};
   }
