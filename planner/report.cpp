@@ -1,5 +1,6 @@
 // Rendering: text breakdown, JSON and SVG. Units: 1 GB = 1e9 B, 1 MB = 1e6 B, times in ms.
 #include "planner/report.h"
+#include "reference/xml_escape.h"
 
 #include <algorithm>
 #include <cmath>
@@ -332,17 +333,7 @@ nlohmann::json search_json(const PlanInput& in, const SearchResult& s, int top) 
 
 // ---- SVG --------------------------------------------------------------------------------------------------------
 namespace {
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '&') o += "&amp;";
-    else if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '"') o += "&quot;";
-    else o += ch;
-  }
-  return o;
-}
+std::string esc(const std::string& s) { return xml_escape(s); }
 }  // namespace
 
 std::string render_svg(const PlanInput& in, const MeshShape& m, const Plan& p) {

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "reference/check.h"
+#include "reference/xml_escape.h"
 
 namespace trident::sim {
 namespace {
@@ -21,18 +22,6 @@ const char* kernel_kind(const std::string& n) {
   if (n.find("expert") != std::string::npos || n.find("swiglu") != std::string::npos) return "experts";
   if (n == "mm" || n.find("wgrad") != std::string::npos || n.find("linear_ce") != std::string::npos) return "gemm";
   return "other";
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
 }
 
 }  // namespace
