@@ -80,5 +80,15 @@ p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--j
                    capture_output=True, text=True)
 check(p.returncode != 0 and "--json" in p.stderr and "step" not in p.stdout, "unwritable --json fails first")
 
+p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--no-fixed-costs"],
+                   capture_output=True, text=True)
+check(p.returncode != 0 and "trident: error:" in p.stderr and "--hardware" in p.stderr, "--no-fixed-costs alone")
+p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--timeline-ranks", "2"],
+                   capture_output=True, text=True)
+check(p.returncode != 0 and "--timeline" in p.stderr, "--timeline-ranks alone")
+p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--trace", os.path.join(work, "t.json"),
+                    "--backend", "mpi"], capture_output=True, text=True)
+check(p.returncode != 0 and "trident: error:" in p.stderr, "--trace with --backend mpi")
+
 print(f"{len(failures)} failures")
 sys.exit(1 if failures else 0)
