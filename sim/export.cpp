@@ -86,7 +86,7 @@ nlohmann::json trace_events(const std::vector<RankTrace>& traces, const Timeline
 
 std::string timeline_svg(const std::vector<RankTrace>& traces, const Timeline& tl, const std::vector<int>& ranks,
                          const std::string& title) {
-  const double left = 190, right = 20, top = 50, row_h = 22, gap = 10, width = 1400;
+  const double left = 270, right = 20, top = 50, row_h = 22, gap = 10, width = 1480;
   const double plot_w = width - left - right, span = std::max(tl.makespan, 1e-12);
   auto x_of = [&](double t) { return left + plot_w * t / span; };
   static const std::map<std::string, std::string> kernel_colour = {
