@@ -13,6 +13,7 @@
 #include "reference/check.h"
 #include "reference/model/repro.h"
 #include "reference/model/train.h"
+#include "sim/export.h"
 
 namespace {
 
@@ -35,6 +36,7 @@ struct Opts {
   std::string save, resume;  // checkpoints (docs/checkpoints.md)
   bool quiet = false;
   std::string max_memory;
+  std::string json;  // --json FILE (docs/timeline.md section 6)
 };
 
 template <class T>
@@ -48,6 +50,7 @@ std::string repro_line(const Opts& o, const Config& c, const RunConfig& rc) {
   add_model_flags(r, o.config.empty() ? o.preset : "", o.config, c);
   add_run_flags(r, rc);
   r.opt_nonempty("--dump", o.dump);
+  r.opt_nonempty("--json", o.json);
   return r.str();
 }
 
@@ -64,6 +67,7 @@ int run(const Opts& o, const Config& cfg) {
   rc.validate_for(cfg);  // bounds of every run value and overflow-checked sizes of this model on this batch
   if (!o.dump.empty() && o.steps < 1) fail("--dump needs --steps >= 1 (it records the last step)");
   if (!o.dump.empty()) golden::check_writable(o.dump);  // before training, not after it
+  if (!o.json.empty()) sim::check_writable_file(o.json, "--json");
   // Refused before any allocation when the estimate exceeds the available memory or --max-memory.
   emu::check_memory(emu::estimate_train(cfg, rc, !o.dump.empty()),
                     o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "train");
@@ -90,6 +94,7 @@ int run(const Opts& o, const Config& cfg) {
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json steps_json = nlohmann::json::array();
   for (int64_t s = 0; s < o.steps; ++s) {
     const Batch batch = synthetic_batch(cfg, rc, first + s);
     const bool last = s + 1 == o.steps;
@@ -104,6 +109,7 @@ int run(const Opts& o, const Config& cfg) {
                 st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
+    steps_json.push_back({{"step", first + s + 1}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"clip", st.clip}});
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
       fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
                        st.grad_norm));
@@ -149,6 +155,16 @@ int run(const Opts& o, const Config& cfg) {
     std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank) in %.2f s\n",
                 o.save.c_str(), static_cast<long long>(tr.step_count), secs);
   }
+  if (!o.json.empty()) {
+    // The same schema as `emulate --json` (docs/timeline.md section 6): one rank, no collectives.
+    const nlohmann::json doc = {
+        {"schema", "trident.run/1"}, {"command", "train"}, {"repro", repro}, {"mesh", nullptr}, {"ranks", 1},
+        {"policy", std::string(to_string(cfg.policy))},
+        {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+        {"steps", steps_json}, {"peak_memory_bytes", {cli::peak_rss_bytes()}}, {"collectives", nlohmann::json::array()}};
+    sim::write_text_file(o.json, doc.dump(2) + "\n", "--json");
+    std::printf("wrote %s (--json: steps, peak memory, repro)\n", o.json.c_str());
+  }
   return 0;
 }
 
@@ -188,6 +204,9 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--dump", o->dump,
                                   "write the golden HDF5 state of the last step (inputs, weights before, loss, "
                                   "grads, weights after, config, optimizer, repro) to this file");
+                   sub.add_option("--json", o->json,
+                                  "write the run as JSON: loss, grad norm and clip per step, peak resident memory, "
+                                  "the repro line (docs/timeline.md section 6)");
                    sub.add_option("--max-memory", o->max_memory,
                                   "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
                                   "512MiB, 8GiB); default: the memory available on this machine");

@@ -25,6 +25,10 @@ CASES = [
     # emulate from a preset with model overrides, vocabulary slices, the i64 lowering and the hazard checker
     "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 2 --experts 4 --top-k 1 --layers 2 "
     "--vocab-chunk 64 --vocab-slices 3 --lower-exact-sum --check-hazards --policy bf16",
+    # emulate with the simulated timeline and its output files (docs/timeline.md)
+    "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 1 --hardware gb200-nvl72 --no-fixed-costs "
+    "--json /tmp/trident_repro_roundtrip.json --trace /tmp/trident_repro_roundtrip.trace.json "
+    "--timeline /tmp/trident_repro_roundtrip.svg --timeline-ranks 2",
     # selfcheck with both of its flags
     "selfcheck --seed 7 --threads 2",
     # plan with every flag that changes the text report
