@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,11 @@
 #include "emulator/run_step.h"
 #include "golden/checkpoint.h"
 #include "reference/check.h"
+#include "reference/repro.h"
+#include "sim/collectives.h"
+#include "sim/export.h"
+#include "sim/hardware.h"
+#include "sim/timeline.h"
 #ifdef TRIDENT_HAVE_MPI
 #include "mpi/run.h"
 #endif
@@ -53,19 +59,22 @@ struct Opts {
   double mpi_peer_timeout = 6.0;
   double mpi_wait_timeout = 600.0;
   int64_t mpi_chunk_bytes = 0;
+  // machine-readable output and the simulated timeline (docs/timeline.md)
+  std::string json, trace, timeline, hardware;
+  int64_t timeline_ranks = 4;
+  bool no_fixed_costs = false;
+  bool simulate() const { return !trace.empty() || !timeline.empty() || !hardware.empty(); }
+  std::string hardware_name() const { return hardware.empty() ? "h100" : hardware; }
+  // The output flags for the repro line.
+  std::string repro_flags() const {
+    ReproLine r("");
+    r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
+    r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
+    r.opt_nonempty("--timeline", timeline);
+    if (!timeline.empty()) r.opt_if("--timeline-ranks", timeline_ranks, 4);
+    return r.str();
+  }
 };
-
-// Peak resident set of this process (VmHWM), bytes.
-int64_t mpi_free_peak_rss() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
 
 std::string mib(int64_t b) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0)); }
 
@@ -125,7 +134,7 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
   // The exact command: the spec's flags (one builder, reference/repro.h) and the display flag --verbose.
-  const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "");
+  const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "") + o.repro_flags();
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   return repro;
@@ -163,6 +172,13 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   };
   spec.keep_tensors = o.check;
   spec.keep_state = !o.save.empty();
+  spec.record_trace = o.simulate();
+  if (o.backend == "mpi" && o.simulate())
+    fail("--trace, --timeline and --hardware need --backend emulator (the MPI backend does not gather traces)");
+  if (o.no_fixed_costs && !o.simulate()) fail("--no-fixed-costs needs --hardware (or --trace, --timeline)");
+  if (o.simulate()) (void)sim::hardware_model(o.hardware_name());  // an unknown --hardware fails before the run
+  for (const auto& [path, flag] : {std::pair{o.json, "--json"}, {o.trace, "--trace"}, {o.timeline, "--timeline"}})
+    if (!path.empty()) sim::check_writable_file(path, flag);
   const int64_t W = spec.mesh.world();
   if (W > emu::kMaxEmulatedRanks)  // emulate() refuses it too; named before the memory estimate of so many ranks
     fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
@@ -204,8 +220,71 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   std::printf("memory estimate: %s\n", info.est.describe().c_str());
   std::fflush(stdout);
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
-  std::printf("peak RSS of this process: %s\n", mib(mpi_free_peak_rss()).c_str());
+  std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
+}
+
+// The compute dtype of the hardware model for a precision policy.
+std::string sim_dtype(Policy p) { return p == Policy::bf16 ? "bf16" : p == Policy::fp32 ? "f32" : "f64"; }
+
+// Replays the traces on --hardware, prints the summary, writes --trace / --timeline, fills `j` (the JSON part).
+sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, const std::vector<RankTrace>& traces,
+                                  nlohmann::json& j) {
+  const sim::Hardware& hw = sim::hardware_model(o.hardware_name());
+  const std::string dtype = sim_dtype(spec.cfg.policy);
+  int64_t entries = 0;
+  for (const RankTrace& t : traces)
+    for (const StreamTrace& s : t) entries += static_cast<int64_t>(s.entries.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs});
+  const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("timeline on %s (%s; compute in %s%s): %lld steps take %.3f ms of simulated time; replayed %lld trace "
+              "entries of %zu ranks in %.2f s\n",
+              hw.name.c_str(), hw.description.c_str(), dtype.c_str(),
+              o.no_fixed_costs ? "; no launch or latency costs" : "", static_cast<long long>(spec.run.steps),
+              tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
+  std::string path;
+  for (const auto& [name, v] : tl.path_comm_s)
+    if (v > 0) path += fmt::format(", {} {:.3f} us", name, v * 1e6);
+  std::printf("  critical path (ends on rank %d, %lld entries): compute %.3f us%s\n", tl.critical_rank,
+              static_cast<long long>(tl.path_entries), tl.path_compute_s * 1e6, path.c_str());
+  std::printf("  exposed communication per mesh dimension (not overlapped by any kernel of the rank): max over ranks "
+              "(rank) / critical rank %d\n",
+              tl.critical_rank);
+  nlohmann::json exposed = nlohmann::json::object();
+  for (const auto& [name, v] : tl.exposed_s[static_cast<size_t>(tl.critical_rank)]) {
+    int at = 0;
+    const double mx = tl.max_exposed(name, &at);
+    std::printf("    %-10s %12.3f us (rank %d) / %12.3f us; busy %12.3f us on the critical rank\n", name.c_str(),
+                mx * 1e6, at, v * 1e6, tl.comm_busy_s[static_cast<size_t>(tl.critical_rank)].at(name) * 1e6);
+    exposed[name] = {{"max_s", mx}, {"max_rank", at}, {"critical_rank_s", v},
+                     {"critical_rank_busy_s", tl.comm_busy_s[static_cast<size_t>(tl.critical_rank)].at(name)}};
+  }
+  nlohmann::json pc = nlohmann::json::object();
+  for (const auto& [name, v] : tl.path_comm_s) pc[name] = v;
+  j = {{"hardware", hw.name},
+       {"fixed_costs", !o.no_fixed_costs},
+       {"compute_dtype", dtype},
+       {"makespan_s", tl.makespan},
+       {"critical_rank", tl.critical_rank},
+       {"critical_path", {{"compute_s", tl.path_compute_s}, {"comm_s", pc}, {"entries", tl.path_entries}}},
+       {"exposed", exposed},
+       {"trace_entries", entries}};
+  const std::string title = fmt::format("trident emulate --mesh {} on {}", spec.mesh.spec(), hw.name);
+  if (!o.trace.empty()) {
+    sim::write_text_file(o.trace, sim::trace_events(traces, tl, title).dump() + "\n", "--trace");
+    std::printf("wrote %s (Chrome/Perfetto trace events: open in https://ui.perfetto.dev)\n", o.trace.c_str());
+  }
+  if (!o.timeline.empty()) {
+    std::vector<int> ranks;
+    const int W = static_cast<int>(traces.size());
+    for (int r = 0; r < std::min<int64_t>(W, o.timeline_ranks); ++r) ranks.push_back(r);
+    if (std::find(ranks.begin(), ranks.end(), tl.critical_rank) == ranks.end()) ranks.push_back(tl.critical_rank);
+    sim::write_text_file(o.timeline, sim::timeline_svg(traces, tl, ranks, title), "--timeline");
+    std::printf("wrote %s (SVG timeline of %zu ranks)\n", o.timeline.c_str(), ranks.size());
+  }
+  std::fflush(stdout);
+  return tl;
 }
 
 template <class T>
@@ -231,17 +310,13 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n",
                 mib(dev_peak).c_str(), mib(static_cast<int64_t>(est.device_bytes())).c_str());
   }
-  // collectives per mesh dimension
-  const CommStats tot = r.total();
-  std::printf("collectives (all ranks, %lld steps)            calls        bytes\n",
-              static_cast<long long>(spec.run.steps));
-  for (const auto& [name, tab] : tot)
-    for (int op = 0; op < kNumCollOps; ++op) {
-      const OpStats& s = tab[static_cast<size_t>(op)];
-      if (s.calls == 0) continue;
-      std::printf("  %-10s %-16s %14lld %12s\n", name.c_str(), std::string(to_string(static_cast<CollOp>(op))).c_str(),
-                  static_cast<long long>(s.calls), mib(s.bytes).c_str());
-    }
+  // the simulated timeline (with --trace / --timeline / --hardware) and the collectives per mesh dimension
+  std::optional<sim::Timeline> tl;
+  nlohmann::json tl_json;
+  if (o.simulate()) tl = simulate_and_report(o, spec, r.traces, tl_json);
+  const std::vector<sim::CollRow> rows = sim::collective_rows(r.total(), spec.mesh, tl ? &*tl : nullptr);
+  std::printf("%s", sim::format_collectives(rows, spec.run.steps).c_str());
+  std::fflush(stdout);
   if (!o.save.empty()) {
     golden::CheckpointMeta meta;
     meta.writer = "emulate";
@@ -257,7 +332,31 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     std::printf("saved checkpoint %s (step %lld: %lld rank files and a manifest) in %.2f s\n", o.save.c_str(),
                 static_cast<long long>(meta.step), static_cast<long long>(W), secs);
   }
-  if (!o.check) return 0;
+  nlohmann::json doc;
+  if (!o.json.empty()) {
+    doc = {{"schema", "trident.run/1"}, {"command", "emulate"}, {"repro", repro}, {"mesh", spec.mesh.spec()},
+           {"ranks", W}, {"policy", std::string(to_string(spec.cfg.policy))}, {"wall_seconds", r.seconds}};
+    nlohmann::json steps = nlohmann::json::array();
+    for (size_t s = 0; s < r.steps.size(); ++s)
+      steps.push_back({{"step", spec.first_step + static_cast<int64_t>(s) + 1}, {"loss", r.steps[s].loss},
+                       {"grad_norm", r.steps[s].grad_norm}, {"clip", r.steps[s].clip},
+                       {"valid_targets", r.steps[s].n_valid}});
+    doc["steps"] = std::move(steps);
+    doc["peak_memory_bytes"] = r.peak_bytes;
+    doc["device_peak_bytes"] = r.device_peak_bytes;
+    doc["collectives"] = sim::collectives_json(rows);
+    if (tl) doc["timeline"] = tl_json;
+  }
+  auto write_json = [&] {
+    if (o.json.empty()) return;
+    sim::write_text_file(o.json, doc.dump(2) + "\n", "--json");
+    std::printf("wrote %s (--json: steps, peak memory per rank, collectives%s)\n", o.json.c_str(),
+                tl ? ", timeline" : "");
+  };
+  if (!o.check) {
+    write_json();
+    return 0;
+  }
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
   std::fflush(stdout);
   const emu::CheckReport rep = emu::check_reference<T>(spec, r, info.resume);
@@ -287,6 +386,8 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     std::printf("\n");
   }
   std::printf("%s\n", rep.summary().c_str());
+  if (!o.json.empty()) doc["check_reference"] = {{"bitwise_equal", rep.ok()}, {"summary", rep.summary()}};
+  write_json();
   if (!rep.ok()) std::printf("repro: %s\n", repro.c_str());
   return rep.ok() ? 0 : 1;
 }
@@ -296,7 +397,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
 TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ranks (optionally vs the reference)",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
                                       ->capture_default_str();
                    sub.add_option("--config", o->config, "model config file (.json or .toml); instead of --preset")
                        ->check(CLI::ExistingFile)
@@ -406,6 +507,25 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "--backend mpi: largest MPI message payload (0: INT_MAX - 64; small values test "
                                   "the splitting)")
                        ->check(CLI::Range(int64_t{0}, int64_t{2147483583}))
+                       ->capture_default_str();
+                   sub.add_option("--json", o->json,
+                                  "write the run as JSON: loss per step, peak memory per rank, the collectives "
+                                  "table, the repro line, the timeline summary (docs/timeline.md section 6)");
+                   sub.add_option("--hardware", o->hardware,
+                                  "simulate the step's timeline on a hardware model: h100, h200, gb200-nvl72, "
+                                  "gb300-nvl72 (sim/hardware.json; default h100 with --trace or --timeline)");
+                   sub.add_flag("--no-fixed-costs", o->no_fixed_costs,
+                                "simulate without kernel launch and collective latency costs (the bandwidth-bound "
+                                "regime of a production-size model; docs/timeline.md section 7)");
+                   sub.add_option("--trace", o->trace,
+                                  "write the simulated timeline as Chrome/Perfetto trace-event JSON (one process "
+                                  "per rank, one track per stream)");
+                   auto* tlopt = sub.add_option("--timeline", o->timeline,
+                                                "write an SVG picture of the simulated streams of a few ranks");
+                   sub.add_option("--timeline-ranks", o->timeline_ranks,
+                                  "with --timeline: the first N ranks are drawn (plus the critical rank)")
+                       ->check(CLI::Range(int64_t{1}, int64_t{64}))
+                       ->needs(tlopt)
                        ->capture_default_str();
                    return [o]() -> int {
                      emu::EmulateSpec spec;

@@ -41,7 +41,7 @@ struct RunOpts {
 };
 
 void add_run_options(CLI::App& sub, RunOpts& o) {
-  sub.add_option("--preset", o.preset, "model preset: tiny, tiny-gqa or tiny-e64")->capture_default_str();
+  sub.add_option("--preset", o.preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")->capture_default_str();
   sub.add_option("--mesh", o.mesh, "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1)")
       ->capture_default_str();
   sub.add_option("--policy", o.policy, "precision policy fp64|fp32|bf16 (default: the preset's)");

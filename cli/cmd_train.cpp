@@ -13,6 +13,7 @@
 #include "reference/check.h"
 #include "reference/model/repro.h"
 #include "reference/model/train.h"
+#include "sim/export.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ struct Opts {
   std::string save, resume;  // checkpoints (docs/checkpoints.md)
   bool quiet = false;
   std::string max_memory;
+  std::string json;  // --json FILE (docs/timeline.md section 6)
 };
 
 template <class T>
@@ -49,6 +51,7 @@ std::string repro_line(const Opts& o, const Config& c, const RunConfig& rc) {
   add_model_flags(r, o.config.empty() ? o.preset : "", o.config, c);
   add_run_flags(r, rc);
   r.opt_nonempty("--dump", o.dump);
+  r.opt_nonempty("--json", o.json);
   return r.str();
 }
 
@@ -68,6 +71,7 @@ int run(const Opts& o, const Config& cfg) {
   if (!o.dump.empty() && rc.docs_per_seq > 1)
     fail("--dump does not store document boundaries (the state dump schema has none): drop --docs-per-seq or --dump");
   if (!o.dump.empty()) golden::check_writable(o.dump);  // before training, not after it
+  if (!o.json.empty()) sim::check_writable_file(o.json, "--json");
   // Refused before any allocation when the estimate exceeds the available memory or --max-memory.
   emu::check_memory(emu::estimate_train(cfg, rc, !o.dump.empty()),
                     o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "train");
@@ -94,6 +98,7 @@ int run(const Opts& o, const Config& cfg) {
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json steps_json = nlohmann::json::array();
   for (int64_t s = 0; s < o.steps; ++s) {
     const Batch batch = synthetic_batch(cfg, rc, first + s);
     const bool last = s + 1 == o.steps;
@@ -108,6 +113,7 @@ int run(const Opts& o, const Config& cfg) {
                 st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
+    steps_json.push_back({{"step", first + s + 1}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"clip", st.clip}});
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
       fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
                        st.grad_norm));
@@ -153,6 +159,16 @@ int run(const Opts& o, const Config& cfg) {
     std::printf("saved checkpoint %s (step %lld: weights, router biases, AdamW moments; one rank) in %.2f s\n",
                 o.save.c_str(), static_cast<long long>(tr.step_count), secs);
   }
+  if (!o.json.empty()) {
+    // The same schema as `emulate --json` (docs/timeline.md section 6): one rank, no collectives.
+    const nlohmann::json doc = {
+        {"schema", "trident.run/1"}, {"command", "train"}, {"repro", repro}, {"mesh", nullptr}, {"ranks", 1},
+        {"policy", std::string(to_string(cfg.policy))},
+        {"wall_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+        {"steps", steps_json}, {"peak_memory_bytes", {cli::peak_rss_bytes()}}, {"collectives", nlohmann::json::array()}};
+    sim::write_text_file(o.json, doc.dump(2) + "\n", "--json");
+    std::printf("wrote %s (--json: steps, peak memory, repro)\n", o.json.c_str());
+  }
   return 0;
 }
 
@@ -161,7 +177,7 @@ int run(const Opts& o, const Config& cfg) {
 TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic next-token task",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa or tiny-e64")
+                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
                                       ->capture_default_str();
                    sub.add_option("--config", o->config,
                                   "model config file (.json or .toml; every key required); instead of --preset")
@@ -197,6 +213,9 @@ TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic 
                    sub.add_option("--dump", o->dump,
                                   "write the golden HDF5 state of the last step (inputs, weights before, loss, "
                                   "grads, weights after, config, optimizer, repro) to this file");
+                   sub.add_option("--json", o->json,
+                                  "write the run as JSON: loss, grad norm and clip per step, peak resident memory, "
+                                  "the repro line (docs/timeline.md section 6)");
                    sub.add_option("--max-memory", o->max_memory,
                                   "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
                                   "512MiB, 8GiB); default: the memory available on this machine");

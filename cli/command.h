@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -18,6 +20,18 @@ struct Command {
 };
 
 bool register_command(Command cmd);
+
+// Peak resident set of this process (VmHWM from /proc/self/status), bytes; 0 where unavailable.
+inline int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
 
 // Option check: an integer >= 1 ("must be a positive integer, got X").
 inline CLI::Validator positive_int() {

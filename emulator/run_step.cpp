@@ -69,11 +69,7 @@ template <class T>
 CommStats EmulateResult<T>::total() const {
   CommStats t;
   for (const CommStats& r : rank_stats)
-    for (const auto& [name, tab] : r)
-      for (int o = 0; o < kNumCollOps; ++o) {
-        t[name][static_cast<size_t>(o)].calls += tab[static_cast<size_t>(o)].calls;
-        t[name][static_cast<size_t>(o)].bytes += tab[static_cast<size_t>(o)].bytes;
-      }
+    for (const auto& [name, tab] : r) add_stats(t[name], tab);
   return t;
 }
 

@@ -1006,13 +1006,7 @@ const RankTrace& RankContext::trace() const { return r_.trace; }
 CommStats SpawnResult::total() const {
   CommStats t;
   for (const auto& r : ranks)
-    for (const auto& [name, table] : r.stats) {
-      auto& dst = t[name];
-      for (size_t i = 0; i < table.size(); ++i) {
-        dst[i].calls += table[i].calls;
-        dst[i].bytes += table[i].bytes;
-      }
-    }
+    for (const auto& [name, table] : r.stats) add_stats(t[name], table);
   return t;
 }
 

@@ -86,10 +86,11 @@ bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
 
 }  // namespace
 
-void Communicator::count(CollOp op, size_t bytes) {
+void Communicator::count(CollOp op, size_t bytes, DataType t) {
   auto& s = stats_[static_cast<size_t>(op)];
   s.calls += 1;
   s.bytes += static_cast<int64_t>(bytes);
+  if (is_exact(t)) s.exact_bytes += static_cast<int64_t>(bytes);
 }
 
 #define TD_NOT_IN_GROUP(what)                                                                                 \
@@ -104,7 +105,7 @@ void Communicator::all_gather(const void* send, void* recv, size_t sendcount, Da
            "all_gather on '{}' at {}: send and recv overlap but send != recv + rank*count (not NCCL in-place)", name_,
            where(loc));
   do_collective({CollOp::all_gather, send, recv, sendcount, t, ReduceOp::sum, -1}, s, loc);
-  count(CollOp::all_gather, n * sendcount * es);
+  count(CollOp::all_gather, n * sendcount * es, t);
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recvcount, DataType t, ReduceOp op, Stream s,
@@ -117,11 +118,11 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recvcount
            "reduce_scatter on '{}' at {}: send and recv overlap but recv != send + rank*recvcount (not NCCL "
            "in-place)", name_, where(loc));
   if (op == ReduceOp::exact_sum && !native_exact_sum()) {
-    count(CollOp::reduce_scatter, lower_exact_sum(CollOp::reduce_scatter, send, recv, recvcount, t, -1, s, loc));
+    count(CollOp::reduce_scatter, lower_exact_sum(CollOp::reduce_scatter, send, recv, recvcount, t, -1, s, loc), t);
     return;
   }
   do_collective({CollOp::reduce_scatter, send, recv, recvcount, t, op, -1}, s, loc);
-  count(CollOp::reduce_scatter, n * recvcount * es);
+  count(CollOp::reduce_scatter, n * recvcount * es, t);
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count_, DataType t, ReduceOp op, Stream s,
@@ -132,11 +133,11 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count_, DataT
   TD_CHECK(send == recv || !overlaps(send, count_ * es, recv, count_ * es),
            "all_reduce on '{}' at {}: send and recv overlap partially", name_, where(loc));
   if (op == ReduceOp::exact_sum && !native_exact_sum()) {
-    count(CollOp::all_reduce, lower_exact_sum(CollOp::all_reduce, send, recv, count_, t, -1, s, loc));
+    count(CollOp::all_reduce, lower_exact_sum(CollOp::all_reduce, send, recv, count_, t, -1, s, loc), t);
     return;
   }
   do_collective({CollOp::all_reduce, send, recv, count_, t, op, -1}, s, loc);
-  count(CollOp::all_reduce, count_ * es);
+  count(CollOp::all_reduce, count_ * es, t);
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count_, DataType t, int root, Stream s, loc_t loc) {
@@ -147,7 +148,7 @@ void Communicator::broadcast(const void* send, void* recv, size_t count_, DataTy
   TD_CHECK(rank() != root || send == recv || !overlaps(send, count_ * es, recv, count_ * es),
            "broadcast on '{}' at {}: send and recv overlap partially", name_, where(loc));
   do_collective({CollOp::broadcast, send, recv, count_, t, ReduceOp::sum, root}, s, loc);
-  count(CollOp::broadcast, count_ * es);
+  count(CollOp::broadcast, count_ * es, t);
 }
 
 void Communicator::reduce(const void* send, void* recv, size_t count_, DataType t, ReduceOp op, int root, Stream s,
@@ -160,25 +161,25 @@ void Communicator::reduce(const void* send, void* recv, size_t count_, DataType 
   TD_CHECK(rank() != root || send == recv || !overlaps(send, count_ * es, recv, count_ * es),
            "reduce on '{}' at {}: send and recv overlap partially", name_, where(loc));
   if (op == ReduceOp::exact_sum && !native_exact_sum()) {
-    count(CollOp::reduce, lower_exact_sum(CollOp::reduce, send, recv, count_, t, root, s, loc));
+    count(CollOp::reduce, lower_exact_sum(CollOp::reduce, send, recv, count_, t, root, s, loc), t);
     return;
   }
   do_collective({CollOp::reduce, send, recv, count_, t, op, root}, s, loc);
-  count(CollOp::reduce, count_ * es);
+  count(CollOp::reduce, count_ * es, t);
 }
 
 void Communicator::send(const void* buf, size_t count_, DataType t, int peer, Stream s, loc_t loc) {
   TD_CHECK(peer >= 0 && peer < size(), "send on '{}' at {}: peer {} out of range [0, {})", name_, where(loc), peer,
            size());
   do_send(buf, count_, t, peer, s, loc);
-  if (helper_depth_ == 0) count(CollOp::send, count_ * dtype_size(t));
+  if (helper_depth_ == 0) count(CollOp::send, count_ * dtype_size(t), t);
 }
 
 void Communicator::recv(void* buf, size_t count_, DataType t, int peer, Stream s, loc_t loc) {
   TD_CHECK(peer >= 0 && peer < size(), "recv on '{}' at {}: peer {} out of range [0, {})", name_, where(loc), peer,
            size());
   do_recv(buf, count_, t, peer, s, loc);
-  if (helper_depth_ == 0) count(CollOp::recv, count_ * dtype_size(t));
+  if (helper_depth_ == 0) count(CollOp::recv, count_ * dtype_size(t), t);
 }
 
 void Communicator::group_start(loc_t loc) {
@@ -209,7 +210,7 @@ void Communicator::all_to_all(const void* send_, void* recv_, size_t count_, Dat
     throw;
   }
   --helper_depth_;
-  count(CollOp::all_to_all, n * count_ * es);
+  count(CollOp::all_to_all, n * count_ * es, t);
   on_helper_done(CollOp::all_to_all, count_, t, n * count_ * es, s, loc);
 }
 
@@ -245,22 +246,26 @@ void Communicator::all_to_allv(const void* send_, const size_t* sendcounts, cons
     throw;
   }
   --helper_depth_;
-  count(CollOp::all_to_allv, sent * es);
+  count(CollOp::all_to_allv, sent * es, t);
   on_helper_done(CollOp::all_to_allv, sent, t, sent * es, s, loc);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name, loc_t loc) {
   TD_NOT_IN_GROUP("split");
   auto c = do_split(color < 0 ? kNoColor : color, key, std::move(name), loc);
-  count(CollOp::split, 0);
+  count(CollOp::split, 0, DataType::u8);
   return c;
 }
 
 void accumulate_stats(CommStats& into, const Communicator& c) {
-  auto& t = into[c.name()];
+  add_stats(into[c.name()], c.stats());
+}
+
+void add_stats(OpStatsTable& into, const OpStatsTable& t) {
   for (size_t i = 0; i < t.size(); ++i) {
-    t[i].calls += c.stats()[i].calls;
-    t[i].bytes += c.stats()[i].bytes;
+    into[i].calls += t[i].calls;
+    into[i].bytes += t[i].bytes;
+    into[i].exact_bytes += t[i].exact_bytes;
   }
 }
 

@@ -60,9 +60,12 @@ void check_reduce_op(DataType t, ReduceOp op, std::source_location loc);
 // send/recv count, all_to_all(v) the bytes this rank sends. All in bytes of the dtype; an exact_sum lowered
 // onto i64 counts the bytes of its packed i64 buffer (what the backend moves: 96 / 560 bytes per exact_f32 /
 // exact_f64 element instead of 88 / 552).
+// exact_bytes: the part of bytes whose elements are exact accumulators (exact_f32 / exact_f64, or their packed i64
+// lowering): what the exact reductions cost on the wire, reported apart from the real-dtype bytes.
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+  int64_t exact_bytes = 0;
   friend bool operator==(const OpStats&, const OpStats&) = default;
 };
 using OpStatsTable = std::array<OpStats, kNumCollOps>;  // indexed by CollOp
@@ -152,7 +155,7 @@ class Communicator {
   bool in_helper() const { return helper_depth_ > 0; }
 
  private:
-  void count(CollOp op, size_t bytes);
+  void count(CollOp op, size_t bytes, DataType t);
   // exact_sum of reduce_scatter / all_reduce / reduce (validated) on the i64 lowering; returns the bytes to count
   // (parallel/exact_lowering.cpp).
   size_t lower_exact_sum(CollOp op, const void* send, void* recv, size_t count, DataType t, int root, Stream s,
@@ -166,5 +169,7 @@ class Communicator {
 
 // Adds one communicator's counters into a CommStats under its name.
 void accumulate_stats(CommStats& into, const Communicator& c);
+// Adds a table of counters into another (calls, bytes, exact_bytes).
+void add_stats(OpStatsTable& into, const OpStatsTable& t);
 
 }  // namespace trident

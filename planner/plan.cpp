@@ -178,6 +178,10 @@ Plan evaluate(const PlanInput& in, const MeshShape& m, const MeshCheck& chk) {
   p.cp_rdma_s = p.cp_rdma_bytes / rdma_Bps;
   p.cp_rdma_share = p.layer_compute_s > 0 ? p.cp_rdma_s / p.layer_compute_s : 0.0;
   p.rdma_bytes_per_layer = p.efsdp_rdma_bytes + p.cp_rdma_bytes;
+  // EP all-to-all (planner addition): every local token's hidden row goes to each of its top-k experts (dispatch)
+  // and comes back (combine) in the forward and again in the recomputed forward (full recompute, as the FLOP count
+  // assumes), and the backward moves the gradients of both: 6 passes of T x K x d bf16.
+  p.ep_a2a_bytes = p.tokens_per_gpu * double(mo.top_k) * double(mo.hidden) * 2.0 * 6.0;
 
   p.naive_logits_bytes = naive_logits_bytes(p.tokens_per_gpu, double(mo.vocab));
   return p;

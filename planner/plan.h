@@ -103,6 +103,10 @@ struct Plan {
   double cp_rdma_s = 0;                 // on the critical path
   double cp_rdma_share = 0;             // cp_rdma_s / layer_compute_s
   double rdma_bytes_per_layer = 0;      // efsdp_rdma_bytes + cp_rdma_bytes (the search's byte count)
+  // expert parallel: per layer and GPU
+  double ep_a2a_bytes = 0;              // tokens_per_gpu * top_k * hidden * 2 (bf16) * 6: dispatch and combine in
+                                        // the forward, the recomputed forward and (their gradients) the backward
+                                        // (the nccl-tests size: what the GPU sends)
   // linear cross-entropy note
   double naive_logits_bytes = 0;        // tokens_per_gpu * vocab * 4 (fp32) when a vocab is given
 };

@@ -1,5 +1,6 @@
 // Rendering: text breakdown, JSON and SVG. Units: 1 GB = 1e9 B, 1 MB = 1e6 B, times in ms.
 #include "planner/report.h"
+#include "reference/xml_escape.h"
 
 #include <algorithm>
 #include <cmath>
@@ -215,6 +216,7 @@ nlohmann::json plan_json(const PlanInput& in, const MeshShape& m, const MeshChec
   j["cp_rdma_share"] = p.cp_rdma_share;
   j["cp_nvlink_gb_per_layer"] = p.cp_nvlink_bytes / 1e9;
   j["rdma_gb_per_layer"] = p.rdma_bytes_per_layer / 1e9;
+  j["ep_a2a_gb_per_layer"] = p.ep_a2a_bytes / 1e9;
   if (in.model.vocab > 0)
     j["linear_ce"] = {{"vocab", in.model.vocab},
                       {"local_tokens", p.tokens_per_gpu},
@@ -331,17 +333,7 @@ nlohmann::json search_json(const PlanInput& in, const SearchResult& s, int top) 
 
 // ---- SVG --------------------------------------------------------------------------------------------------------
 namespace {
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '&') o += "&amp;";
-    else if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '"') o += "&quot;";
-    else o += ch;
-  }
-  return o;
-}
+std::string esc(const std::string& s) { return xml_escape(s); }
 }  // namespace
 
 std::string render_svg(const PlanInput& in, const MeshShape& m, const Plan& p) {

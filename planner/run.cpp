@@ -66,6 +66,7 @@ static void check_finite(const Plan& p, const MeshShape& m) {
       F(cp_rdma_s),
       F(cp_rdma_share),
       F(rdma_bytes_per_layer),
+      F(ep_a2a_bytes),
       F(naive_logits_bytes)};
 #undef F
   for (const auto& [name, v] : vals)

@@ -10,9 +10,6 @@
 //
 // Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]
 #include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_child.h"
 #include "emulator/run_step.h"
 
 using namespace trident;
@@ -96,41 +94,21 @@ int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_step child %s: %s\n", name.c_str(), e.what());
   }
-  if (write(fd, &o, sizeof o) != static_cast<ssize_t>(sizeof o)) std::perror("write");
+  bench::write_result(fd, o);
   return o.ok ? 0 : 1;
 }
 
-// Parent: fork + exec `exe --child NAME STEPS --fd N [...]`; returns false when the child failed.
+// Parent: runs `exe --child NAME STEPS [...] --fd N` (bench/bench_child.h); false when the child failed.
 bool run_child(const std::string& exe, const Conf& c, int64_t steps, bool tune_malloc, size_t eager, Out& o,
                double& user, double& sys, long& rss_kb) {
-  int fd[2];
-  if (pipe(fd) != 0) {
-    std::perror("pipe");
-    return false;
-  }
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
-    const std::string st = std::to_string(steps), f = std::to_string(fd[1]), eg = std::to_string(eager);
-    std::vector<const char*> args = {exe.c_str(), "--child", c.name.c_str(), st.c_str(), "--fd", f.c_str(),
-                                     "--eager-bytes", eg.c_str()};
-    if (!tune_malloc) args.push_back("--default-malloc");
-    args.push_back(nullptr);
-    execv(exe.c_str(), const_cast<char* const*>(args.data()));
-    std::perror(("exec " + exe).c_str());
-    _exit(127);
-  }
-  close(fd[1]);
-  const bool got = read(fd[0], &o, sizeof o) == static_cast<ssize_t>(sizeof o);
-  close(fd[0]);
-  int status = 0;
-  struct rusage ru {};
-  wait4(pid, &status, 0, &ru);
-  user = static_cast<double>(ru.ru_utime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec);
-  sys = static_cast<double>(ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_stime.tv_usec);
-  rss_kb = ru.ru_maxrss;
-  return got && o.ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  std::vector<std::string> args = {"--child", c.name, std::to_string(steps), "--eager-bytes", std::to_string(eager)};
+  if (!tune_malloc) args.push_back("--default-malloc");
+  bench::ChildUsage u;
+  const bool ok = bench::run_child(exe, args, o, u);
+  user = u.user;
+  sys = u.sys;
+  rss_kb = u.rss_kb;
+  return ok && o.ok;
 }
 
 }  // namespace

@@ -363,6 +363,23 @@ Config Config::preset(std::string_view name) {
     c.experts = 64;
     c.top_k = 4;
     c.expert_ffn = 16;
+  } else if (name == "small") {  // 55.9 M parameters: the speed and memory benchmark's model (bench/model)
+    c.vocab = 8192;
+    c.d_model = 512;
+    c.layers = 4;
+    c.dense_layers = 1;
+    c.heads = 8;
+    c.nope_dim = 64;
+    c.rope_dim = 32;
+    c.v_dim = 64;
+    c.kv_lora_rank = 256;
+    c.experts = 16;
+    c.top_k = 2;
+    c.expert_ffn = 512;
+    c.shared_ffn = 512;
+    c.dense_ffn = 2048;
+    c.tile = 128;
+    c.vocab_chunk = 1024;
   } else {
     fail(fmt::format("unknown preset '{}' (known: {})", name, fmt::join(preset_names(), ", ")));
   }
@@ -370,7 +387,7 @@ Config Config::preset(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> Config::preset_names() { return {"tiny", "tiny-gqa", "tiny-e64"}; }
+std::vector<std::string> Config::preset_names() { return {"tiny", "tiny-gqa", "tiny-e64", "small"}; }
 
 void RunConfig::validate() const {
   auto req = [](bool ok, const std::string& rule) {

@@ -199,23 +199,38 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
 
   // ---- backward ----
   GradAcc<T>& g = *grads;
+  // Blocks of parameters whose contributions all arrive together (streaming accumulators open and close them;
+  // full accumulators ignore it): the LM head with the final norm, each layer, the embedding.
+  auto block = [&](auto&& pred) {
+    std::vector<size_t> ps;
+    for (size_t p = 0; p < params.size(); ++p)
+      if (pred(params.info[p].name)) ps.push_back(p);
+    return ps;
+  };
   const T scale = res.n_valid > 0 ? T(1) / static_cast<T>(res.n_valid) : T(0);
   std::vector<T> dhidden(static_cast<size_t>(N * d)), dx(static_cast<size_t>(N * d)), dprev(static_cast<size_t>(N * d));
+  g.open(block([](const std::string& n) { return n == "lm_head" || n == "final_norm"; }));
   linear_ce_backward<T>(hidden.data(), head, batch.targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
                         opt.token_chunk, scale, rows.segs, dhidden.data(), g.ptr(params.find("lm_head")));
   rmsnorm_backward<T>(dhidden.data(), d, xs[L].data(), d, rinvf.data(), gf, N, d, rows.segs, dx.data(), d,
                       g.ptr(params.find("final_norm")));
+  g.close();
   for (int64_t i = L - 1; i >= 0; --i) {
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
     if (!store) {  // full recompute: re-run the layer forward from its saved input
       std::vector<T> out(static_cast<size_t>(N * d));
       layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
     }
+    const std::string prefix = lname(i, "");
+    g.open(block([&](const std::string& n) { return n.compare(0, prefix.size(), prefix) == 0; }));
     const LayerG<T> G = layer_grads<T>(cfg, params, g, i);
     layer_backward<T>(pol, cfg, W[i], G, xs[i].data(), rows, rope, A, dx.data(), dprev.data());
+    g.close();
     std::swap(dx, dprev);
   }
+  g.open(block([](const std::string& n) { return n == "embed"; }));
   embedding_backward<T>(g.ptr(params.find("embed")), batch.tokens.data(), dx.data(), N, d, rows.segs);
+  g.close();
   return res;
 }
 

@@ -128,22 +128,94 @@ template <class T>
 GradAcc<T> GradAcc<T>::zeros(const std::vector<ParamInfo>& info) {
   GradAcc g;
   g.acc.resize(info.size());
+  g.numel_.resize(info.size());
   for (size_t p = 0; p < info.size(); ++p)
-    if (info[p].trainable) g.acc[p].assign(static_cast<size_t>(numel(info[p].shape)), ExactAcc<T>());
+    if (info[p].trainable) {
+      g.numel_[p] = numel(info[p].shape);
+      g.acc[p].assign(static_cast<size_t>(g.numel_[p]), ExactAcc<T>());
+    }
   return g;
 }
 
 template <class T>
+GradAcc<T> GradAcc<T>::streaming(const std::vector<ParamInfo>& info) {
+  GradAcc g;
+  g.streaming_ = true;
+  g.acc.resize(info.size());  // stays empty: the arena holds the open block
+  g.numel_.resize(info.size());
+  for (size_t p = 0; p < info.size(); ++p)
+    if (info[p].trainable) g.numel_[p] = numel(info[p].shape);
+  g.closed_.assign(info.size(), 0);
+  return g;
+}
+
+template <class T>
+ExactAcc<T>* GradAcc<T>::ptr(size_t p) {
+  TD_CHECK(p < numel_.size(), "GradAcc::ptr: parameter {} out of range", p);
+  if (!streaming_) return acc[p].empty() ? nullptr : acc[p].data();
+  if (numel_[p] == 0) return nullptr;
+  for (const auto& [q, off] : open_)
+    if (q == p) return arena_.data() + off;
+  TD_CHECK(false, "GradAcc::ptr: parameter {} is not open (streaming accumulators)", p);
+  return nullptr;
+}
+
+template <class T>
 void GradAcc<T>::clear() {
-  for (auto& a : acc) std::fill(a.begin(), a.end(), ExactAcc<T>());
+  if (!streaming_) {
+    for (auto& a : acc) std::fill(a.begin(), a.end(), ExactAcc<T>());
+    return;
+  }
+  // An interrupted backward may leave a block open: reset its accumulators.
+  for (const auto& [p, off] : open_) std::fill_n(arena_.begin() + off, numel_[p], ExactAcc<T>());
+  open_.clear();
+  std::fill(closed_.begin(), closed_.end(), 0);
+}
+
+template <class T>
+void GradAcc<T>::open(const std::vector<size_t>& ps) {
+  if (!streaming_) return;
+  TD_CHECK(open_.empty(), "GradAcc::open: a block is still open");
+  int64_t total = 0;
+  for (size_t p : ps) {
+    TD_CHECK(p < numel_.size(), "GradAcc::open: parameter {} out of range", p);
+    if (numel_[p] == 0) continue;
+    TD_CHECK(!closed_[p], "GradAcc::open: parameter {} was already closed this step", p);
+    open_.emplace_back(p, total);
+    total += numel_[p];
+  }
+  // Grows only: the arena's accumulators are zero whenever no block is open (close() resets what it rounds).
+  if (static_cast<int64_t>(arena_.size()) < total) {
+    arena_.clear();
+    arena_.shrink_to_fit();
+    arena_.assign(static_cast<size_t>(total), ExactAcc<T>());
+  }
+}
+
+template <class T>
+void GradAcc<T>::close() {
+  if (!streaming_) return;
+  TD_CHECK(sink != nullptr, "GradAcc::close: no sink ParamSet set (streaming accumulators)");
+  for (const auto& [p, off] : open_) {
+    TD_CHECK_EQ(sink->t[p].size(), numel_[p], "GradAcc::close: size of {}", sink->info[p].name);
+    exact_round(arena_.data() + off, sink->t[p].ptr(), numel_[p]);
+    std::fill_n(arena_.begin() + off, numel_[p], ExactAcc<T>());
+    closed_[p] = 1;
+  }
+  open_.clear();
 }
 
 template <class T>
 void GradAcc<T>::finalize(ParamSet<T>& grads) const {
-  TD_CHECK_EQ(grads.size(), acc.size(), "GradAcc::finalize: layout mismatch");
-  for (size_t p = 0; p < acc.size(); ++p) {
-    if (acc[p].empty()) {
+  TD_CHECK_EQ(grads.size(), numel_.size(), "GradAcc::finalize: layout mismatch");
+  for (size_t p = 0; p < numel_.size(); ++p) {
+    if (numel_[p] == 0) {
       std::fill(grads.t[p].data.begin(), grads.t[p].data.end(), T(0));
+      continue;
+    }
+    if (streaming_) {
+      TD_CHECK(closed_[p], "GradAcc::finalize: parameter {} received no block (streaming accumulators)",
+               grads.info[p].name);
       continue;
     }
     TD_CHECK_EQ(static_cast<int64_t>(acc[p].size()), grads.t[p].size(), "GradAcc::finalize: size of {}", grads.info[p].name);

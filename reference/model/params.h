@@ -60,16 +60,41 @@ struct ParamSet {
 };
 
 // Gradient accumulators: one ExactAcc<T> per element of every trainable parameter (empty for buffers).
-// Every contribution of a step is added (tile partials, exact); finalize() rounds once into grads.
-// The distributed step exact-merges (reduce-scatters) these arrays between accumulation and finalize.
+// Every contribution of a step is added (tile partials, exact); the sum is rounded once into grads.
+//
+// Two modes, same bits (an exact sum rounded once does not depend on when it is rounded):
+//  - full (zeros): every accumulator exists for the whole backward; finalize() rounds them all. The distributed
+//    step's merges and the tests use this.
+//  - streaming (streaming): accumulators exist only while their parameters' contributions arrive. The backward
+//    open()s the parameters of one block (the LM head and final norm, one layer, the embedding), accumulates, and
+//    close()s them: each accumulator is rounded into the sink ParamSet and reset to zero, and the space is reused
+//    by the next block. Peak accumulator memory is the largest block's (one layer), not the whole model's, and
+//    the space is allocated once per run, never re-faulted. finalize() then only checks every trainable
+//    parameter was closed and zeroes the buffers' gradients.
 template <class T>
 struct GradAcc {
-  std::vector<std::vector<ExactAcc<T>>> acc;  // acc[p]: numel(p) accumulators, or empty if not trainable
+  std::vector<std::vector<ExactAcc<T>>> acc;  // full mode: acc[p] has numel(p) accumulators (empty if not trainable)
   static GradAcc zeros(const std::vector<ParamInfo>& info);
-  ExactAcc<T>* ptr(size_t p) { return acc[p].empty() ? nullptr : acc[p].data(); }
-  void clear();  // all accumulators back to exact zero
-  // grads.t[p] = round(acc[p]) for trainable p; zero for buffers. grads must have the same layout.
+  static GradAcc streaming(const std::vector<ParamInfo>& info);
+  bool is_streaming() const { return streaming_; }
+  ExactAcc<T>* ptr(size_t p);  // streaming: p must be open
+  void clear();  // all accumulators back to exact zero (streaming: nothing open, nothing closed yet)
+  // Streaming: the gradients' destination for close(), set before each backward (full mode: unused).
+  ParamSet<T>* sink = nullptr;
+  // Streaming: zeroed accumulators for the trainable parameters among ps (nothing may be open); full: no-op.
+  void open(const std::vector<size_t>& ps);
+  // Streaming: sink->t[p] = round(acc) for every open parameter, accumulators reset; full: no-op.
+  void close();
+  // Full: grads.t[p] = round(acc[p]) for trainable p; zero for buffers. Streaming: checks that every trainable
+  // parameter was closed since clear() and zeroes the buffers. grads must have the same layout.
   void finalize(ParamSet<T>& grads) const;
+
+ private:
+  bool streaming_ = false;
+  std::vector<int64_t> numel_;                // per parameter (0 for buffers)
+  std::vector<ExactAcc<T>> arena_;            // streaming: the open block's accumulators
+  std::vector<std::pair<size_t, int64_t>> open_;  // streaming: (parameter, offset in arena_)
+  std::vector<uint8_t> closed_;               // streaming: closed since clear()
 };
 
 extern template struct ParamSet<float>;

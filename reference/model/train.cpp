@@ -102,7 +102,7 @@ Trainer<T>::Trainer(const Config& c, const RunConfig& r) : cfg(c), run(r) {
   grads = ParamSet<T>::zeros(cfg);
   m = ParamSet<T>::zeros(cfg);
   v = ParamSet<T>::zeros(cfg);
-  acc = GradAcc<T>::zeros(params.info);
+  acc = GradAcc<T>::streaming(params.info);  // one layer's accumulators at a time (params.h)
 }
 
 template <class T>
@@ -111,6 +111,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
   opt.token_chunk = run.token_chunk;
   opt.recompute = run.recompute;
   acc.clear();
+  acc.sink = &grads;
   const ForwardResult<T> fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
   acc.finalize(grads);
   // Exact global grad norm over every trainable gradient (order-free), rounded once.

@@ -42,7 +42,7 @@ struct Trainer {
   ParamSet<T> params;   // master weights (fp32 for fp32/bf16, double for fp64) + router_bias buffers
   ParamSet<T> grads;    // rounded gradients of the last step (0 for buffers)
   ParamSet<T> m, v;     // AdamW state
-  GradAcc<T> acc;       // exact accumulators (cleared at the start of each step)
+  GradAcc<T> acc;       // exact accumulators, streaming: one block (layer) at a time, rounded into grads
   int64_t step_count = 0;
 
   Trainer(const Config& c, const RunConfig& r);   // params = ParamSet::init(c, c.seed)

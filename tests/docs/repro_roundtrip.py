@@ -29,6 +29,10 @@ CASES = [
     "train --preset tiny --steps 2 --seqs 2 --seq-len 16 --docs-per-seq 3",
     "emulate --preset tiny --mesh cp=4,ep=4,cp_inner=2 --nvl 4 --seq-len 64 --steps 1 --docs-per-seq 5 "
     "--check-reference",
+    # emulate with the simulated timeline and its output files (docs/timeline.md)
+    "emulate --preset tiny --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 1 --hardware gb200-nvl72 --no-fixed-costs "
+    "--json /tmp/trident_repro_roundtrip.json --trace /tmp/trident_repro_roundtrip.trace.json "
+    "--timeline /tmp/trident_repro_roundtrip.svg --timeline-ranks 2",
     # selfcheck with both of its flags
     "selfcheck --seed 7 --threads 2",
     # plan with every flag that changes the text report

@@ -6,7 +6,10 @@ trident=$1 mpirun=$2 sig=$3
 out=$(mktemp)
 # --enable-recovery: mpirun would otherwise end the whole job as soon as one process dies, so the survivors' own
 # detection (heartbeats) would not be what is tested. Each process prints its exit code ("exit RANK CODE").
-"$mpirun" -np 4 --enable-recovery sh -c '"$0" "$@"; echo "exit $OMPI_COMM_WORLD_RANK $?"' \
+# A marker in every process's environment: the victim is searched among this run's processes only (another run of
+# this test, or any other MPI job on the machine, also has a process with OMPI_COMM_WORLD_RANK=2).
+tag="trident-kill-test-$$-$sig"
+"$mpirun" -np 4 --enable-recovery -x TRIDENT_KILL_TEST_TAG="$tag" sh -c '"$0" "$@"; echo "exit $OMPI_COMM_WORLD_RANK $?"' \
   "$trident" emulate --backend mpi --mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --steps 100000 >"$out" 2>&1 &
 mp=$!
 cleanup() {
@@ -18,9 +21,10 @@ trap cleanup EXIT
 for _ in $(seq 600); do grep -q "step   2/" "$out" && break; sleep 0.1; done
 grep -q "step   2/" "$out" || { echo "run did not start:"; cat "$out"; exit 1; }
 victim=""
-for d in /proc/[0-9]*; do  # the trident process whose environment says rank 2
+for d in /proc/[0-9]*; do  # the trident process of this run whose environment says rank 2
   [ "$(readlink "$d/exe" 2>/dev/null)" = "$(readlink -f "$trident")" ] || continue
-  tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=2 && victim=${d#/proc/}
+  env_d=$(tr '\0' '\n' <"$d/environ" 2>/dev/null)
+  grep -qx "TRIDENT_KILL_TEST_TAG=$tag" <<<"$env_d" && grep -qx OMPI_COMM_WORLD_RANK=2 <<<"$env_d" && victim=${d#/proc/}
 done
 [ -n "$victim" ] || { echo "no process with rank 2 among the children of mpirun $mp"; exit 1; }
 t0=$(date +%s%N)

@@ -1,0 +1,231 @@
+// bench_small: one full reference training step (forward, backward, clip, AdamW, router bias; reference/model/
+// train.h) of the `small` preset (55.9 M parameters, 2 x 512 tokens by default, fp32) against the machine's
+// GEMM speed, measured in the same run:
+//  - achieved GFLOP/s of the step (FLOPs counted from the shapes, reference/model/flops.h) as a fraction of
+//    Eigen's fp32 GEMM GFLOP/s on the same OpenMP threads (target >= 0.30);
+//  - peak RSS per parameter (target <= 32 B plus activations; the fp32 training state alone is 16 B);
+//  - exact vs plain sums: the same step linked against the plain-sum twins of the libraries (bench_small_plain,
+//    ExactAcc<T> a plain running sum; reference/plain_acc_impl.h), CPU time ratio (target <= 1.3).
+// Each run is a child process (bench/bench_child.h), so its peak RSS and CPU time are its own.
+// Usage: bench_small [--steps N] [--seqs B] [--seq-len S] [--recompute] [--no-plain]
+#include <omp.h>
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_child.h"
+#include "reference/model/flops.h"
+#include "reference/model/train.h"
+
+using namespace trident;
+using namespace trident::model;
+
+namespace {
+
+#ifdef TRIDENT_PLAIN_ACC
+constexpr bool kPlainBuild = true;
+#else
+constexpr bool kPlainBuild = false;
+#endif
+
+constexpr int kMaxSteps = 8;
+
+struct Out {  // written by the child
+  double wall[kMaxSteps] = {};
+  double cpu[kMaxSteps] = {};
+  double loss_last = 0, norm_last = 0;
+  int64_t steps = 0;
+  int ok = 0;
+};
+
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+RunConfig run_config(int64_t seqs, int64_t seq_len, bool recompute) {
+  RunConfig rc;
+  rc.sequences = seqs;
+  rc.seq_len = seq_len;
+  rc.recompute = recompute;
+  return rc;
+}
+
+int child(int64_t steps, const RunConfig& rc, int fd) {
+  Out o;
+  try {
+    const Config c = Config::preset("small");
+    rc.validate_for(c);
+    Trainer<float> tr(c, rc);
+    for (int64_t k = 0; k < steps; ++k) {
+      const Batch b = synthetic_batch(c, rc, k);
+      const auto w0 = std::chrono::steady_clock::now();
+      const double c0 = cpu_s();
+      const StepStats st = tr.step(b);
+      o.cpu[k] = cpu_s() - c0;
+      o.wall[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      o.loss_last = st.loss;
+      o.norm_last = st.grad_norm;
+    }
+    o.steps = steps;
+    o.ok = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_small child: %s\n", e.what());
+  }
+  bench::write_result(fd, o);
+  return o.ok ? 0 : 1;
+}
+
+struct Rate {
+  double wall = 0, cpu = 0;  // GFLOP per wall-clock second and per process-CPU second
+};
+
+// Eigen's fp32 GEMM on the step's typical shape (tokens x d_model times d_model x 4 d_model), repeated for at
+// least 1 s.
+Rate eigen_gflops(int64_t M, int64_t N, int64_t K) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::setNbThreads(omp_get_max_threads());
+  RowMat a = RowMat::Random(M, K), b = RowMat::Random(K, N), c(M, N);
+  c.noalias() = a * b;  // warm-up
+  int64_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_s();
+  double s = 0;
+  do {
+    c.noalias() = a * b;
+    ++reps;
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (s < 1.0);
+  const double cs = cpu_s() - c0;
+  volatile float sink = c(0, 0);
+  (void)sink;
+  const double g = 2.0 * static_cast<double>(M) * N * K * static_cast<double>(reps) / 1e9;
+  return {g / s, g / cs};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 2, seqs = 2, seq_len = 512;
+  bool recompute = false, plain = true, is_child = false;
+  int fd = -1;
+  auto usage = [] {
+    std::fprintf(stderr, "usage: bench_small [--steps N (1-%d)] [--seqs B] [--seq-len S] [--recompute] [--no-plain]\n",
+                 kMaxSteps);
+    return 2;
+  };
+  for (int i = 1; i < argc; ++i) {
+    auto num = [&](int64_t& v) {
+      if (i + 1 >= argc) return false;
+      char* end = nullptr;
+      v = std::strtoll(argv[++i], &end, 10);
+      return *end == '\0';
+    };
+    int64_t fdv = -1;
+    if (!std::strcmp(argv[i], "--steps")) {
+      if (!num(steps)) return usage();
+    } else if (!std::strcmp(argv[i], "--seqs")) {
+      if (!num(seqs)) return usage();
+    } else if (!std::strcmp(argv[i], "--seq-len")) {
+      if (!num(seq_len)) return usage();
+    } else if (!std::strcmp(argv[i], "--recompute")) {
+      recompute = true;
+    } else if (!std::strcmp(argv[i], "--no-plain")) {
+      plain = false;
+    } else if (!std::strcmp(argv[i], "--child")) {
+      is_child = true;
+    } else if (!std::strcmp(argv[i], "--fd")) {
+      if (!num(fdv)) return usage();
+      fd = static_cast<int>(fdv);
+    } else {
+      return usage();
+    }
+  }
+  if (steps < 1 || steps > kMaxSteps || seqs < 1 || seq_len < 1) return usage();
+  const RunConfig rc = run_config(seqs, seq_len, recompute);
+  if (is_child) return child(steps, rc, fd);
+  if (kPlainBuild) {
+    std::fprintf(stderr, "bench_small_plain is the plain-sum child of bench_small; run bench_small\n");
+    return 2;
+  }
+  const Config c = Config::preset("small");
+  try {
+    rc.validate_for(c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_small: %s\n", e.what());
+    return 2;
+  }
+  const StepFlops f = step_flops(c, rc);
+  const double params = static_cast<double>(c.param_count());
+  std::printf("bench_small: one reference training step of `small` (%.0f parameters), %lld x %lld tokens, fp32, "
+              "%s; %d OpenMP threads, %u hardware threads, load %.2f\n",
+              params, static_cast<long long>(seqs), static_cast<long long>(seq_len),
+              recompute ? "full recompute" : "stored activations", omp_get_max_threads(),
+              std::thread::hardware_concurrency(), [] {
+                double l[1] = {0};
+                return getloadavg(l, 1) == 1 ? l[0] : -1.0;
+              }());
+  std::printf("FLOPs per step (reference/model/flops.h): executed %.2f G = forward %.2f + backward %.2f + recompute "
+              "%.2f (attention core %.2f of the forward); model FLOPs %.2f G\n",
+              f.executed() / 1e9, f.forward / 1e9, f.backward / 1e9, f.recompute / 1e9, f.attn_core_forward / 1e9,
+              f.model() / 1e9);
+  const int64_t N = seqs * seq_len;
+  const Rate eigen = eigen_gflops(N, 4 * c.d_model, c.d_model);
+  std::printf("Eigen fp32 GEMM %lld x %lld x %lld on %d threads: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n",
+              static_cast<long long>(N), static_cast<long long>(4 * c.d_model), static_cast<long long>(c.d_model),
+              omp_get_max_threads(), eigen.wall, eigen.cpu);
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string plain_exe = (self.parent_path() / "bench_small_plain").string();
+  if (plain && !std::filesystem::exists(plain_exe)) {
+    std::printf("(no %s: the plain row is skipped; build the bench_small_plain target)\n", plain_exe.c_str());
+    plain = false;
+  }
+  std::vector<std::string> args = {"--child", "--steps", std::to_string(steps), "--seqs", std::to_string(seqs),
+                                   "--seq-len", std::to_string(seq_len)};
+  if (recompute) args.push_back("--recompute");
+  std::printf("%-6s %-20s %-20s %9s %8s %11s %8s %9s %8s\n", "sums", "wall s per step", "CPU s per step",
+              "GFLOP/s", "/ Eigen", "GFLOP/CPU-s", "/ Eigen", "RSS MiB", "B/param");
+  double cpu_exact = 0, loss_exact = 0, norm_exact = 0;
+  for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
+    Out o;
+    bench::ChildUsage u;
+    if (!bench::run_child(mode ? plain_exe : self.string(), args, o, u) || !o.ok) {
+      std::printf("the %s run failed (see stderr)\n", mode ? "plain" : "exact");
+      return 1;
+    }
+    std::string w, cp;
+    for (int64_t k = 0; k < o.steps; ++k) {
+      w += (k ? " " : "") + std::to_string(o.wall[k]).substr(0, 5);
+      cp += (k ? " " : "") + std::to_string(o.cpu[k]).substr(0, 5);
+    }
+    // The last step: the first one also pays for first-touch page faults of every buffer.
+    const double wall = o.wall[o.steps - 1], cpu = o.cpu[o.steps - 1];
+    const double gw = f.executed() / wall / 1e9, gc = f.executed() / cpu / 1e9;
+    std::printf("%-6s %-20s %-20s %9.2f %8.3f %11.2f %8.3f %9.1f %8.1f\n", mode ? "plain" : "exact", w.c_str(),
+                cp.c_str(), gw, gw / eigen.wall, gc, gc / eigen.cpu, static_cast<double>(u.rss_kb) / 1024.0,
+                static_cast<double>(u.rss_kb) * 1024.0 / params);
+    if (mode == 0) {
+      cpu_exact = cpu;
+      loss_exact = o.loss_last;
+      norm_exact = o.norm_last;
+    } else {
+      std::printf("exact / plain CPU time of the last step: %.3f (target <= 1.3); last loss %.9g vs %.9g, grad norm "
+                  "%.9g vs %.9g\n",
+                  cpu_exact / cpu, loss_exact, o.loss_last, norm_exact, o.norm_last);
+    }
+  }
+  std::printf("targets: the last step's GFLOP per CPU-second >= 0.30 x Eigen's (the wall-clock ratio is the same on an "
+              "idle machine; under other load the CPU-time ratio is the stable one); peak RSS <= 32 B per parameter "
+              "plus activations (fp32 weights, gradients and AdamW moments: 16 B)\n");
+  return 0;
+}

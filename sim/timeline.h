@@ -1,0 +1,80 @@
+// The timeline simulator: replays the per-rank, per-stream trace of an emulated run (parallel/trace.h) through a
+// hardware model (sim/hardware.h) and gives every kernel and collective a start and end time, the critical path,
+// and the communication each rank leaves exposed (not overlapped by compute) per mesh dimension. Deterministic:
+// the times are a function of the trace and the model only. Formulas: docs/timeline.md section 2.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "parallel/layout.h"
+#include "parallel/trace.h"
+#include "sim/hardware.h"
+
+namespace trident::sim {
+
+// One trace entry's simulated interval, in seconds from the start of the run.
+struct Span {
+  double start = 0, end = 0;
+  int64_t pred = -1;  // the entry whose end fixed this start (pack(rank, stream, index)), -1: none
+};
+
+// (rank, stream, index) packed into one integer, for Span::pred.
+int64_t pack_entry(int rank, int stream, int64_t index);
+void unpack_entry(int64_t p, int& rank, int& stream, int64_t& index);
+
+struct SimOptions {
+  std::string dtype = "bf16";  // the compute dtype key of the hardware model (the run's precision policy)
+  // The run's mesh: when set, every mesh communicator must be called by as many ranks as it has (else a rank that
+  // never reaches a collective would make its group look smaller instead of being reported).
+  const MeshShape* mesh = nullptr;
+  // false: drop the fixed costs (kernel launch, collective latency) and keep the model's throughputs and
+  // bandwidths. A tiny model moves kilobytes per call, so on real hardware its step is latency-bound; a production
+  // model moves megabytes and is bandwidth-bound. Without the fixed costs, a tiny model whose flops per byte match
+  // the production one (e.g. a wider expert FFN) shows the production overlap at small scale (docs/timeline.md 7).
+  bool fixed_costs = true;
+};
+
+// Ranks in the communicator called `name` ("world" or mesh dimensions joined by '*', parallel/mesh.h); 0 for a
+// name that is not a mesh communicator.
+int64_t comm_group_size(const MeshShape& mesh, std::string_view name);
+
+// Per (communicator name, op): the simulated seconds of every rank's calls, summed.
+struct CollTime {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+struct Timeline {
+  std::vector<std::vector<std::vector<Span>>> spans;  // [rank][stream][entry], as the trace
+  double makespan = 0;      // the latest end over all ranks and streams
+  int critical_rank = 0;    // the rank whose stream ends last (lowest rank on a tie)
+  // The critical path: walking back from the last-ending entry along Span::pred; its time split into compute and
+  // communication per communicator name (sums to makespan).
+  double path_compute_s = 0;
+  std::map<std::string, double> path_comm_s;
+  int64_t path_entries = 0;
+  // Per rank: seconds some stream computes (union of kernel intervals), and per communicator name the union of its
+  // collectives' intervals and the part of it no kernel overlaps (exposed).
+  std::vector<double> compute_busy_s;
+  std::vector<std::map<std::string, double>> comm_busy_s, exposed_s;
+  std::map<std::pair<std::string, CollOp>, CollTime> coll;  // every rank's calls
+  // The largest exposed time of a communicator name over ranks, and the rank (lowest on a tie).
+  double max_exposed(const std::string& comm, int* rank = nullptr) const;
+};
+
+// Replays `traces` (one RankTrace per world rank, as EmulateResult::traces). World rank r sits in NVLink domain
+// r / hw.nvl_domain; a communicator whose members share one domain runs at NVLink speed, else at the NIC's.
+// Throws trident::Error on an inconsistent trace (a collective some member never reaches, a wait on an event
+// recorded nowhere).
+Timeline simulate(const std::vector<RankTrace>& traces, const Hardware& hw, const SimOptions& opt = {});
+
+// The simulated duration of one collective: op, bytes (the nccl-tests size, the largest over its members), group
+// size n, link bandwidth (bytes/s) and latency (s). n == 1: 0 (a no-op).
+double collective_seconds(CollOp op, double bytes, int n, double bw, double latency);
+// nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all(v) (n-1)/n; else 1.
+double busbw_factor(CollOp op, int n);
+
+}  // namespace trident::sim

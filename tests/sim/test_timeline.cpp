@@ -1,0 +1,350 @@
+// The timeline simulator (sim/): hardware models and their sources, the replay rules on a hand-built trace
+// (a collective starts when its last member arrives, a wait when its event is recorded), determinism and
+// consistency on an emulated step, the Perfetto trace-event format, and the collectives table.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "emulator/run_step.h"
+#include "reference/check.h"
+#include "sim/collectives.h"
+#include "sim/export.h"
+#include "sim/hardware.h"
+#include "sim/timeline.h"
+
+using namespace trident;
+using namespace trident::sim;
+
+namespace {
+
+TEST(Hardware, FourModelsWithEverySourced) {
+  for (const char* n : {"h100", "h200", "gb200-nvl72", "gb300-nvl72"}) {
+    const Hardware& h = hardware_model(n);
+    EXPECT_EQ(h.name, n);
+    for (const char* k : {"nvl_domain", "gemm_tflops", "attention_tflops", "hbm_GBps", "nvlink_GBps",
+                          "nvlink_latency_us", "ib_GBps", "ib_latency_us", "launch_us"})
+      EXPECT_FALSE(h.sources.at(k).empty()) << n << " " << k;
+    EXPECT_GT(h.gemm_flops("bf16"), h.gemm_flops("f64"));
+  }
+  EXPECT_EQ(hardware_model("h100").nvl_domain, 8);
+  EXPECT_EQ(hardware_model("GB200-NVL72").nvl_domain, 72);
+  try {
+    (void)hardware_model("a100");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--hardware"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Hardware, ParseRejectsAModelWithoutSources) {
+  const std::string j = R"({"models": [{"name": "x", "nvl_domain": 8, "gemm_tflops": {"bf16": 1, "f32": 1,
+    "f64": 1}, "attention_tflops": {"bf16": 1, "f32": 1, "f64": 1}, "hbm_GBps": 1, "nvlink_GBps": 1,
+    "nvlink_latency_us": 1, "ib_GBps": 1, "ib_latency_us": 1, "launch_us": 1, "sources": {"gemm_tflops": "a"}}]})";
+  EXPECT_THROW((void)parse_hardware(j, "test"), Error);
+  EXPECT_THROW((void)parse_hardware("{", "test"), Error);
+}
+
+TraceEntry compute(double flops, int64_t bytes) {
+  TraceEntry e;
+  e.kind = TraceEntry::Kind::compute;
+  e.name = "mm";
+  e.flops = flops;
+  e.bytes = bytes;
+  return e;
+}
+TraceEntry record(int event) {
+  TraceEntry e;
+  e.kind = TraceEntry::Kind::record;
+  e.name = "record";
+  e.event = event;
+  return e;
+}
+TraceEntry wait(int event, int stream, int64_t index) {
+  TraceEntry e;
+  e.kind = TraceEntry::Kind::wait;
+  e.name = "wait";
+  e.event = event;
+  e.event_stream = stream;
+  e.event_index = index;
+  return e;
+}
+TraceEntry coll(CollOp op, const std::string& comm, int64_t id, uint64_t seq, int64_t bytes) {
+  TraceEntry e;
+  e.kind = TraceEntry::Kind::collective;
+  e.name = std::string(to_string(op));
+  e.op = op;
+  e.comm = comm;
+  e.comm_id = id;
+  e.seq = seq;
+  e.bytes = bytes;
+  return e;
+}
+
+// Two ranks: compute (rank 1 twice as long), record, the comm stream waits and all-reduces; rank 0 then computes
+// again on its compute stream while the all-reduce runs.
+std::vector<RankTrace> two_ranks(double flops, int64_t bytes) {
+  std::vector<RankTrace> t(2);
+  for (int r = 0; r < 2; ++r) {
+    t[r].resize(2);
+    t[r][0].name = "compute";
+    t[r][1].name = "comm";
+    t[r][0].entries = {compute(flops * (r + 1), 0), record(0)};
+    if (r == 0) t[r][0].entries.push_back(compute(flops, 0));
+    t[r][1].entries = {wait(0, 0, 1), coll(CollOp::all_reduce, "fsdp", 7, 0, bytes)};
+  }
+  return t;
+}
+
+TEST(Timeline, CollectiveStartsWhenItsLastMemberArrives) {
+  const Hardware& h = hardware_model("h100");
+  const double F = 4e9;
+  const int64_t B = 1 << 24;
+  const Timeline tl = simulate(two_ranks(F, B), h, {.dtype = "bf16"});
+  const double k1 = h.launch_us * 1e-6 + F / h.gemm_flops("bf16");
+  const double k2 = h.launch_us * 1e-6 + 2 * F / h.gemm_flops("bf16");
+  EXPECT_EQ(tl.spans[0][0][0].end, k1);
+  EXPECT_EQ(tl.spans[1][0][0].end, k2);
+  EXPECT_EQ(tl.spans[0][1][0].end, k1);  // rank 0's wait: its record
+  const double ar = collective_seconds(CollOp::all_reduce, B, 2, h.nvlink_GBps * 1e9, h.nvlink_latency_us * 1e-6);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(tl.spans[r][1][1].start, k2) << r;  // both start when rank 1 arrives
+    EXPECT_EQ(tl.spans[r][1][1].end, k2 + ar) << r;
+  }
+  EXPECT_EQ(tl.makespan, k2 + ar);
+  // rank 0's second kernel [k1, 2 k1 - launch...] overlaps the start of nothing: the all-reduce starts at k2 > 2 k1?
+  const Span& second = tl.spans[0][0][2];
+  EXPECT_EQ(second.start, k1);
+  // exposed on rank 0 = the all-reduce minus its overlap with the second kernel
+  const double ov = std::max(0.0, std::min(second.end, k2 + ar) - std::max(second.start, k2));
+  EXPECT_DOUBLE_EQ(tl.exposed_s[0].at("fsdp"), ar - ov);
+  EXPECT_EQ(tl.exposed_s[1].at("fsdp"), ar);  // rank 1 computes nothing meanwhile
+  EXPECT_EQ(tl.coll.at({"fsdp", CollOp::all_reduce}).calls, 2);
+}
+
+TEST(Timeline, FormulasOfTheCollectives) {
+  const double bw = 100e9, lat = 5e-6, S = 1e9;
+  EXPECT_EQ(collective_seconds(CollOp::all_gather, S, 1, bw, lat), 0);  // a group of one rank: a no-op
+  EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_gather, S, 4, bw, lat), 3 * lat + S * 0.75 / bw);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_reduce, S, 4, bw, lat), 6 * lat + 2 * S * 0.75 / bw);
+  // a small all-reduce over many ranks: the tree (2 log2 n latencies) beats the ring (2 (n-1) latencies)
+  EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_reduce, 8, 1024, bw, lat), 20 * lat + 2 * 8 / bw);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollOp::all_to_allv, S, 4, bw, lat), lat + S * 0.75 / bw);
+  EXPECT_DOUBLE_EQ(busbw_factor(CollOp::all_reduce, 8), 2 * 7.0 / 8);
+  EXPECT_DOUBLE_EQ(busbw_factor(CollOp::broadcast, 8), 1.0);
+}
+
+TEST(Timeline, InconsistentTraceIsAnErrorNotAHang) {
+  auto t = two_ranks(1e9, 1024);
+  t[1][1].entries.back().seq = 1;  // rank 1 calls the communicator's second all-reduce, rank 0 its first
+  EXPECT_THROW((void)simulate(t, hardware_model("h100")), Error);
+  auto u = two_ranks(1e9, 1024);
+  u[1][1].entries.pop_back();  // rank 1 never calls the all-reduce: with the mesh, its group is known to be 2
+  const MeshShape m = parse_mesh("fsdp=2,e_fsdp=2");
+  EXPECT_NO_THROW((void)simulate(u, hardware_model("h100")));  // (without: a group of one, a no-op)
+  EXPECT_THROW((void)simulate(u, hardware_model("h100"), {.mesh = &m}), Error);
+}
+
+emu::EmulateResult<float> traced_run(const std::string& mesh, int64_t chunks, const char* preset = "tiny",
+                                     int64_t seqs = 4, int64_t seq_len = 32) {
+  emu::EmulateSpec spec;
+  spec.cfg = model::Config::preset(preset);
+  spec.preset = preset;
+  spec.mesh = parse_mesh(mesh);
+  spec.ep_chunks = chunks;
+  spec.run.sequences = seqs;
+  spec.run.seq_len = seq_len;
+  spec.run.steps = 1;
+  spec.keep_tensors = false;
+  spec.record_trace = true;
+  return emu::emulate<float>(spec);
+}
+
+TEST(Timeline, EmulatedStepIsDeterministicAndConsistent) {
+  const auto r = traced_run("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 2);
+  const Hardware& h = hardware_model("h100");
+  const Timeline a = simulate(r.traces, h), b = simulate(r.traces, h);
+  ASSERT_EQ(a.spans.size(), 4u);
+  // determinism: every time bit for bit
+  for (size_t x = 0; x < a.spans.size(); ++x)
+    for (size_t s = 0; s < a.spans[x].size(); ++s)
+      for (size_t i = 0; i < a.spans[x][s].size(); ++i) {
+        ASSERT_EQ(std::memcmp(&a.spans[x][s][i].start, &b.spans[x][s][i].start, sizeof(double)), 0);
+        ASSERT_EQ(std::memcmp(&a.spans[x][s][i].end, &b.spans[x][s][i].end, sizeof(double)), 0);
+      }
+  // per stream: nondecreasing; every collective instance has one interval on all its members
+  std::map<std::tuple<int64_t, uint64_t, bool>, std::pair<double, double>> inst;
+  int64_t collectives = 0;
+  for (size_t x = 0; x < r.traces.size(); ++x)
+    for (size_t s = 0; s < r.traces[x].size(); ++s) {
+      double t = 0;
+      for (size_t i = 0; i < r.traces[x][s].entries.size(); ++i) {
+        const TraceEntry& e = r.traces[x][s].entries[i];
+        const Span& sp = a.spans[x][s][i];
+        EXPECT_GE(sp.start, t);
+        EXPECT_GE(sp.end, sp.start);
+        t = sp.end;
+        if (e.kind != TraceEntry::Kind::collective) continue;
+        ++collectives;
+        const auto key = std::make_tuple(e.comm_id, e.seq,
+                                         e.op == CollOp::all_to_all || e.op == CollOp::all_to_allv);
+        const auto [it, fresh] = inst.emplace(key, std::make_pair(sp.start, sp.end));
+        if (!fresh) {
+          EXPECT_EQ(it->second.first, sp.start) << e.comm << " #" << e.seq;
+          EXPECT_EQ(it->second.second, sp.end) << e.comm << " #" << e.seq;
+        }
+      }
+    }
+  EXPECT_GT(collectives, 100);
+  // the critical path: a chain from time 0 to the makespan, each start the end of its predecessor
+  int rk = 0, st = 0;
+  int64_t ix = 0;
+  double last_end = -1;
+  int64_t p = -1;
+  for (size_t s = 0; s < a.spans[a.critical_rank].size(); ++s)
+    if (!a.spans[a.critical_rank][s].empty() && a.spans[a.critical_rank][s].back().end == a.makespan)
+      p = pack_entry(a.critical_rank, static_cast<int>(s), static_cast<int64_t>(a.spans[a.critical_rank][s].size()) - 1);
+  ASSERT_GE(p, 0);
+  int64_t n = 0;
+  while (p >= 0) {
+    unpack_entry(p, rk, st, ix);
+    const Span& sp = a.spans[rk][st][ix];
+    if (last_end >= 0) {
+      EXPECT_EQ(sp.end, last_end);
+    }
+    last_end = sp.start;
+    p = sp.pred;
+    ++n;
+  }
+  EXPECT_EQ(n, a.path_entries);
+  // exposed <= busy per communicator
+  for (size_t x = 0; x < a.exposed_s.size(); ++x)
+    for (const auto& [name, v] : a.exposed_s[x]) EXPECT_LE(v, a.comm_busy_s[x].at(name));
+}
+
+// The trace-event format (Chrome/Perfetto): required keys per phase, known phases, timestamps nondecreasing on every
+// track (pid, tid) in file order, every flow id started once and finished at least once, never before its start.
+void validate_trace_events(const nlohmann::json& j, size_t ranks) {
+  ASSERT_TRUE(j.contains("traceEvents") && j["traceEvents"].is_array());
+  std::map<std::pair<int, int>, double> last;
+  std::map<int64_t, double> flow_start;
+  std::map<int64_t, int> flow_finish;
+  std::set<int> pids;
+  std::vector<std::pair<int64_t, double>> finishes;
+  for (const auto& e : j["traceEvents"]) {
+    for (const char* k : {"ph", "pid", "tid", "name"}) ASSERT_TRUE(e.contains(k)) << e.dump();
+    const std::string ph = e["ph"];
+    ASSERT_TRUE(ph == "X" || ph == "M" || ph == "s" || ph == "f") << ph;
+    if (ph == "M") continue;
+    ASSERT_TRUE(e.contains("ts") && e["ts"].is_number()) << e.dump();
+    const double ts = e["ts"];
+    const auto track = std::make_pair(e["pid"].get<int>(), e["tid"].get<int>());
+    if (ph == "X") {
+      ASSERT_TRUE(e.contains("dur") && e["dur"].get<double>() >= 0) << e.dump();
+      ASSERT_TRUE(e.contains("cat"));
+      if (last.count(track)) {
+        EXPECT_GE(ts, last[track]) << e.dump();
+      }
+      last[track] = ts;
+      pids.insert(track.first);
+    } else {
+      ASSERT_TRUE(e.contains("id") && e.contains("cat")) << e.dump();
+      const int64_t id = e["id"];
+      if (ph == "s") {
+        EXPECT_FALSE(flow_start.count(id)) << "flow id started twice: " << id;
+        flow_start[id] = ts;
+      } else {
+        EXPECT_EQ(e.value("bp", ""), "e");
+        flow_finish[id]++;
+        finishes.emplace_back(id, ts);
+      }
+    }
+  }
+  EXPECT_EQ(pids.size(), ranks);
+  EXPECT_FALSE(flow_start.empty());
+  for (const auto& [id, ts] : flow_start) EXPECT_GE(flow_finish[id], 1) << "flow " << id << " never finished";
+  for (const auto& [id, ts] : finishes) {
+    ASSERT_TRUE(flow_start.count(id)) << "flow " << id << " finished but never started";
+    EXPECT_GE(ts, flow_start[id]);
+  }
+}
+
+TEST(Timeline, PerfettoTraceOfTheReadmeDemoIsValid) {
+  const auto r = traced_run("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 2);
+  const Timeline tl = simulate(r.traces, hardware_model("h100"));
+  const nlohmann::json j = nlohmann::json::parse(trace_events(r.traces, tl, "test").dump());
+  validate_trace_events(j, 4);
+  const std::string svg = timeline_svg(r.traces, tl, {0, 1}, "test");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+TEST(Collectives, NoOpGroupsExactBytesAndBandwidth) {
+  const auto r = traced_run("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 1);
+  const MeshShape m = parse_mesh("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2");
+  EXPECT_EQ(comm_group_size(m, "fsdp*cp"), 4);
+  EXPECT_EQ(comm_group_size(m, "d_rep"), 1);
+  EXPECT_EQ(comm_group_size(m, "world"), 4);
+  const Timeline tl = simulate(r.traces, hardware_model("h100"));
+  const auto rows = collective_rows(r.total(), m, &tl);
+  bool saw_noop = false, saw_exact = false, saw_real = false;
+  for (const CollRow& row : rows) {
+    EXPECT_EQ(row.noop, row.group_ranks == 1) << row.comm;
+    saw_noop = saw_noop || row.noop;
+    if (row.noop) {
+      EXPECT_EQ(row.seconds, 0) << row.comm;  // a group of one rank takes no simulated time
+    }
+    // reduce-scatters of the gradients move exact accumulators; gathers of the weights the real dtype
+    if (row.op == CollOp::reduce_scatter && row.comm == "fsdp*cp") saw_exact = row.exact_bytes > 0 && row.bytes == 0;
+    if (row.op == CollOp::all_gather && row.comm == "fsdp*cp") saw_real = row.bytes > 0 && row.exact_bytes == 0;
+    if (!row.noop && row.seconds > 0) {
+      EXPECT_DOUBLE_EQ(row.algbw_GBps, static_cast<double>(row.bytes + row.exact_bytes) / row.seconds / 1e9);
+      EXPECT_DOUBLE_EQ(row.busbw_GBps, row.algbw_GBps * busbw_factor(row.op, static_cast<int>(row.group_ranks)));
+    }
+  }
+  EXPECT_TRUE(saw_noop);
+  EXPECT_TRUE(saw_exact);
+  EXPECT_TRUE(saw_real);
+  const std::string text = format_collectives(rows, 1);
+  EXPECT_NE(text.find("no-op"), std::string::npos);
+  EXPECT_NE(text.find("busbw"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// The chunked-EP effect at small scale (docs/timeline.md section 7): on a tiny-e64 mesh with the H100 model, the
+// exposed EP all-to-all window falls as the chunks go 1 -> 2 -> 4. The model is tiny-e64 with a 512-wide expert FFN
+// (sim/examples/tiny-e64-wide.json: flops per byte dispatched near a production model's) and the simulation drops
+// the fixed costs (a production step's transfers are megabytes, bandwidth-bound; a tiny model's are latency-bound).
+TEST(Timeline, ChunkedEpShrinksTheExposedAllToAllWindow) {
+  double prev_max = 0, prev_crit = 0;
+  for (int64_t chunks : {1, 2, 4}) {
+    emu::EmulateSpec spec;
+    spec.cfg = model::Config::load(std::string(TRIDENT_SIM_EXAMPLES) + "/tiny-e64-wide.json");
+    spec.config_path = "tiny-e64-wide.json";
+    spec.mesh = parse_mesh("d_rep=1,fsdp=2,cp=4,e_fsdp=1,ep=8");
+    spec.ep_chunks = chunks;
+    spec.run.sequences = 4;
+    spec.run.seq_len = 512;
+    spec.run.steps = 1;
+    spec.keep_tensors = false;
+    spec.record_trace = true;
+    const auto r = emu::emulate<float>(spec);
+    const Timeline tl = simulate(r.traces, hardware_model("h100"),
+                                 {.dtype = "f32", .mesh = &spec.mesh, .fixed_costs = false});
+    const double mx = tl.max_exposed("ep"), crit = tl.exposed_s[static_cast<size_t>(tl.critical_rank)].at("ep");
+    EXPECT_GT(mx, 0);
+    if (chunks > 1) {
+      EXPECT_LT(mx, prev_max) << chunks << " chunks";
+      EXPECT_LT(crit, prev_crit) << chunks << " chunks";
+    }
+    prev_max = mx;
+    prev_crit = crit;
+  }
+}
+
+}  // namespace
