@@ -29,6 +29,8 @@ int64_t comm_group_size(const MeshShape& m, std::string_view name) {
     if (d == "d_rep") n *= m.d_rep;
     else if (d == "fsdp") n *= m.fsdp;
     else if (d == "cp") n *= m.cp;
+    else if (d == "cp_outer") n *= m.cp_outer();  // 2D CP (docs/parallel.md section 5)
+    else if (d == "cp_inner") n *= m.cp_inner;
     else if (d == "e_fsdp") n *= m.e_fsdp;
     else if (d == "ep") n *= m.ep;
     else return 0;  // not a mesh communicator (unknown size)
