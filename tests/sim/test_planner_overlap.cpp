@@ -220,6 +220,9 @@ TEST_P(PlannerOverlapComm, EfsdpCommTimePerLayerAgrees) {
   ASSERT_GT(unit, 0);
   EXPECT_EQ(c.rdma ? p.fsdp_nvlink_s : p.efsdp_rdma_s, 0.0);
   const double L = static_cast<double>(x.spec.cfg.layers);
+  fmt::print("{}: planner {} {:.4f} us per layer, one unit {:.4f} us\n", c.mesh,
+             c.rdma ? "efsdp_rdma_s_ring" : "fsdp_nvlink_s", 1e6 * (c.rdma ? p.efsdp_rdma_s_ring : p.fsdp_nvlink_s),
+             1e6 * unit);
   const Timeline tl = simulate(x.r.traces, hw, {.dtype = "f32", .mesh = &x.spec.mesh, .fixed_costs = false});
   const Timeline tf = simulate(x.r.traces, hw, {.dtype = "f32", .mesh = &x.spec.mesh});
   const double alpha = 1e-6 * (c.rdma ? hw.ib_latency_us : hw.nvlink_latency_us);
@@ -270,6 +273,9 @@ TEST(PlannerOverlap, FlopsPerTokenAgree) {
       }
   const double tok = p.tokens_per_gpu * double(x.spec.mesh.world()) * double(x.spec.cfg.layers);
   const double want = p.flops_per_token - 8.0 * non_gemm_params_per_layer(x.spec.cfg);
+  fmt::print("per token and layer: planner flops_per_token {:.0f} (attn_to_linear {:.4f}), trace GEMM FLOPs {:.0f}, "
+             "attention core {:.0f}\n",
+             p.flops_per_token, in.workload.attn_to_linear, gemm / tok, attn / tok);
   EXPECT_NEAR(gemm / tok, want, kExact * want);
   EXPECT_NEAR(attn / tok, p.flops_per_token * in.workload.attn_to_linear, kExact * attn / tok);
 }
