@@ -1,0 +1,134 @@
+// The ref tier of the CUDA kernels (docs/gpu.md "cuda-ref"): one source for the kernel bodies, two compilers.
+//
+// Every op of gpu/ref/ops.h is written as host code that issues *bodies*: a lambda over one flat index (one output
+// element, row or column), run for every index of a range by an executor:
+//   - HostExec (this file): a plain loop on the calling thread. g++ compiles the bodies as ordinary host code, so
+//     the same bodies run on every CPU machine ("cuda-ref on host", gpu/ref/host_kernels.h);
+//   - CudaExec (gpu/ref/cuda_exec.cuh): a CUDA kernel launch (<<<grid, 256, 0, stream>>>), one thread per index;
+//     nvcc compiles the bodies as device lambdas (TD_REF_LAMBDA = __device__, --extended-lambda).
+// Bodies use only the arithmetic below (fmul/fadd/fsub/fdiv/fsqrt: __fmul_rn etc. on the device, so nothing is
+// contracted into an FMA; plain IEEE operations on the host, where the project compiles with -ffp-contract=off),
+// the dm:: functions through `dmx` (gpu/ref/math.h) and ExactAcc's adds. Each index runs its reductions as one
+// sequential chain in the reference's order, and exact sums go through ExactAcc (order-free), so a body gives the
+// reference's bits whatever the grid, the thread count or the device.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "reference/hd.h"
+
+#if defined(__CUDACC__)
+#define TD_REF __device__         // a helper of the bodies: device code under nvcc
+#define TD_REF_LAMBDA __device__  // a body (nvcc extended lambda)
+#else
+#define TD_REF
+#define TD_REF_LAMBDA
+#endif
+
+namespace trident::gpu::ref {
+
+// ---- arithmetic: one rounding per operation, never fused -----------------------------------------------------
+TD_REF inline float fmul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TD_REF inline double fmul(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+TD_REF inline float fadd(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TD_REF inline double fadd(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+TD_REF inline float fsub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+TD_REF inline double fsub(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+TD_REF inline float fdiv(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+TD_REF inline double fdiv(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+TD_REF inline float fsqrt(float a) {
+#ifdef __CUDA_ARCH__
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);  // correctly rounded (IEEE), as std::sqrt in the reference
+#endif
+}
+TD_REF inline double fsqrt(double a) {
+#ifdef __CUDA_ARCH__
+  return __dsqrt_rn(a);
+#else
+  return __builtin_sqrt(a);
+#endif
+}
+
+// ---- the host executor ---------------------------------------------------------------------------------------
+// Runs bodies in a loop on the calling thread; scratch lives until the executor is destroyed (after the op).
+class HostExec {
+ public:
+  static constexpr bool kHost = true;
+  template <class F>
+  void for_each(int64_t n, const F& f) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+  // n elements of U, zero bytes (an ExactAcc of zero bytes is an empty accumulator).
+  template <class U>
+  U* scratch(int64_t n) {
+    const size_t bytes = static_cast<size_t>(n > 0 ? n : 1) * sizeof(U);
+    bufs_.push_back(std::make_unique<std::max_align_t[]>((bytes + sizeof(std::max_align_t) - 1) /
+                                                          sizeof(std::max_align_t)));
+    std::memset(bufs_.back().get(), 0, bytes);
+    return reinterpret_cast<U*>(bufs_.back().get());
+  }
+  // Host metadata (tile segments, row lists) as the bodies read it: here, the caller's memory.
+  template <class U>
+  const U* meta(std::span<const U> v) {
+    return v.data();
+  }
+
+ private:
+  std::vector<std::unique_ptr<std::max_align_t[]>> bufs_;
+};
+
+}  // namespace trident::gpu::ref

@@ -1,0 +1,470 @@
+// The ref tier's ops (docs/gpu.md "cuda-ref"): every op of Kernels<T> written here has the reference op's bits
+// (reference/model/*, docs/numerics.md). Each op is host code templated on an executor (gpu/ref/exec.h): it
+// computes the op's scalars as the reference does, then issues bodies over a flat index range. A body computes one
+// output element / row / column with the reference's per-element order:
+//   - GEMM-like: s = +0; for k ascending: s = s + round(a*b) (bf16 policy: operands rounded to bf16 first);
+//   - tile reductions: per output element, per tile in order, the in-tile partial as one sequential chain from +0,
+//     then ExactAcc::add of the partial (exact, so the order of the adds does not matter);
+//   - elementwise ops: the reference's expression, operation by operation.
+// Host-side checks of the reference that need the data (token ids, NaN router scores, negative loads) run when
+// the executor is the host one; on the device they are not checked yet (docs/gpu.md).
+#pragma once
+#include <cmath>  // std::sqrt on the host (the AdamW scalars), as the reference
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "gpu/ref/exec.h"
+#include "gpu/ref/math.h"
+#include "reference/bf16.h"
+#include "reference/exact_acc.h"
+#include "reference/model/adamw.h"
+#include "reference/policy.h"
+
+#if !defined(__CUDACC__)
+#include "reference/check.h"
+#endif
+
+namespace trident::gpu::ref {
+
+// x, or x rounded to bf16 (the bf16 policy's GEMM operands; float only).
+template <class T>
+TD_REF inline T operand(T x, bool bf) {
+  if constexpr (std::is_same_v<T, float>) return bf ? round_bf16(x) : x;
+  else return x;
+}
+// s0 + a[0]*b[0] + a[1]*b[1] + ... in order, each product and sum rounded (the GEMM / tile-partial chain).
+template <class T>
+TD_REF inline T dot(int64_t n, const T* a, int64_t as, const T* b, int64_t bs, bool bf, T s0) {
+  T s = s0;
+  for (int64_t k = 0; k < n; ++k) s = fadd(s, fmul(operand(a[k * as], bf), operand(b[k * bs], bf)));
+  return s;
+}
+template <class T>
+bool bf16_operands(Policy pol) {
+  return std::is_same_v<T, float> && pol == Policy::bf16;
+}
+
+// ---- GEMM-like -------------------------------------------------------------------------------------------------
+// reference/model/ops.h mm: C (M,N) = A (M,K) @ op(B), one chain per element.
+template <class T, class Ex>
+void mm(Ex& ex, Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+        bool trans_b, T* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const bool bf = bf16_operands<T>(pol);
+  const int64_t bk = trans_b ? 1 : ldb, bn = trans_b ? ldb : 1;  // B(k, n) = B[k * bk + n * bn]
+  ex.for_each(M * N, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t m = i / N, n = i % N;
+    C[m * ldc + n] = dot<T>(K, A + m * lda, 1, B + n * bn, bk, bf, T(0));
+  });
+}
+
+// acc (K,M) += X^T dY over the tiles of segs: per element, per non-empty tile, the in-order partial, added exactly.
+template <class T, class Ex>
+void wgrad_acc(Ex& ex, Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+               std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
+  const bool bf = bf16_operands<T>(pol);
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t* sg = ex.meta(segs);
+  ex.for_each(K * M, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t k = i / M, m = i % M;
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t r0 = sg[t], len = sg[t + 1] - sg[t];
+      if (len == 0) continue;
+      acc[i].add(dot<T>(len, X + r0 * ldx + k, ldx, dY + r0 * ldy + m, ldy, bf, T(0)));
+    }
+  });
+}
+
+// acc (J) += the rows of x (rows, J) summed per tile (in order from +0), the partials added exactly.
+template <class T, class Ex>
+void sum_acc(Ex& ex, const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc) {
+  if (J <= 0 || segs.empty() || segs.back() == segs.front()) return;
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t* sg = ex.meta(segs);
+  ex.for_each(J, [=] TD_REF_LAMBDA(int64_t j) {
+    for (int64_t t = 0; t < nt; ++t) {
+      if (sg[t] == sg[t + 1]) continue;
+      T p = T(0);
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) p = fadd(p, x[r * J + j]);
+      acc[j].add(p);
+    }
+  });
+}
+
+template <class T, class Ex>
+void exact_round(Ex& ex, const ExactAcc<T>* acc, T* out, int64_t n) {
+  ex.for_each(n, [=] TD_REF_LAMBDA(int64_t i) { out[i] = acc[i].round(); });
+}
+
+// ---- per-token ops ---------------------------------------------------------------------------------------------
+template <class T, class Ex>
+void embedding_forward(Ex& ex, T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V) {
+#if !defined(__CUDACC__)
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < N; ++r)
+      if (tokens[r] < 0 || tokens[r] >= V)
+        fail(fmt::format("token id {} at row {} is out of range [0, {})", tokens[r], r, V));
+#endif
+  if (N <= 0 || d <= 0) return;
+  ex.for_each(N * d, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / d, c = i % d;
+    out[i] = embed[static_cast<int64_t>(tokens[r]) * d + c];
+  });
+}
+
+// Per column c, per tile: each distinct id's rows summed in row order from +0, the partial added exactly.
+template <class T, class Ex>
+void embedding_backward(Ex& ex, ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
+                        std::span<const int64_t> segs) {
+  if (d <= 0 || segs.size() < 2) return;
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t* sg = ex.meta(segs);
+  ex.for_each(d, [=] TD_REF_LAMBDA(int64_t c) {
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) {
+        const int32_t id = tokens[r];
+        if (id < 0) continue;
+        bool first = true;
+        for (int64_t q = sg[t]; q < r && first; ++q) first = tokens[q] != id;
+        if (!first) continue;
+        T p = T(0);
+        for (int64_t q = r; q < sg[t + 1]; ++q)
+          if (tokens[q] == id) p = fadd(p, dout[q * d + c]);
+        dembed[static_cast<int64_t>(id) * d + c].add(p);
+      }
+  });
+}
+
+template <class T, class Ex>
+void rmsnorm_forward(Ex& ex, const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y,
+                     int64_t ldy, T* rinv) {
+  const T e = static_cast<T>(eps), dd = static_cast<T>(d);
+  ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
+    const T* xr = x + r * ldx;
+    T ss = T(0);
+    for (int64_t i = 0; i < d; ++i) ss = fadd(ss, fmul(xr[i], xr[i]));
+    const T ri = dmx::rsqrt(fadd(fdiv(ss, dd), e));
+    rinv[r] = ri;
+    T* yr = y + r * ldy;
+    for (int64_t i = 0; i < d; ++i) yr[i] = fmul(fmul(xr[i], ri), g[i]);
+  });
+}
+
+template <class T, class Ex>
+void rmsnorm_backward(Ex& ex, const T* dy, int64_t lddy, const T* x, int64_t ldx, const T* rinv, const T* g,
+                      int64_t N, int64_t d, std::span<const int64_t> segs, T* dx, int64_t lddx, ExactAcc<T>* dg) {
+  const T dd = static_cast<T>(d);
+  ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
+    const T* xr = x + r * ldx;
+    const T* dyr = dy + r * lddy;
+    const T ri = rinv[r];
+    T c = T(0);
+    for (int64_t i = 0; i < d; ++i) c = fadd(c, fmul(fmul(dyr[i], g[i]), fmul(xr[i], ri)));
+    c = fdiv(c, dd);
+    T* dxr = dx + r * lddx;
+    for (int64_t i = 0; i < d; ++i) {
+      const T xh = fmul(xr[i], ri), dxh = fmul(dyr[i], g[i]);
+      dxr[i] = fmul(ri, fsub(dxh, fmul(xh, c)));
+    }
+  });
+  if (!dg || d <= 0 || segs.empty() || segs.back() == segs.front()) return;
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t* sg = ex.meta(segs);
+  ex.for_each(d, [=] TD_REF_LAMBDA(int64_t i) {  // the gain terms dy * xhat, per tile (sum_acc's order)
+    for (int64_t t = 0; t < nt; ++t) {
+      if (sg[t] == sg[t + 1]) continue;
+      T p = T(0);
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) p = fadd(p, fmul(dy[r * lddy + i], fmul(x[r * ldx + i], rinv[r])));
+      dg[i].add(p);
+    }
+  });
+}
+
+template <class T, class Ex>
+void residual_forward(Ex& ex, T* out, const T* a, const T* b, int64_t n) {
+  ex.for_each(n, [=] TD_REF_LAMBDA(int64_t i) { out[i] = fadd(a[i], b[i]); });
+}
+
+template <class T, class Ex>
+void swiglu_forward(Ex& ex, Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d,
+                    int64_t F, T* ug, T* uu, T* h, T* y) {
+  if (N == 0) return;
+  mm<T>(ex, pol, N, F, d, x, d, wg, F, false, ug, F);
+  mm<T>(ex, pol, N, F, d, x, d, wu, F, false, uu, F);
+  ex.for_each(N * F, [=] TD_REF_LAMBDA(int64_t i) { h[i] = fmul(dmx::silu(ug[i]), uu[i]); });
+  mm<T>(ex, pol, N, d, F, h, F, wd, d, false, y, d);
+}
+
+template <class T, class Ex>
+void swiglu_backward_dgrad(Ex& ex, Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug,
+                           const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx) {
+  if (N == 0) return;
+  T* dh = ex.template scratch<T>(N * F);
+  T* t2 = ex.template scratch<T>(N * d);
+  mm<T>(ex, pol, N, F, d, dy, d, wd, d, true, dh, F);
+  ex.for_each(N * F, [=] TD_REF_LAMBDA(int64_t i) {
+    const T sg = dmx::sigmoid(ug[i]);
+    dug[i] = fmul(fmul(dh[i], uu[i]), fmul(sg, fadd(T(1), fmul(ug[i], fsub(T(1), sg)))));
+    duu[i] = fmul(dh[i], dmx::silu(ug[i]));
+  });
+  mm<T>(ex, pol, N, d, F, dug, F, wg, F, true, dx, d);
+  mm<T>(ex, pol, N, d, F, duu, F, wu, F, true, t2, d);
+  residual_forward<T>(ex, dx, dx, t2, N * d);
+}
+
+// Top-K by biased score: the k-th pick is the best of the experts ranked after the (k-1)-th in the order
+// (biased descending, then index ascending), which is the reference's greedy strict-'>' scan.
+template <class T, class Ex>
+void router_forward(Ex& ex, Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E,
+                    int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates) {
+  if (N == 0) return;
+  mm<T>(ex, pol, N, E, d, a, d, wr, E, false, logits, E);
+  const T al = static_cast<T>(alpha);
+  ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
+    T* s = scores + r * E;
+    for (int64_t e = 0; e < E; ++e) s[e] = dmx::sigmoid(logits[r * E + e]);
+    int32_t* sr = sel + r * K;
+    int64_t prev = -1;
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t best = -1;
+      T bb = T(0), pb = prev < 0 ? T(0) : fadd(s[prev], bias[prev]);
+      for (int64_t e = 0; e < E; ++e) {
+        const T be = fadd(s[e], bias[e]);
+        const bool after_prev = prev < 0 || be < pb || (be == pb && e > prev);
+        if (after_prev && (best < 0 || be > bb)) best = e, bb = be;
+      }
+      sr[k] = static_cast<int32_t>(best);
+      prev = best;
+    }
+    for (int64_t k = 1; k < K; ++k)  // ascending expert ids (insertion sort)
+      for (int64_t j = k; j > 0 && sr[j - 1] > sr[j]; --j) {
+        const int32_t t = sr[j];
+        sr[j] = sr[j - 1];
+        sr[j - 1] = t;
+      }
+    T ssum = T(0);
+    for (int64_t k = 0; k < K; ++k) ssum = fadd(ssum, s[sr[k]]);
+    for (int64_t k = 0; k < K; ++k) gates[r * K + k] = fdiv(fmul(al, s[sr[k]]), ssum);
+  });
+#if !defined(__CUDACC__)
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t e = 0; e < E; ++e)
+        TD_CHECK(!std::isnan(scores[r * E + e]), "router: NaN score at row {} expert {}", r, e);
+#endif
+}
+
+template <class T, class Ex>
+void router_backward(Ex& ex, const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,
+                     double alpha, T* dlogits) {
+  const T al = static_cast<T>(alpha);
+  ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
+    const T* s = scores + r * E;
+    const int32_t* sr = sel + r * K;
+    const T* dg = dgates + r * K;
+    T* dl = dlogits + r * E;
+    for (int64_t e = 0; e < E; ++e) dl[e] = T(0);
+    T ssum = T(0), c = T(0);
+    for (int64_t k = 0; k < K; ++k) ssum = fadd(ssum, s[sr[k]]);
+    for (int64_t k = 0; k < K; ++k) c = fadd(c, fmul(dg[k], s[sr[k]]));
+    const T cs = fdiv(c, ssum);
+    for (int64_t k = 0; k < K; ++k) {
+      const T se = s[sr[k]];
+      const T ds = fdiv(fmul(al, fsub(dg[k], cs)), ssum);
+      dl[sr[k]] = fmul(ds, fmul(se, fsub(T(1), se)));
+    }
+  });
+}
+
+template <class T, class Ex>
+void moe_combine_forward(Ex& ex, T* out, const T* gates, const T* yk, int64_t N, int64_t d, int64_t K) {
+  ex.for_each(N * d, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t t = i / d, c = i % d;
+    T o = T(0);
+    for (int64_t k = 0; k < K; ++k) o = fadd(o, fmul(gates[t * K + k], yk[(t * K + k) * d + c]));
+    out[i] = o;
+  });
+}
+
+template <class T, class Ex>
+void moe_combine_backward(Ex& ex, const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk, int64_t d,
+                          int64_t K, T* dgates, T* dyk) {
+  const int64_t n = static_cast<int64_t>(tk.size());
+  if (n == 0) return;
+  const int64_t* p_of = ex.meta(tk);
+  ex.for_each(n, [=] TD_REF_LAMBDA(int64_t j) {
+    const int64_t p = p_of[j], t = p / K;
+    const T g = gates[p];
+    T s = T(0);
+    for (int64_t c = 0; c < d; ++c) {
+      s = fadd(s, fmul(dout[t * d + c], yk[p * d + c]));
+      dyk[j * d + c] = fmul(g, dout[t * d + c]);
+    }
+    dgates[p] = s;
+  });
+}
+
+template <class T, class Ex>
+void moe_dx_sum(Ex& ex, T* dx, const T* dxk, int64_t N, int64_t d, int64_t K) {
+  ex.for_each(N * d, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t t = i / d, c = i % d;
+    T o = T(0);
+    for (int64_t k = 0; k < K; ++k) o = fadd(o, dxk[(t * K + k) * d + c]);
+    dx[i] = o;
+  });
+}
+
+template <class T, class Ex>
+void gather_rows(Ex& ex, T* dst, const T* src, std::span<const int64_t> idx, int64_t w) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  if (n == 0 || w <= 0) return;
+  const int64_t* ix = ex.meta(idx);
+  ex.for_each(n * w, [=] TD_REF_LAMBDA(int64_t i) { dst[i] = src[ix[i / w] * w + i % w]; });
+}
+
+template <class T, class Ex>
+void scatter_rows(Ex& ex, T* dst, const T* src, std::span<const int64_t> idx, int64_t w) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  if (n == 0 || w <= 0) return;
+  const int64_t* ix = ex.meta(idx);
+  ex.for_each(n * w, [=] TD_REF_LAMBDA(int64_t i) { dst[ix[i / w] * w + i % w] = src[i]; });
+}
+
+// ---- context-parallel block moves (reference/model/rows.h) --------------------------------------------------
+TD_HD inline int64_t zigzag_slot(int64_t b, int64_t cp) { return b < cp ? 2 * b : 2 * (2 * cp - 1 - b) + 1; }
+
+template <class T, class Ex>
+void kv_zigzag_reorder(Ex& ex, T* dst, const T* src, int64_t cp, int64_t block, bool to_gather) {
+  if (cp <= 0 || block <= 0) return;
+  ex.for_each(2 * cp * block, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t b = i / block, off = i % block, sl = zigzag_slot(b, cp);
+    if (to_gather) dst[sl * block + off] = src[i];
+    else dst[i] = src[sl * block + off];
+  });
+}
+
+// In place through the permutation's cycles with one block of scratch (the reference's order of swaps).
+template <class T, class Ex>
+void kv_zigzag_to_gather_acc(Ex& ex, ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block) {
+  if (cp <= 0 || block <= 0) return;
+  std::vector<bool> done(static_cast<size_t>(2 * cp), false);
+  for (int64_t b0 = 0; b0 < 2 * cp; ++b0) {
+    if (done[static_cast<size_t>(b0)] || zigzag_slot(b0, cp) == b0) continue;
+    ExactAcc<T>* first = x + b0 * block;
+    ex.for_each(block, [=] TD_REF_LAMBDA(int64_t i) { scratch[i] = first[i]; });
+    int64_t b = b0;
+    do {
+      const int64_t nb = zigzag_slot(b, cp);
+      ExactAcc<T>* blk = x + nb * block;
+      ex.for_each(block, [=] TD_REF_LAMBDA(int64_t i) {
+        const ExactAcc<T> t = scratch[i];
+        scratch[i] = blk[i];
+        blk[i] = t;
+      });
+      done[static_cast<size_t>(nb)] = true;
+      b = nb;
+    } while (b != b0);
+  }
+}
+
+// ---- optimizer -------------------------------------------------------------------------------------------------
+// acc += sum of g squared, exactly: the terms of chunks of kSqChunk elements go into one accumulator per chunk
+// (in parallel), then the chunk accumulators are merged into acc (integer limb sums: the exact value of the
+// reference's sequential adds).
+inline constexpr int64_t kSqChunk = 4096;
+template <class T, class Ex>
+void grad_sq_acc(Ex& ex, const T* g, int64_t n, ExactAcc<double>* acc) {
+  if (n <= 0) return;
+  const int64_t nc = (n + kSqChunk - 1) / kSqChunk;
+  ExactAcc<double>* part = ex.template scratch<ExactAcc<double>>(nc);
+  ex.for_each(nc, [=] TD_REF_LAMBDA(int64_t c) {
+    const int64_t end = (c + 1) * kSqChunk < n ? (c + 1) * kSqChunk : n;
+    for (int64_t i = c * kSqChunk; i < end; ++i) {
+      const double a = static_cast<double>(g[i]);
+      const double p = fmul(a, a);
+      if constexpr (std::is_same_v<T, float>) {
+        part[c].add(p);  // 24 x 24 significand bits fit in 53: exact
+      } else {
+        if (!(fsub(p, p) == 0.0)) {  // +Inf or NaN (not finite)
+          part[c].add(p);
+          continue;
+        }
+        const double cc = fmul(134217729.0, a);  // Veltkamp split and Dekker's two-square, as the reference
+        const double hi = fsub(cc, fsub(cc, a));
+        const double lo = fsub(a, hi);
+        const double err = fadd(fadd(fsub(fmul(hi, hi), p), fmul(fmul(2.0, hi), lo)), fmul(lo, lo));
+        part[c].add(p);
+        part[c].add(err);
+      }
+    }
+  });
+  ex.for_each(1, [=] TD_REF_LAMBDA(int64_t) {
+    for (int64_t c = 0; c < nc; ++c) acc->merge(part[c]);
+  });
+}
+
+// The scalars of one AdamW step, computed on the host exactly as reference/model/adamw.cpp does.
+template <class T>
+struct AdamWScalars {
+  T c, dec, b1, ob1, b2, ob2, ss, bc2s, e;
+};
+template <class T>
+AdamWScalars<T> adamw_scalars(const model::AdamWHyper& h, int64_t step, double clip) {
+  double p1 = 1.0, p2 = 1.0;
+  for (int64_t s = 0; s < step; ++s) {
+    p1 = p1 * h.beta1;
+    p2 = p2 * h.beta2;
+  }
+  const double bc1 = 1.0 - p1, bc2 = 1.0 - p2;
+  return {static_cast<T>(clip),           static_cast<T>(1.0 - h.lr * h.weight_decay),
+          static_cast<T>(h.beta1),        static_cast<T>(1.0 - h.beta1),
+          static_cast<T>(h.beta2),        static_cast<T>(1.0 - h.beta2),
+          static_cast<T>(h.lr / bc1),     static_cast<T>(std::sqrt(bc2)),
+          static_cast<T>(h.eps)};
+}
+
+template <class T, class Ex>
+void adamw_step(Ex& ex, T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step,
+                double clip, bool decay) {
+#if !defined(__CUDACC__)
+  TD_CHECK_GE(step, int64_t(1), "adamw_step: step is 1-based");
+#endif
+  const AdamWScalars<T> k = adamw_scalars<T>(hyper, step, clip);
+  ex.for_each(n, [=] TD_REF_LAMBDA(int64_t i) {
+    const T gc = fmul(g[i], k.c);
+    T wi = w[i];
+    if (decay) wi = fmul(wi, k.dec);
+    const T mi = fadd(fmul(k.b1, m[i]), fmul(k.ob1, gc));
+    const T vi = fadd(fmul(k.b2, v[i]), fmul(fmul(k.ob2, gc), gc));
+    const T den = fadd(fdiv(fsqrt(vi), k.bc2s), k.e);
+    wi = fsub(wi, fdiv(fmul(k.ss, mi), den));
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+  });
+}
+
+template <class T, class Ex>
+void router_bias_update(Ex& ex, T* b, const int64_t* load, int64_t E, double gamma) {
+#if !defined(__CUDACC__)
+  TD_CHECK_GT(E, int64_t(0), "router_bias_update: E");
+  if constexpr (Ex::kHost)
+    for (int64_t e = 0; e < E; ++e) TD_CHECK_GE(load[e], int64_t(0), "router_bias_update: load of expert {}", e);
+#endif
+  if (gamma == 0 || E <= 0) return;
+  const T step = static_cast<T>(gamma);
+  ex.for_each(1, [=] TD_REF_LAMBDA(int64_t) {
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) total += load[e];
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t scaled = load[e] * E;  // compare load_e with total/E exactly
+      if (scaled < total) b[e] = fadd(b[e], step);
+      else if (scaled > total) b[e] = fsub(b[e], step);
+    }
+  });
+}
+
+}  // namespace trident::gpu::ref
