@@ -382,22 +382,23 @@ void grad_sq_acc(Ex& ex, const T* g, int64_t n, ExactAcc<double>* acc) {
   ExactAcc<double>* part = ex.template scratch<ExactAcc<double>>(nc);
   ex.for_each(nc, [=] TD_REF_LAMBDA(int64_t c) {
     const int64_t end = (c + 1) * kSqChunk < n ? (c + 1) * kSqChunk : n;
+    ExactAcc<double>& pc = part[c];
     for (int64_t i = c * kSqChunk; i < end; ++i) {
       const double a = static_cast<double>(g[i]);
       const double p = fmul(a, a);
       if constexpr (std::is_same_v<T, float>) {
-        part[c].add(p);  // 24 x 24 significand bits fit in 53: exact
+        pc.add(p);  // 24 x 24 significand bits fit in 53: exact
       } else {
         if (!(fsub(p, p) == 0.0)) {  // +Inf or NaN (not finite)
-          part[c].add(p);
+          pc.add(p);
           continue;
         }
         const double cc = fmul(134217729.0, a);  // Veltkamp split and Dekker's two-square, as the reference
         const double hi = fsub(cc, fsub(cc, a));
         const double lo = fsub(a, hi);
         const double err = fadd(fadd(fsub(fmul(hi, hi), p), fmul(fmul(2.0, hi), lo)), fmul(lo, lo));
-        part[c].add(p);
-        part[c].add(err);
+        pc.add(p);
+        pc.add(err);
       }
     }
   });
