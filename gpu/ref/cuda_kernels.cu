@@ -160,6 +160,21 @@ class CudaRefKernels final : public Kernels<T> {
       ref::kv_zigzag_to_gather_acc<T>(ex, x, scratch, cp, block);
     }, loc);
   }
+  void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                         int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_core_forward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_core_forward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats);
+    }, loc);
+  }
+  void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                          int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
+                          Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_core_backward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_core_backward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+    }, loc);
+  }
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) override {
     run(s, "grad_sq_acc", [&] {
       ref::CudaExec ex(dev_.stream(s));
@@ -179,8 +194,6 @@ class CudaRefKernels final : public Kernels<T> {
     }, loc);
   }
   void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, Stream, loc_t = loc_t::current()) override { not_written("attn_qkv_forward"); }
-  void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream, loc_t = loc_t::current()) override { not_written("attn_core_forward"); }
-  void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv, Stream, loc_t = loc_t::current()) override { not_written("attn_core_backward"); }
   void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream, loc_t = loc_t::current()) override { not_written("attn_out_forward"); }
   void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream, loc_t = loc_t::current()) override { not_written("attn_out_backward"); }
   void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs, T* da, Stream, loc_t = loc_t::current()) override { not_written("attn_qkv_backward"); }

@@ -16,8 +16,8 @@ const std::vector<std::string>& ref_covered_ops() {
       "residual_forward", "swiglu_forward", "swiglu_backward_dgrad", "expert_forward",
       "expert_backward_dgrad", "router_forward", "router_backward", "moe_combine_forward",
       "moe_combine_backward", "moe_dx_sum", "gather_rows", "scatter_rows",
-      "kv_zigzag_reorder", "kv_zigzag_to_gather_acc", "grad_sq_acc", "adamw_step",
-      "router_bias_update",
+      "kv_zigzag_reorder", "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward",
+      "grad_sq_acc", "adamw_step", "router_bias_update",
   };
   return ops;
 }
@@ -31,6 +31,7 @@ namespace {
 template <class T>
 class RefHostKernels final : public CpuKernels<T> {
  public:
+  using typename Kernels<T>::CoreDims;
   using typename Kernels<T>::Segs;
   using typename Kernels<T>::loc_t;
   explicit RefHostKernels(Device& dev) : CpuKernels<T>(dev) {}
@@ -164,6 +165,22 @@ class RefHostKernels final : public CpuKernels<T> {
     run(s, "kv_zigzag_to_gather_acc", [=] {
       ref::HostExec ex;
       ref::kv_zigzag_to_gather_acc<T>(ex, x, scratch, cp, block);
+    }, loc);
+  }
+  void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                         int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_core_forward", [=] {
+      ref::HostExec ex;
+      ref::attn_core_forward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats);
+    }, loc);
+  }
+  void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                          int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
+                          Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_core_backward", [=, sv = std::vector<int64_t>(qsegs.begin(), qsegs.end())] {
+      std::span<const int64_t> sg(sv);
+      ref::HostExec ex;
+      ref::attn_core_backward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg, dq, dkv);
     }, loc);
   }
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) override {

@@ -20,6 +20,7 @@
 #include "reference/bf16.h"
 #include "reference/exact_acc.h"
 #include "reference/model/adamw.h"
+#include "reference/model/attention.h"
 #include "reference/policy.h"
 
 #if !defined(__CUDACC__)
@@ -368,6 +369,116 @@ void kv_zigzag_to_gather_acc(Ex& ex, ExactAcc<T>* x, ExactAcc<T>* scratch, int64
       b = nb;
     } while (b != b0);
   }
+}
+
+// ---- attention core (reference/model/attention.h) -------------------------------------------------------------
+// Causal softmax attention of query rows over key positions [0, qpos]: one body per (row, head). Scores are the
+// reference's chains (s = +0; s += q[c]*k[c], c ascending; times scale), the running max, the exp sum in key
+// order, then o[c] = +0 + p_0 v_0[c] + p_1 v_1[c] + ..., keys ascending. bf16: q, k, v (and dO) rounded operands,
+// p rounded before the value products.
+template <class T>
+TD_REF inline T score(const T* qh, const T* kv, int64_t P, int64_t kbase, int64_t j, int64_t Dq, bool bf) {
+  T s = T(0);
+  for (int64_t c = 0; c < Dq; ++c) s = fadd(s, fmul(operand(qh[c], bf), operand(kv[j * P + kbase + c], bf)));
+  return s;
+}
+
+template <class T, class Ex>
+void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                       const T* kv, int64_t S, T* o, T* stats) {
+#if !defined(__CUDACC__)
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < Nq; ++r)
+      TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+#endif
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
+  const T sc = static_cast<T>(cd.scale);
+  const bool bf = bf16_operands<T>(pol);
+  ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
+    const T* qh = q + i * Dq;
+    T m = T(0);
+    for (int64_t j = 0; j < np; ++j) {
+      const T sj = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
+      if (j == 0 || sj > m) m = sj;
+    }
+    T l = T(0);
+    for (int64_t j = 0; j < np; ++j) l = fadd(l, dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc), m)));
+    T* oh = o + i * Dv;
+    for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
+    for (int64_t j = 0; j < np; ++j) {
+      const T e = dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc), m));
+      const T p = operand(fdiv(e, l), bf);
+      const T* v = kv + j * P + vb + g * Dv;
+      for (int64_t c = 0; c < Dv; ++c) oh[c] = fadd(oh[c], fmul(p, operand(v[c], bf)));
+    }
+    stats[i * 2 + 0] = m;
+    stats[i * 2 + 1] = l;
+  });
+}
+
+// Backward. Query side, one body per (row, head): p_j and dsc_j = (p_j (dp_j - D)) scale (bf16: both rounded) into
+// scratch (Nq, H, S), and dq[c] = +0 + dsc_0 k_0[c] + dsc_1 k_1[c] + ..., keys ascending. Key side, one body per
+// payload element (key j, column c): per query tile, the in-tile partial over (row, head) in order, the K term and
+// then the V term of each (they share columns under MLA), added exactly.
+template <class T, class Ex>
+void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                        std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
+#if !defined(__CUDACC__)
+  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
+           "attn_core_backward: query segments must cover rows [0, {})", Nq);
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < Nq; ++r)
+      TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+#endif
+  if (Nq <= 0 || S <= 0) return;
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
+  const T sc = static_cast<T>(cd.scale);
+  const bool bf = bf16_operands<T>(pol);
+  T* pbuf = ex.template scratch<T>(Nq * H * S);
+  T* dsbuf = ex.template scratch<T>(Nq * H * S);
+  ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
+    const T* qh = q + i * Dq;
+    const T* doh = dO + i * Dv;
+    const T m = stats[i * 2 + 0], l = stats[i * 2 + 1];
+    T D = T(0);
+    for (int64_t c = 0; c < Dv; ++c) D = fadd(D, fmul(doh[c], o[i * Dv + c]));
+    T* dqh = dq + i * Dq;
+    for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
+    for (int64_t j = 0; j < np; ++j) {
+      const T s = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
+      const T p = fdiv(dmx::exp(fsub(s, m)), l);
+      const T dp = score(doh, kv, P, vb + g * Dv, j, Dv, bf);
+      const T ds = operand(fmul(fmul(p, fsub(dp, D)), sc), bf);
+      pbuf[i * S + j] = operand(p, bf);
+      dsbuf[i * S + j] = ds;
+      const T* k = kv + j * P + g * Dq;
+      for (int64_t c = 0; c < Dq; ++c) dqh[c] = fadd(dqh[c], fmul(ds, operand(k[c], bf)));
+    }
+  });
+  const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
+  const int64_t* sg = ex.meta(qsegs);
+  ex.for_each(S * P, [=] TD_REF_LAMBDA(int64_t e) {
+    const int64_t j = e / P, c = e % P;
+    for (int64_t t = 0; t < nt; ++t) {
+      int64_t nk = 0;  // keys the tile touches: 0..its largest position
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) nk = qpos[r] + 1 > nk ? qpos[r] + 1 : nk;
+      if (j >= nk) continue;
+      T part = T(0);
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) {
+        if (j > qpos[r]) continue;  // masked: no term
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t g = h / hpg, i = r * H + h;
+          if (c >= g * Dq && c < g * Dq + Dq) part = fadd(part, fmul(dsbuf[i * S + j], operand(q[i * Dq + c - g * Dq], bf)));
+          if (c >= vb + g * Dv && c < vb + g * Dv + Dv)
+            part = fadd(part, fmul(pbuf[i * S + j], operand(dO[i * Dv + c - vb - g * Dv], bf)));
+        }
+      }
+      dkv[e].add(part);
+    }
+  });
 }
 
 // ---- optimizer -------------------------------------------------------------------------------------------------

@@ -48,12 +48,12 @@ TEST(CudaRef, UncoveredOpsSayTheyAreNotWritten) {
   if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
   gpu::CudaDevice dev(0);
   auto k = gpu::make_cuda_ref_kernels<float>(dev);
-  model::CoreDims cd{};
   try {
-    k->attn_core_forward(Policy::fp32, cd, nullptr, nullptr, 0, nullptr, 0, nullptr, nullptr, dev.compute_stream());
-    ADD_FAILURE() << "attn_core_forward did not throw";
+    k->linear_ce_forward(Policy::fp32, nullptr, nullptr, nullptr, 0, 0, 0, 0, 0, nullptr, nullptr,
+                         dev.compute_stream());
+    ADD_FAILURE() << "linear_ce_forward did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("attn_core_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("linear_ce_forward"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not written in the cuda-ref tier"), std::string::npos) << e.what();
   }
 }
