@@ -175,6 +175,24 @@ class CudaRefKernels final : public Kernels<T> {
       ref::attn_core_backward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
     }, loc);
   }
+  void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
+                         int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
+                         loc_t loc = loc_t::current()) override {
+    run(s, "linear_ce_forward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::linear_ce_forward<T>(ex, pol, hidden, W, targets, N, d, V, vocab_chunk, token_chunk, token_loss, lse);
+    }, loc);
+  }
+  void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                          int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale, Segs segs,
+                          int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream s,
+                          loc_t loc = loc_t::current()) override {
+    run(s, "linear_ce_backward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::linear_ce_backward<T>(ex, pol, hidden, W, targets, lse, N, d, V, vocab_chunk, token_chunk, grad_scale,
+                                 segs, j_begin, j_end, dhidden, dW);
+    }, loc);
+  }
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) override {
     run(s, "grad_sq_acc", [&] {
       ref::CudaExec ex(dev_.stream(s));
@@ -197,8 +215,6 @@ class CudaRefKernels final : public Kernels<T> {
   void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream, loc_t = loc_t::current()) override { not_written("attn_out_forward"); }
   void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream, loc_t = loc_t::current()) override { not_written("attn_out_backward"); }
   void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs, T* da, Stream, loc_t = loc_t::current()) override { not_written("attn_qkv_backward"); }
-  void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream, loc_t = loc_t::current()) override { not_written("linear_ce_forward"); }
-  void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream, loc_t = loc_t::current()) override { not_written("linear_ce_backward"); }
 
  private:
   // CudaDevice::launch runs the function at once (it enqueues the kernels) and checks cudaGetLastError, naming

@@ -17,7 +17,8 @@ const std::vector<std::string>& ref_covered_ops() {
       "expert_backward_dgrad", "router_forward", "router_backward", "moe_combine_forward",
       "moe_combine_backward", "moe_dx_sum", "gather_rows", "scatter_rows",
       "kv_zigzag_reorder", "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward",
-      "grad_sq_acc", "adamw_step", "router_bias_update",
+      "linear_ce_forward", "linear_ce_backward", "grad_sq_acc", "adamw_step",
+      "router_bias_update",
   };
   return ops;
 }
@@ -181,6 +182,25 @@ class RefHostKernels final : public CpuKernels<T> {
       std::span<const int64_t> sg(sv);
       ref::HostExec ex;
       ref::attn_core_backward<T>(ex, pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg, dq, dkv);
+    }, loc);
+  }
+  void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
+                         int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
+                         loc_t loc = loc_t::current()) override {
+    run(s, "linear_ce_forward", [=] {
+      ref::HostExec ex;
+      ref::linear_ce_forward<T>(ex, pol, hidden, W, targets, N, d, V, vocab_chunk, token_chunk, token_loss, lse);
+    }, loc);
+  }
+  void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                          int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale, Segs segs,
+                          int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream s,
+                          loc_t loc = loc_t::current()) override {
+    run(s, "linear_ce_backward", [=, sv = std::vector<int64_t>(segs.begin(), segs.end())] {
+      std::span<const int64_t> sg(sv);
+      ref::HostExec ex;
+      ref::linear_ce_backward<T>(ex, pol, hidden, W, targets, lse, N, d, V, vocab_chunk, token_chunk, grad_scale,
+                                 sg, j_begin, j_end, dhidden, dW);
     }, loc);
   }
   void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) override {

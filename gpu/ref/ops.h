@@ -481,6 +481,122 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
   });
 }
 
+// ---- linear cross-entropy (reference/model/linear_ce.h) --------------------------------------------------------
+// Logits as the GEMM's chains (into scratch), then one body per row: vocab chunks ascending, each chunk's max and
+// exp sum in vocabulary order, the reference's running (M, S) merge, lse = M + log(S). The backward recomputes the
+// logits of its columns, turns them into dlogit (bf16: rounded), then dhidden[r, k] continues its one in-order sum
+// over the columns and dW[k, j] gets the tile partials of hidden[r, k] * dlogit[r, j], added exactly.
+inline constexpr int32_t kIgnoreIndex = -100;
+
+#if !defined(__CUDACC__)
+inline void check_targets(const char* fn, const int32_t* targets, int64_t N, int64_t V) {
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= V))
+      fail(fmt::format("{}: target {} at row {} is out of range [0, {}) (and not the ignore index {})", fn, targets[i],
+                       i, V, kIgnoreIndex));
+}
+#endif
+
+// L (N, w) = logits of columns [j0, j0 + w): hidden (N, d) @ W (d, V) columns.
+template <class T, class Ex>
+void logits_cols(Ex& ex, const T* hidden, const T* W, int64_t N, int64_t d, int64_t V, int64_t j0, int64_t w,
+                 bool bf, T* L) {
+  ex.for_each(N * w, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / w, j = i % w;
+    L[i] = dot<T>(d, hidden + r * d, 1, W + j0 + j, V, bf, T(0));
+  });
+}
+
+template <class T, class Ex>
+void linear_ce_forward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
+                       int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse) {
+#if !defined(__CUDACC__)
+  TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
+           "linear_ce_forward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
+           token_chunk);
+  if constexpr (Ex::kHost) check_targets("linear_ce_forward", targets, N, V);
+#endif
+  if (N == 0) return;
+  const bool bf = bf16_operands<T>(pol);
+  const int64_t vc = vocab_chunk < V ? vocab_chunk : V;
+  T* L = ex.template scratch<T>(N * V);
+  logits_cols<T>(ex, hidden, W, N, d, V, 0, V, bf, L);
+  ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
+    const T* l = L + r * V;
+    const int64_t t = targets[r];
+    T M = T(0), S = T(0), tl = T(0);
+    for (int64_t j0 = 0; j0 < V; j0 += vc) {
+      const int64_t w = vc < V - j0 ? vc : V - j0;
+      T m = l[j0];
+      for (int64_t j = 1; j < w; ++j) m = l[j0 + j] > m ? l[j0 + j] : m;
+      T sc = T(0);
+      for (int64_t j = 0; j < w; ++j) sc = fadd(sc, dmx::exp(fsub(l[j0 + j], m)));
+      if (j0 == 0) {
+        M = m;
+        S = sc;
+      } else if (m > M) {
+        S = fadd(fmul(S, dmx::exp(fsub(M, m))), sc);
+        M = m;
+      } else {
+        S = fadd(S, fmul(sc, dmx::exp(fsub(m, M))));
+      }
+      if (t >= j0 && t < j0 + w) tl = l[t];
+    }
+    lse[r] = fadd(M, dmx::log(S));
+    token_loss[r] = t == kIgnoreIndex ? T(0) : fsub(lse[r], tl);
+  });
+}
+
+template <class T, class Ex>
+void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
+                        int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale,
+                        std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW) {
+#if !defined(__CUDACC__)
+  TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
+           "linear_ce_backward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
+           token_chunk);
+  TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
+           "linear_ce_backward: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", j_begin, j_end, V);
+  TD_CHECK(j_begin % vocab_chunk == 0 && (j_end % vocab_chunk == 0 || j_end == V),
+           "linear_ce_backward: vocabulary columns [{}, {}) do not consist of whole vocab chunks of {}", j_begin, j_end,
+           vocab_chunk);
+  TD_CHECK(!segs.empty() && segs.front() == 0 && segs.back() == N,
+           "linear_ce_backward: segs must run from row 0 to row N = {}", N);
+  if constexpr (Ex::kHost) check_targets("linear_ce_backward", targets, N, V);
+#endif
+  if (N == 0) return;
+  const bool bf = bf16_operands<T>(pol);
+  const int64_t w = j_end - j_begin;
+  T* DL = ex.template scratch<T>(N * w);
+  logits_cols<T>(ex, hidden, W, N, d, V, j_begin, w, bf, DL);
+  ex.for_each(N * w, [=] TD_REF_LAMBDA(int64_t i) {  // logits -> dlogit, in place
+    const int64_t r = i / w, j = j_begin + i % w;
+    const int64_t t = targets[r];
+    if (t == kIgnoreIndex) {
+      DL[i] = T(0);
+      return;
+    }
+    const T p = dmx::exp(fsub(DL[i], lse[r]));
+    DL[i] = operand(fmul(j == t ? fsub(p, T(1)) : p, grad_scale), bf);
+  });
+  ex.for_each(N * d, [=] TD_REF_LAMBDA(int64_t i) {  // dhidden continues its sum over the columns
+    const int64_t r = i / d, k = i % d;
+    T s = dot<T>(w, DL + r * w, 1, W + k * V + j_begin, 1, bf, j_begin > 0 ? dhidden[i] : T(0));
+    if (j_end == V && targets[r] == kIgnoreIndex) s = T(0);
+    dhidden[i] = s;
+  });
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t* sg = ex.meta(segs);
+  ex.for_each(d * w, [=] TD_REF_LAMBDA(int64_t i) {  // dW tile partials, added exactly
+    const int64_t k = i / w, j = i % w;
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t r0 = sg[t], len = sg[t + 1] - sg[t];
+      if (len == 0) continue;
+      dW[i].add(dot<T>(len, hidden + r0 * d + k, d, DL + r0 * w + j, w, bf, T(0)));
+    }
+  });
+}
+
 // ---- optimizer -------------------------------------------------------------------------------------------------
 // acc += sum of g squared, exactly: the terms of chunks of kSqChunk elements go into one accumulator per chunk
 // (in parallel), then the chunk accumulators are merged into acc (integer limb sums: the exact value of the

@@ -49,11 +49,13 @@ TEST(CudaRef, UncoveredOpsSayTheyAreNotWritten) {
   gpu::CudaDevice dev(0);
   auto k = gpu::make_cuda_ref_kernels<float>(dev);
   try {
-    k->linear_ce_forward(Policy::fp32, nullptr, nullptr, nullptr, 0, 0, 0, 0, 0, nullptr, nullptr,
-                         dev.compute_stream());
-    ADD_FAILURE() << "linear_ce_forward did not throw";
+    const model::Config cfg = model::Config::preset("tiny");
+    const model::AttnW<float> w{};
+    const model::AttnBufs<float> acts{};
+    k->attn_out_forward(Policy::fp32, cfg, w, 0, acts, nullptr, dev.compute_stream());
+    ADD_FAILURE() << "attn_out_forward did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("linear_ce_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attn_out_forward"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not written in the cuda-ref tier"), std::string::npos) << e.what();
   }
 }

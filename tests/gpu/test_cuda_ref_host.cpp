@@ -135,6 +135,26 @@ void edge_cases(Policy pol) {
     ref->kv_zigzag_to_gather_acc(xb.data(), sb.data(), cp, block, s);
     expect_bits(rounded(xa), rounded(xb), tag + "kv_zigzag_to_gather_acc");
   }
+  {  // linear CE: an ignored target, a short last vocab chunk, the backward in two column ranges
+    const int64_t N = 5, d = 6, V = 13, vc = 4;
+    const std::vector<int32_t> tgt = {3, -100, 12, 0, 7};
+    const std::vector<int64_t> ls = {0, 2, 2, 5};
+    const auto h = randv<T>(N * d, 7, -2, 2), W = randv<T>(d * V, 8, -2, 2);
+    std::vector<T> l1(N), z1(N), l2(N), z2(N), dh1(N * d), dh2(N * d);
+    cpu.linear_ce_forward(pol, h.data(), W.data(), tgt.data(), N, d, V, vc, 2, l1.data(), z1.data(), s);
+    ref->linear_ce_forward(pol, h.data(), W.data(), tgt.data(), N, d, V, vc, 2, l2.data(), z2.data(), s);
+    expect_bits(l1, l2, tag + "linear_ce_forward loss");
+    expect_bits(z1, z2, tag + "linear_ce_forward lse");
+    for (auto [j0, j1] : {std::pair<int64_t, int64_t>{0, 8}, {8, 13}}) {
+      std::vector<ExactAcc<T>> a(d * (j1 - j0)), b(d * (j1 - j0));
+      cpu.linear_ce_backward(pol, h.data(), W.data(), tgt.data(), z1.data(), N, d, V, vc, 2, T(0.25), ls, j0, j1,
+                             dh1.data(), a.data(), s);
+      ref->linear_ce_backward(pol, h.data(), W.data(), tgt.data(), z1.data(), N, d, V, vc, 2, T(0.25), ls, j0, j1,
+                              dh2.data(), b.data(), s);
+      expect_bits(rounded(a), rounded(b), tag + "linear_ce_backward dW");
+      expect_bits(dh1, dh2, tag + "linear_ce_backward dhidden");
+    }
+  }
   {  // grad_sq_acc over more than one chunk, with a huge value (fp64: the non-finite square branch)
     auto g = randv<T>(9000, 6, -3, 3);
     if constexpr (std::is_same_v<T, double>) g[17] = 1e300;
