@@ -11,11 +11,6 @@
 namespace trident::gpu {
 namespace {
 
-[[noreturn]] void not_written(const char* op) {
-  ref::cuda_ref_fail(op, 0, "not written in the cuda-ref tier yet (docs/gpu.md: the ops it covers); "
-                            "use the cpu backend for this op");
-}
-
 template <class T>
 class CudaRefKernels final : public Kernels<T> {
  public:
@@ -160,6 +155,36 @@ class CudaRefKernels final : public Kernels<T> {
       ref::kv_zigzag_to_gather_acc<T>(ex, x, scratch, cp, block);
     }, loc);
   }
+  void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N,
+                        const Rope& rope, const AttnBufs& acts, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_qkv_forward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_qkv_forward<T>(ex, pol, cfg, W, a, pos, N, rope, acts);
+    }, loc);
+  }
+  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
+                        loc_t loc = loc_t::current()) override {
+    run(s, "attn_out_forward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_out_forward<T>(ex, pol, cfg, W, N, acts, y);
+    }, loc);
+  }
+  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
+                         const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                         loc_t loc = loc_t::current()) override {
+    run(s, "attn_out_backward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_out_backward<T>(ex, pol, cfg, W, G, N, acts, dy, segs, dO);
+    }, loc);
+  }
+  void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos,
+                         int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs,
+                         T* da, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_qkv_backward", [&] {
+      ref::CudaExec ex(dev_.stream(s));
+      ref::attn_qkv_backward<T>(ex, pol, cfg, W, G, a, pos, N, rope, acts, dqc, dpayload, segs, da);
+    }, loc);
+  }
   void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                          int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) override {
     run(s, "attn_core_forward", [&] {
@@ -211,10 +236,6 @@ class CudaRefKernels final : public Kernels<T> {
       ref::router_bias_update<T>(ex, b, load, E, gamma);
     }, loc);
   }
-  void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, Stream, loc_t = loc_t::current()) override { not_written("attn_qkv_forward"); }
-  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream, loc_t = loc_t::current()) override { not_written("attn_out_forward"); }
-  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream, loc_t = loc_t::current()) override { not_written("attn_out_backward"); }
-  void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs, T* da, Stream, loc_t = loc_t::current()) override { not_written("attn_qkv_backward"); }
 
  private:
   // CudaDevice::launch runs the function at once (it enqueues the kernels) and checks cudaGetLastError, naming

@@ -1,8 +1,7 @@
 // CudaRefKernels: the ref tier of the CUDA kernels (docs/gpu.md "cuda-ref") as a Kernels<T> over a CudaDevice.
-// The covered ops (gpu::ref_covered_ops, gpu/ref/host_kernels.h) run the bodies of gpu/ref/ops.h as CUDA kernels
-// on Device::native_stream(s), one thread per output element / row / column, with the reference's bits; the
-// other ops throw an error naming the op (not written in the ref tier yet). Pointers are device pointers; host
-// metadata (tile segments, row lists) is copied at issue. Built only with nvcc (the trident_gpu library).
+// Every op runs the bodies of gpu/ref/ops.h as CUDA kernels on Device::native_stream(s), one thread per output
+// element / row / column, with the reference's bits. Pointers are device pointers; host metadata (tile segments,
+// row lists, the RoPE table) is copied at issue. Built only with nvcc (the trident_gpu library).
 #pragma once
 #include <memory>
 

@@ -16,7 +16,8 @@ const std::vector<std::string>& ref_covered_ops() {
       "residual_forward", "swiglu_forward", "swiglu_backward_dgrad", "expert_forward",
       "expert_backward_dgrad", "router_forward", "router_backward", "moe_combine_forward",
       "moe_combine_backward", "moe_dx_sum", "gather_rows", "scatter_rows",
-      "kv_zigzag_reorder", "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward",
+      "attn_qkv_forward", "kv_zigzag_reorder", "kv_zigzag_to_gather_acc", "attn_core_forward",
+      "attn_core_backward", "attn_out_forward", "attn_out_backward", "attn_qkv_backward",
       "linear_ce_forward", "linear_ce_backward", "grad_sq_acc", "adamw_step",
       "router_bias_update",
   };
@@ -30,12 +31,17 @@ bool ref_covers(const std::string& op) {
 namespace {
 
 template <class T>
-class RefHostKernels final : public CpuKernels<T> {
+class RefHostKernels final : public Kernels<T> {
  public:
+  using typename Kernels<T>::Config;
+  using typename Kernels<T>::AttnW;
+  using typename Kernels<T>::AttnG;
+  using typename Kernels<T>::AttnBufs;
   using typename Kernels<T>::CoreDims;
+  using typename Kernels<T>::Rope;
   using typename Kernels<T>::Segs;
   using typename Kernels<T>::loc_t;
-  explicit RefHostKernels(Device& dev) : CpuKernels<T>(dev) {}
+  explicit RefHostKernels(Device& dev) : dev_(dev) {}
   void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc = loc_t::current()) override {
     run(s, "mm", [=] {
       ref::HostExec ex;
@@ -168,6 +174,38 @@ class RefHostKernels final : public CpuKernels<T> {
       ref::kv_zigzag_to_gather_acc<T>(ex, x, scratch, cp, block);
     }, loc);
   }
+  void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW& W, const T* a, const int64_t* pos, int64_t N,
+                        const Rope& rope, const AttnBufs& acts, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_qkv_forward", [=, &cfg, &rope] {
+      ref::HostExec ex;
+      ref::attn_qkv_forward<T>(ex, pol, cfg, W, a, pos, N, rope, acts);
+    }, loc);
+  }
+  void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
+                        loc_t loc = loc_t::current()) override {
+    run(s, "attn_out_forward", [=, &cfg] {
+      ref::HostExec ex;
+      ref::attn_out_forward<T>(ex, pol, cfg, W, N, acts, y);
+    }, loc);
+  }
+  void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
+                         const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                         loc_t loc = loc_t::current()) override {
+    run(s, "attn_out_backward", [=, &cfg, sv = std::vector<int64_t>(segs.begin(), segs.end())] {
+      std::span<const int64_t> sg(sv);
+      ref::HostExec ex;
+      ref::attn_out_backward<T>(ex, pol, cfg, W, G, N, acts, dy, sg, dO);
+    }, loc);
+  }
+  void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos,
+                         int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs,
+                         T* da, Stream s, loc_t loc = loc_t::current()) override {
+    run(s, "attn_qkv_backward", [=, &cfg, &rope, sv = std::vector<int64_t>(segs.begin(), segs.end())] {
+      std::span<const int64_t> sg(sv);
+      ref::HostExec ex;
+      ref::attn_qkv_backward<T>(ex, pol, cfg, W, G, a, pos, N, rope, acts, dqc, dpayload, sg, da);
+    }, loc);
+  }
   void attn_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                          int64_t S, T* o, T* stats, Stream s, loc_t loc = loc_t::current()) override {
     run(s, "attn_core_forward", [=] {
@@ -226,12 +264,13 @@ class RefHostKernels final : public CpuKernels<T> {
   // At once on an immediate device; else one closure on the stream (no declared accesses).
   template <class F>
   void run(Stream s, const char* name, F&& fn, loc_t loc) {
-    if (this->dev_.immediate()) {
+    if (dev_.immediate()) {
       fn();
       return;
     }
-    this->dev_.launch(s, name, Accesses{}, 0, std::function<void()>(std::forward<F>(fn)), loc);
+    dev_.launch(s, name, Accesses{}, 0, std::function<void()>(std::forward<F>(fn)), loc);
   }
+  Device& dev_;
 };
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "reference/exact_acc.h"
 #include "reference/model/adamw.h"
 #include "reference/model/attention.h"
+#include "reference/model/config.h"
+#include "reference/model/ops.h"
 #include "reference/policy.h"
 
 #if !defined(__CUDACC__)
@@ -62,10 +64,12 @@ void mm(Ex& ex, Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t
 }
 
 // acc (K,M) += X^T dY over the tiles of segs: per element, per non-empty tile, the in-order partial, added exactly.
+// (wgrad_acc_block: into a (K, M) block of a wider accumulator matrix with row stride ld_acc.)
 template <class T, class Ex>
 void wgrad_acc(Ex& ex, Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
-               std::span<const int64_t> segs, ExactAcc<T>* acc) {
+               std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc = -1) {
   if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
+  if (ld_acc < 0) ld_acc = M;
   const bool bf = bf16_operands<T>(pol);
   const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
   const int64_t* sg = ex.meta(segs);
@@ -74,7 +78,7 @@ void wgrad_acc(Ex& ex, Policy pol, const T* X, int64_t ldx, const T* dY, int64_t
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t r0 = sg[t], len = sg[t + 1] - sg[t];
       if (len == 0) continue;
-      acc[i].add(dot<T>(len, X + r0 * ldx + k, ldx, dY + r0 * ldy + m, ldy, bf, T(0)));
+      acc[k * ld_acc + m].add(dot<T>(len, X + r0 * ldx + k, ldx, dY + r0 * ldy + m, ldy, bf, T(0)));
     }
   });
 }
@@ -369,6 +373,161 @@ void kv_zigzag_to_gather_acc(Ex& ex, ExactAcc<T>* x, ExactAcc<T>* scratch, int64
       b = nb;
     } while (b != b0);
   }
+}
+
+// ---- row moves and RoPE (reference/model/ops.h) ----------------------------------------------------------------
+template <class T, class Ex>
+void fill_zero(Ex& ex, T* p, int64_t n) {
+  ex.for_each(n, [=] TD_REF_LAMBDA(int64_t i) { p[i] = T(0); });
+}
+// dst (rows, w) row stride ldd = src (rows, w) row stride lds.
+template <class T, class Ex>
+void copy_rows(Ex& ex, T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t w) {
+  if (rows <= 0 || w <= 0) return;
+  ex.for_each(rows * w, [=] TD_REF_LAMBDA(int64_t i) { dst[(i / w) * ldd + i % w] = src[(i / w) * lds + i % w]; });
+}
+// rope_forward / rope_backward on n_heads heads of each row (one body per rotated pair).
+template <class T, class Ex>
+void rope(Ex& ex, bool backward, T* x, int64_t ldx, int64_t n_heads, int64_t head_stride, const int64_t* pos,
+          int64_t N, const model::RopeTable<T>& tab) {
+#if !defined(__CUDACC__)
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < N; ++r)
+      TD_CHECK(pos[r] >= 0 && pos[r] < tab.max_pos, "rope: position {} outside the table [0, {})", pos[r], tab.max_pos);
+#endif
+  const int64_t h = tab.D / 2;
+  if (N <= 0 || n_heads <= 0 || h <= 0) return;
+  const T* cs = ex.meta(std::span<const T>(tab.cos));
+  const T* sn = ex.meta(std::span<const T>(tab.sin));
+  ex.for_each(N * n_heads * h, [=] TD_REF_LAMBDA(int64_t e) {
+    const int64_t r = e / (n_heads * h), hd = (e / h) % n_heads, i = e % h;
+    const T c = cs[pos[r] * h + i], s = sn[pos[r] * h + i];
+    T* u = x + r * ldx + hd * head_stride;
+    const T a = u[i], b = u[i + h];
+    if (!backward) {
+      u[i] = fsub(fmul(a, c), fmul(b, s));
+      u[i + h] = fadd(fmul(b, c), fmul(a, s));
+    } else {
+      u[i] = fadd(fmul(a, c), fmul(b, s));
+      u[i + h] = fsub(fmul(b, c), fmul(a, s));
+    }
+  });
+}
+
+// ---- attention projections (reference/model/attention.cpp "(a) projections"): the reference's sequence of
+// GEMMs, norms, RoPE and row moves, each one of the ops above -----------------------------------------------------
+template <class T, class Ex>
+void attn_qkv_forward(Ex& ex, Policy pol, const model::Config& cfg, const model::AttnW<T>& W, const T* a,
+                      const int64_t* pos, int64_t N, const model::RopeTable<T>& rp, const model::AttnBufs<T>& A) {
+  const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
+  fill_zero<T>(ex, A.payload, N * P);
+  if (cfg.attn == model::AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads;
+    fill_zero<T>(ex, A.qc, N * H * Dh);
+    mm<T>(ex, pol, N, H * Dh, d, a, d, W.wq, H * Dh, false, A.qc, H * Dh);
+    rope<T>(ex, false, A.qc, H * Dh, H, Dh, pos, N, rp);
+    mm<T>(ex, pol, N, Hkv * Dh, d, a, d, W.wk, Hkv * Dh, false, A.payload, P);
+    rope<T>(ex, false, A.payload, P, Hkv, Dh, pos, N, rp);
+    mm<T>(ex, pol, N, Hkv * Dh, d, a, d, W.wv, Hkv * Dh, false, A.payload + Hkv * Dh, P);
+    return;
+  }
+  const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
+  fill_zero<T>(ex, A.q, N * Qw);
+  mm<T>(ex, pol, N, Qw, d, a, d, W.wq, Qw, false, A.q, Qw);
+  fill_zero<T>(ex, A.qc, N * H * Dq);
+  for (int64_t h = 0; h < H; ++h) {
+    mm<T>(ex, pol, N, r, Dn, A.q + h * (Dn + Dr), Qw, W.wuk + h * Dn, H * Dn, true, A.qc + h * Dq, H * Dq);
+    copy_rows<T>(ex, A.qc + h * Dq + r, H * Dq, A.q + h * (Dn + Dr) + Dn, Qw, N, Dr);
+  }
+  rope<T>(ex, false, A.qc + r, H * Dq, H, Dq, pos, N, rp);
+  fill_zero<T>(ex, A.c, N * Dq);
+  mm<T>(ex, pol, N, r + Dr, d, a, d, W.wdkv, r + Dr, false, A.c, r + Dr);
+  fill_zero<T>(ex, A.kv_rinv, N);
+  rmsnorm_forward<T>(ex, A.c, r + Dr, W.kv_norm, N, r, cfg.norm_eps, A.payload, P, A.kv_rinv);
+  copy_rows<T>(ex, A.payload + r, P, A.c + r, r + Dr, N, Dr);
+  rope<T>(ex, false, A.payload + r, P, 1, 0, pos, N, rp);
+}
+
+template <class T, class Ex>
+void attn_out_forward(Ex& ex, Policy pol, const model::Config& cfg, const model::AttnW<T>& W, int64_t N,
+                      const model::AttnBufs<T>& A, T* y) {
+  const int64_t d = cfg.d_model, H = cfg.heads;
+  if (cfg.attn == model::AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim;
+    mm<T>(ex, pol, N, d, H * Dh, A.o, H * Dh, W.wo, d, false, y, d);
+    return;
+  }
+  const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
+  fill_zero<T>(ex, A.ocat, N * H * Dv);
+  for (int64_t h = 0; h < H; ++h)
+    mm<T>(ex, pol, N, Dv, r, A.o + h * r, H * r, W.wuv + h * Dv, H * Dv, false, A.ocat + h * Dv, H * Dv);
+  mm<T>(ex, pol, N, d, H * Dv, A.ocat, H * Dv, W.wo, d, false, y, d);
+}
+
+template <class T, class Ex>
+void attn_out_backward(Ex& ex, Policy pol, const model::Config& cfg, const model::AttnW<T>& W,
+                       const model::AttnG<T>& G, int64_t N, const model::AttnBufs<T>& A, const T* dy,
+                       std::span<const int64_t> segs, T* dO) {
+  const int64_t d = cfg.d_model, H = cfg.heads;
+  if (cfg.attn == model::AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim;
+    wgrad_acc<T>(ex, pol, A.o, H * Dh, dy, d, H * Dh, d, segs, G.wo);
+    mm<T>(ex, pol, N, H * Dh, d, dy, d, W.wo, d, true, dO, H * Dh);
+    return;
+  }
+  const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim;
+  wgrad_acc<T>(ex, pol, A.ocat, H * Dv, dy, d, H * Dv, d, segs, G.wo);
+  T* docat = ex.template scratch<T>(N * H * Dv);
+  mm<T>(ex, pol, N, H * Dv, d, dy, d, W.wo, d, true, docat, H * Dv);
+  for (int64_t h = 0; h < H; ++h) {
+    wgrad_acc<T>(ex, pol, A.o + h * r, H * r, docat + h * Dv, H * Dv, r, Dv, segs, G.wuv + h * Dv, H * Dv);
+    mm<T>(ex, pol, N, r, Dv, docat + h * Dv, H * Dv, W.wuv + h * Dv, H * Dv, true, dO + h * r, H * r);
+  }
+}
+
+template <class T, class Ex>
+void attn_qkv_backward(Ex& ex, Policy pol, const model::Config& cfg, const model::AttnW<T>& W,
+                       const model::AttnG<T>& G, const T* a, const int64_t* pos, int64_t N,
+                       const model::RopeTable<T>& rp, const model::AttnBufs<T>& A, const T* dqc, const T* dpayload,
+                       std::span<const int64_t> segs, T* da) {
+  const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
+  T* tmp = ex.template scratch<T>(N * d);
+  if (cfg.attn == model::AttnKind::gqa) {
+    const int64_t Dh = cfg.head_dim, Hkv = cfg.kv_heads, Kw = Hkv * Dh;
+    T* dq = ex.template scratch<T>(N * H * Dh);
+    T* dk = ex.template scratch<T>(N * Kw);
+    copy_rows<T>(ex, dq, H * Dh, dqc, H * Dh, N, H * Dh);
+    rope<T>(ex, true, dq, H * Dh, H, Dh, pos, N, rp);
+    copy_rows<T>(ex, dk, Kw, dpayload, P, N, Kw);
+    rope<T>(ex, true, dk, Kw, Hkv, Dh, pos, N, rp);
+    const T* dv = dpayload + Kw;
+    wgrad_acc<T>(ex, pol, a, d, dq, H * Dh, d, H * Dh, segs, G.wq);
+    wgrad_acc<T>(ex, pol, a, d, dk, Kw, d, Kw, segs, G.wk);
+    wgrad_acc<T>(ex, pol, a, d, dv, P, d, Kw, segs, G.wv);
+    mm<T>(ex, pol, N, d, H * Dh, dq, H * Dh, W.wq, H * Dh, true, da, d);
+    mm<T>(ex, pol, N, d, Kw, dk, Kw, W.wk, Kw, true, tmp, d);
+    residual_forward<T>(ex, da, da, tmp, N * d);
+    mm<T>(ex, pol, N, d, Kw, dv, P, W.wv, Kw, true, tmp, d);
+    residual_forward<T>(ex, da, da, tmp, N * d);
+    return;
+  }
+  const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
+  T* dq = ex.template scratch<T>(N * Qw);
+  T* dc = ex.template scratch<T>(N * Dq);
+  for (int64_t h = 0; h < H; ++h) {
+    mm<T>(ex, pol, N, Dn, r, dqc + h * Dq, H * Dq, W.wuk + h * Dn, H * Dn, false, dq + h * (Dn + Dr), Qw);
+    wgrad_acc<T>(ex, pol, dqc + h * Dq, H * Dq, A.q + h * (Dn + Dr), Qw, r, Dn, segs, G.wuk + h * Dn, H * Dn);
+    copy_rows<T>(ex, dq + h * (Dn + Dr) + Dn, Qw, dqc + h * Dq + r, H * Dq, N, Dr);
+  }
+  rope<T>(ex, true, dq + Dn, Qw, H, Dn + Dr, pos, N, rp);
+  rmsnorm_backward<T>(ex, dpayload, P, A.c, Dq, A.kv_rinv, W.kv_norm, N, r, segs, dc, Dq, G.kv_norm);
+  copy_rows<T>(ex, dc + r, Dq, dpayload + r, P, N, Dr);
+  rope<T>(ex, true, dc + r, Dq, 1, 0, pos, N, rp);
+  wgrad_acc<T>(ex, pol, a, d, dq, Qw, d, Qw, segs, G.wq);
+  wgrad_acc<T>(ex, pol, a, d, dc, Dq, d, Dq, segs, G.wdkv);
+  mm<T>(ex, pol, N, d, Qw, dq, Qw, W.wq, Qw, true, da, d);
+  mm<T>(ex, pol, N, d, Dq, dc, Dq, W.wdkv, Dq, true, tmp, d);
+  residual_forward<T>(ex, da, da, tmp, N * d);
 }
 
 // ---- attention core (reference/model/attention.h) -------------------------------------------------------------

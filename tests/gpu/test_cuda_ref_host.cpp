@@ -1,10 +1,11 @@
 // The ref tier of the CUDA kernels run on the host ("cuda-ref on host", gpu/ref/host_kernels.h): the same kernel
-// bodies nvcc compiles for sm_90, looped by g++. Checked bitwise against the CPU reference
+// bodies nvcc compiles for sm_90, looped by g++, for every op of Kernels<T>. Checked bitwise against the reference
 //   - op by op on every case of the checked-in primitive goldens (golden/data/primitives: tiny, tiny-gqa,
-//     tiny-e64; fp32 and fp64 kernel sets) for every covered op,
+//     tiny-e64; MLA and GQA; fp32 and fp64 kernel sets) for every op,
 //   - op by op on edge inputs the goldens may not hold (empty tiles, repeated token ids in a tile, tied router
 //     scores, a non-identity zig-zag), against CpuKernels,
-//   - over whole emulated steps (fp32, bf16 and fp64 policies, 8 ranks) against the single-rank reference.
+//   - over whole emulated steps (fp32, bf16 and fp64 policies; GQA with recompute; the deferred device; 4 ranks,
+//     fsdp x cp x ep, 2 EP chunks) against the single-rank reference.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -172,9 +173,10 @@ TEST(CudaRefHost, EdgeInputsBitwiseFp64) { edge_cases<double>(Policy::fp64); }
 
 // ---- whole steps ------------------------------------------------------------------------------------------------
 template <class T>
-void whole_step(const std::string& policy) {
+void whole_step(const std::string& policy, const std::string& preset = "tiny", bool deferred = false) {
   emu::EmulateSpec s;
-  s.cfg = model::Config::preset("tiny");
+  s.preset = preset;
+  s.cfg = model::Config::preset(preset);
   s.cfg.policy = parse_policy(policy);
   s.cfg.validate();
   s.run.sequences = 4;
@@ -182,6 +184,8 @@ void whole_step(const std::string& policy) {
   s.run.steps = 2;
   s.mesh = parse_mesh("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2");
   s.ep_chunks = 2;
+  s.run.recompute = preset != "tiny";
+  if (deferred) s.device = emu::DeviceOptions{.mode = emu::DeviceMode::deferred, .seed = 7};
   const emu::EmulateResult<T> r =
       emu::emulate<T>(s, [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); });
   const emu::CheckReport rep = emu::check_reference<T>(s, r);
@@ -193,6 +197,8 @@ void whole_step(const std::string& policy) {
 TEST(CudaRefHost, WholeStepBitwiseFp32) { whole_step<float>("fp32"); }
 TEST(CudaRefHost, WholeStepBitwiseBf16) { whole_step<float>("bf16"); }
 TEST(CudaRefHost, WholeStepBitwiseFp64) { whole_step<double>("fp64"); }
+TEST(CudaRefHost, WholeStepBitwiseGqaRecompute) { whole_step<float>("fp32", "tiny-gqa"); }
+TEST(CudaRefHost, WholeStepBitwiseDeferredDevice) { whole_step<float>("fp32", "tiny", true); }
 
 }  // namespace
 }  // namespace trident
