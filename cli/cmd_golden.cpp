@@ -216,8 +216,6 @@ Backend parse_backend(const std::string& s) {
                    "device)",
                    s));
 }
-// The ref tier (cuda-ref, cuda-ref-host) implements some ops only: check and paired run those.
-bool ref_tier(const Backend& b) { return b.name == "cuda-ref" || b.name == "cuda-ref-host"; }
 template <class T>
 std::unique_ptr<Kernels<T>> make_kernels(const Backend& b, Device& dev) {
   if (b.name == "cuda-ref-host") return gpu::make_ref_host_kernels<T>(dev);
@@ -264,46 +262,26 @@ int run_check(const CheckOpts& o) {
     if (std::find(ops.begin(), ops.end(), o.op) == ops.end())
       fail(fmt::format("--op '{}': not an op of the kernel set (one of: {})", o.op, fmt::join(ops, ", ")));
   }
-  // The ref tier: its covered ops only (the others would be the CPU kernels, or not written on the GPU).
-  std::vector<std::string> ops = {o.op};
-  if (ref_tier(be)) {
-    if (!o.op.empty() && !gpu::ref_covers(o.op))
-      fail(fmt::format("--op '{}': not covered by the cuda-ref tier yet (it covers: {})", o.op,
-                       fmt::join(gpu::ref_covered_ops(), ", ")));
-    if (o.op.empty()) ops = gpu::ref_covered_ops();
-  }
   std::unique_ptr<Device> device;  // cuda-ref: the cases' buffers on the GPU
 #ifdef TRIDENT_HAVE_CUDA
   if (be.name == "cuda-ref") device = std::make_unique<gpu::CudaDevice>(0);
 #endif
   golden::CheckSummary sum;
-  for (const std::string& op : ops)
-    for (bool f64 : {false, true}) {
-      co.only_op = op;
-      golden::CheckSummary part =
-          f64 ? golden::check_primitives<double>(f, [&](Device& d) { return make_kernels<double>(be, d); }, co,
-                                                 o.golden, device.get())
-              : golden::check_primitives<float>(f, [&](Device& d) { return make_kernels<float>(be, d); }, co,
-                                                o.golden, device.get());
-      sum.cases += part.cases;
-      sum.passed += part.passed;
-      for (auto& x : part.failures) sum.failures.push_back(std::move(x));
-      for (auto& x : part.ops_checked)
-        if (std::find(sum.ops_checked.begin(), sum.ops_checked.end(), x) == sum.ops_checked.end())
-          sum.ops_checked.push_back(std::move(x));
-    }
+  for (bool f64 : {false, true}) {
+    golden::CheckSummary part =
+        f64 ? golden::check_primitives<double>(f, [&](Device& d) { return make_kernels<double>(be, d); }, co,
+                                               o.golden, device.get())
+            : golden::check_primitives<float>(f, [&](Device& d) { return make_kernels<float>(be, d); }, co, o.golden,
+                                              device.get());
+    sum.cases += part.cases;
+    sum.passed += part.passed;
+    for (auto& x : part.failures) sum.failures.push_back(std::move(x));
+    for (auto& x : part.ops_checked) sum.ops_checked.push_back(std::move(x));
+  }
   if (sum.cases == 0) fail(fmt::format("{}: no primitive case matches the filters", path));
   for (const auto& fl : sum.failures) {
     std::printf("FAIL %s\n", fl.message.c_str());
     std::printf("  repro: %s\n", fl.repro.c_str());
-  }
-  if (ref_tier(be) && o.op.empty()) {
-    std::vector<std::string> left;
-    for (const std::string& op : golden::kernel_ops())
-      if (!gpu::ref_covers(op)) left.push_back(op);
-    if (!left.empty())
-      std::printf("%s: %zu ops not covered by the ref tier yet, not checked: %s\n", o.backend.c_str(), left.size(),
-                  fmt::format("{}", fmt::join(left, ", ")).c_str());
   }
   std::printf("trident check %s --backend %s: %lld/%lld cases of %zu ops passed (%s)\n", path.c_str(),
               o.backend.c_str(), static_cast<long long>(sum.passed), static_cast<long long>(sum.cases),
@@ -468,10 +446,10 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                    auto o = std::make_shared<CheckOpts>();
                    sub.add_option("golden", o->golden, "golden directory (or its primitives.h5)")->required();
                    sub.add_option("--backend", o->backend,
-                                  "cpu | cuda-ref-host | cuda-ref | cuda-fast | cpu-ulp:OP[:INDEX] (cuda-ref-host: the CUDA "
-                                  "ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, needs a CUDA build and "
-                                  "a device; both check the ops the ref tier covers; cpu-ulp: cpu with one ulp "
-                                  "flipped at element INDEX of OP's first output, a deliberately wrong backend)")
+                                  "cpu | cuda-ref-host | cuda-ref | cuda-fast | cpu-ulp:OP[:INDEX] (cuda-ref-host: "
+                                  "the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, needs a CUDA "
+                                  "build and a device; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
+                                  "first output, a deliberately wrong backend)")
                        ->capture_default_str();
                    sub.add_option("--report", o->report, "write a JSON report here");
                    sub.add_option("--op", o->op, "check only this op");

@@ -32,76 +32,30 @@
 namespace trident::gpu::ref {
 
 // ---- arithmetic: one rounding per operation, never fused -----------------------------------------------------
-TD_REF inline float fmul(float a, float b) {
+// fmul, fadd, fsub, fdiv: the round-to-nearest device intrinsic under nvcc's device pass, the IEEE operator on the
+// host. fsqrt: __fsqrt_rn / __dsqrt_rn, or the correctly rounded builtin (what std::sqrt is in the reference).
 #ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
+#define TD_REF_BINARY(name, op, f32, f64)                             \
+  TD_REF inline float name(float a, float b) { return f32(a, b); }   \
+  TD_REF inline double name(double a, double b) { return f64(a, b); }
+#define TD_REF_SQRT(f32, f64)                                \
+  TD_REF inline float fsqrt(float a) { return f32(a); }     \
+  TD_REF inline double fsqrt(double a) { return f64(a); }
 #else
-  return a * b;
+#define TD_REF_BINARY(name, op, f32, f64)                             \
+  TD_REF inline float name(float a, float b) { return a op b; }      \
+  TD_REF inline double name(double a, double b) { return a op b; }
+#define TD_REF_SQRT(f32, f64)                                             \
+  TD_REF inline float fsqrt(float a) { return __builtin_sqrtf(a); }      \
+  TD_REF inline double fsqrt(double a) { return __builtin_sqrt(a); }
 #endif
-}
-TD_REF inline double fmul(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-TD_REF inline float fadd(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-TD_REF inline double fadd(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-TD_REF inline float fsub(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-TD_REF inline double fsub(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-TD_REF inline float fdiv(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-TD_REF inline double fdiv(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-TD_REF inline float fsqrt(float a) {
-#ifdef __CUDA_ARCH__
-  return __fsqrt_rn(a);
-#else
-  return __builtin_sqrtf(a);  // correctly rounded (IEEE), as std::sqrt in the reference
-#endif
-}
-TD_REF inline double fsqrt(double a) {
-#ifdef __CUDA_ARCH__
-  return __dsqrt_rn(a);
-#else
-  return __builtin_sqrt(a);
-#endif
-}
+TD_REF_BINARY(fmul, *, __fmul_rn, __dmul_rn)
+TD_REF_BINARY(fadd, +, __fadd_rn, __dadd_rn)
+TD_REF_BINARY(fsub, -, __fsub_rn, __dsub_rn)
+TD_REF_BINARY(fdiv, /, __fdiv_rn, __ddiv_rn)
+TD_REF_SQRT(__fsqrt_rn, __dsqrt_rn)
+#undef TD_REF_BINARY
+#undef TD_REF_SQRT
 
 // ---- the host executor ---------------------------------------------------------------------------------------
 // Runs bodies in a loop on the calling thread; scratch lives until the executor is destroyed (after the op).

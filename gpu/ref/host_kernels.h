@@ -5,16 +5,10 @@
 // stream-hazard checker does not see its reads and writes).
 #pragma once
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "parallel/step_kernels.h"
 
 namespace trident::gpu {
-
-// The Kernels<T> ops written in the ref tier (gpu/ref/ops.h): all of them (kernel_ops()), in header order.
-const std::vector<std::string>& ref_covered_ops();
-bool ref_covers(const std::string& op);
 
 template <class T>
 std::unique_ptr<Kernels<T>> make_ref_host_kernels(Device& dev);

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,39 +17,15 @@
 #include "emulator/run_step.h"
 #include "golden/primitives/primitives.h"
 #include "gpu/ref/host_kernels.h"
+#include "tests/gpu/ref_goldens.h"
 
 namespace trident {
 namespace {
 
-const std::string kGoldens = TRIDENT_GOLDEN_DATA "/primitives";
-
-TEST(CudaRefHost, EveryCoveredOpBitwiseOnTheCheckedInGoldens) {
-  std::map<std::string, int64_t> cases;  // per covered op, over the three goldens and both kernel types
-  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64"}) {
-    const std::string dir = kGoldens + "/" + preset;
-    const golden::PrimitivesFile f = golden::read_primitives(dir + "/primitives.h5");
-    for (const std::string& op : gpu::ref_covered_ops()) {
-      golden::CheckOptions o;
-      o.only_op = op;
-      o.backend = "cuda-ref-host";
-      const golden::CheckSummary s32 = golden::check_primitives<float>(
-          f, [](Device& d) { return gpu::make_ref_host_kernels<float>(d); }, o, dir);
-      const golden::CheckSummary s64 = golden::check_primitives<double>(
-          f, [](Device& d) { return gpu::make_ref_host_kernels<double>(d); }, o, dir);
-      for (const auto* s : {&s32, &s64}) {
-        for (const auto& fl : s->failures) ADD_FAILURE() << preset << ": " << fl.message << "\n  repro: " << fl.repro;
-        EXPECT_EQ(s->passed, s->cases) << preset << " " << op;
-        cases[op] += s->cases;
-      }
-    }
-  }
-  int64_t total = 0;
-  for (const std::string& op : gpu::ref_covered_ops()) {
-    std::printf("  %-26s %4lld golden cases bitwise\n", op.c_str(), static_cast<long long>(cases[op]));
-    total += cases[op];
-  }
-  for (const std::string& op : gpu::ref_covered_ops()) EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
-  EXPECT_GT(total, 100);
+TEST(CudaRefHost, EveryOpBitwiseOnTheCheckedInGoldens) {
+  reftest::check_goldens_bitwise(
+      "cuda-ref-host", [](Device& d) { return gpu::make_ref_host_kernels<float>(d); },
+      [](Device& d) { return gpu::make_ref_host_kernels<double>(d); });
 }
 
 // ---- edge inputs, against CpuKernels on an eager emulator device ----------------------------------------------
