@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gpu/ref/exec.h"
@@ -58,6 +59,18 @@ class CudaExec {
           "cudaMemcpyAsync (ref-tier metadata)");
     return d;
   }
+  // The data-check flag (gpu/ref/exec.h): a zeroed device int; check_flag waits for the stream and reads it.
+  int* flag() {
+    if (!flag_) flag_ = scratch<int>(1);
+    return flag_;
+  }
+  void check_flag(const char* rule) {
+    if (!flag_) return;
+    int h = 0;
+    check(cudaMemcpyAsync(&h, flag_, sizeof(int), cudaMemcpyDeviceToHost, s_), "cudaMemcpyAsync (ref-tier check)");
+    check(cudaStreamSynchronize(s_), "cudaStreamSynchronize (ref-tier check)");
+    if (h != 0) fail(std::string("cuda-ref: ") + rule + " (found on the device; the cpu backend names the row)");
+  }
 
  private:
   static void check(cudaError_t e, const char* call) {
@@ -65,6 +78,7 @@ class CudaExec {
   }
   cudaStream_t s_;
   std::vector<void*> bufs_;
+  int* flag_ = nullptr;
 };
 
 }  // namespace trident::gpu::ref

@@ -17,8 +17,10 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "reference/check.h"
 #include "reference/hd.h"
 
 #if defined(__CUDACC__)
@@ -80,9 +82,16 @@ class HostExec {
   const U* meta(std::span<const U> v) {
     return v.data();
   }
+  // A flag bodies set when the data breaks a rule the reference checks; check_flag throws naming the rule. (On the
+  // host the ops check the data first, with the reference's messages, so the flag stays 0 here.)
+  int* flag() { return &flag_; }
+  void check_flag(const char* rule) const {
+    if (flag_ != 0) fail(std::string("cuda-ref: ") + rule);
+  }
 
  private:
   std::vector<std::unique_ptr<std::max_align_t[]>> bufs_;
+  int flag_ = 0;
 };
 
 }  // namespace trident::gpu::ref

@@ -6,8 +6,9 @@
 //   - tile reductions: per output element, per tile in order, the in-tile partial as one sequential chain from +0,
 //     then ExactAcc::add of the partial (exact, so the order of the adds does not matter);
 //   - elementwise ops: the reference's expression, operation by operation.
-// Host-side checks of the reference that need the data (token ids, NaN router scores, negative loads) run when
-// the executor is the host one; on the device they are not checked yet (docs/gpu.md).
+// The reference's checks of the data (token ids, targets, positions, NaN router scores, negative loads) run on the
+// host before the bodies with the host executor (the reference's messages); with the CUDA executor the bodies set
+// a flag (ex.flag()) and the op throws after its kernels (ex.check_flag: one stream synchronisation).
 #pragma once
 #include <cmath>  // std::sqrt on the host (the AdamW scalars), as the reference
 #include <cstdint>
@@ -25,9 +26,7 @@
 #include "reference/model/ops.h"
 #include "reference/policy.h"
 
-#if !defined(__CUDACC__)
 #include "reference/check.h"
-#endif
 
 namespace trident::gpu::ref {
 
@@ -107,17 +106,21 @@ void exact_round(Ex& ex, const ExactAcc<T>* acc, T* out, int64_t n) {
 // ---- per-token ops ---------------------------------------------------------------------------------------------
 template <class T, class Ex>
 void embedding_forward(Ex& ex, T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V) {
-#if !defined(__CUDACC__)
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < N; ++r)
       if (tokens[r] < 0 || tokens[r] >= V)
         fail(fmt::format("token id {} at row {} is out of range [0, {})", tokens[r], r, V));
-#endif
   if (N <= 0 || d <= 0) return;
+  int* bad = ex.flag();
   ex.for_each(N * d, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / d, c = i % d;
+    if (tokens[r] < 0 || tokens[r] >= V) {
+      *bad = 1;
+      return;
+    }
     out[i] = embed[static_cast<int64_t>(tokens[r]) * d + c];
   });
+  ex.check_flag("embedding_forward: a token id is out of range [0, V)");
 }
 
 // Per column c, per tile: each distinct id's rows summed in row order from +0, the partial added exactly.
@@ -228,9 +231,13 @@ void router_forward(Ex& ex, Policy pol, const T* a, const T* wr, const T* bias, 
   if (N == 0) return;
   mm<T>(ex, pol, N, E, d, a, d, wr, E, false, logits, E);
   const T al = static_cast<T>(alpha);
+  int* bad = ex.flag();
   ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
     T* s = scores + r * E;
-    for (int64_t e = 0; e < E; ++e) s[e] = dmx::sigmoid(logits[r * E + e]);
+    for (int64_t e = 0; e < E; ++e) {
+      s[e] = dmx::sigmoid(logits[r * E + e]);
+      if (s[e] != s[e]) *bad = 1;
+    }
     int32_t* sr = sel + r * K;
     int64_t prev = -1;
     for (int64_t k = 0; k < K; ++k) {
@@ -254,12 +261,11 @@ void router_forward(Ex& ex, Policy pol, const T* a, const T* wr, const T* bias, 
     for (int64_t k = 0; k < K; ++k) ssum = fadd(ssum, s[sr[k]]);
     for (int64_t k = 0; k < K; ++k) gates[r * K + k] = fdiv(fmul(al, s[sr[k]]), ssum);
   });
-#if !defined(__CUDACC__)
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < N; ++r)
       for (int64_t e = 0; e < E; ++e)
         TD_CHECK(!std::isnan(scores[r * E + e]), "router: NaN score at row {} expert {}", r, e);
-#endif
+  ex.check_flag("router: a NaN score");
 }
 
 template <class T, class Ex>
@@ -390,17 +396,21 @@ void copy_rows(Ex& ex, T* dst, int64_t ldd, const T* src, int64_t lds, int64_t r
 template <class T, class Ex>
 void rope(Ex& ex, bool backward, T* x, int64_t ldx, int64_t n_heads, int64_t head_stride, const int64_t* pos,
           int64_t N, const model::RopeTable<T>& tab) {
-#if !defined(__CUDACC__)
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < N; ++r)
       TD_CHECK(pos[r] >= 0 && pos[r] < tab.max_pos, "rope: position {} outside the table [0, {})", pos[r], tab.max_pos);
-#endif
   const int64_t h = tab.D / 2;
   if (N <= 0 || n_heads <= 0 || h <= 0) return;
   const T* cs = ex.meta(std::span<const T>(tab.cos));
   const T* sn = ex.meta(std::span<const T>(tab.sin));
+  const int64_t max_pos = tab.max_pos;
+  int* bad = ex.flag();
   ex.for_each(N * n_heads * h, [=] TD_REF_LAMBDA(int64_t e) {
     const int64_t r = e / (n_heads * h), hd = (e / h) % n_heads, i = e % h;
+    if (pos[r] < 0 || pos[r] >= max_pos) {
+      *bad = 1;
+      return;
+    }
     const T c = cs[pos[r] * h + i], s = sn[pos[r] * h + i];
     T* u = x + r * ldx + hd * head_stride;
     const T a = u[i], b = u[i + h];
@@ -412,6 +422,7 @@ void rope(Ex& ex, bool backward, T* x, int64_t ldx, int64_t n_heads, int64_t hea
       u[i + h] = fsub(fmul(b, c), fmul(a, s));
     }
   });
+  ex.check_flag("rope: a position outside the table");
 }
 
 // ---- attention projections (reference/model/attention.cpp "(a) projections"): the reference's sequence of
@@ -545,16 +556,19 @@ TD_REF inline T score(const T* qh, const T* kv, int64_t P, int64_t kbase, int64_
 template <class T, class Ex>
 void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                        const T* kv, int64_t S, T* o, T* stats) {
-#if !defined(__CUDACC__)
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < Nq; ++r)
       TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
-#endif
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
   const bool bf = bf16_operands<T>(pol);
+  int* bad = ex.flag();
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
+    if (qpos[r] < 0 || qpos[r] >= S) {
+      *bad = 1;
+      return;
+    }
     const T* qh = q + i * Dq;
     T m = T(0);
     for (int64_t j = 0; j < np; ++j) {
@@ -574,6 +588,7 @@ void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
     stats[i * 2 + 0] = m;
     stats[i * 2 + 1] = l;
   });
+  ex.check_flag("attention: a query position outside the key range [0, S)");
 }
 
 // Backward. Query side, one body per (row, head): p_j and dsc_j = (p_j (dp_j - D)) scale (bf16: both rounded) into
@@ -584,21 +599,24 @@ template <class T, class Ex>
 void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                         const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
                         std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
-#if !defined(__CUDACC__)
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
            "attn_core_backward: query segments must cover rows [0, {})", Nq);
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < Nq; ++r)
       TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
-#endif
   if (Nq <= 0 || S <= 0) return;
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
   const bool bf = bf16_operands<T>(pol);
   T* pbuf = ex.template scratch<T>(Nq * H * S);
   T* dsbuf = ex.template scratch<T>(Nq * H * S);
+  int* bad = ex.flag();
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
+    if (qpos[r] < 0 || qpos[r] >= S) {
+      *bad = 1;
+      return;
+    }
     const T* qh = q + i * Dq;
     const T* doh = dO + i * Dv;
     const T m = stats[i * 2 + 0], l = stats[i * 2 + 1];
@@ -638,6 +656,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
       dkv[e].add(part);
     }
   });
+  ex.check_flag("attention: a query position outside the key range [0, S)");
 }
 
 // ---- linear cross-entropy (reference/model/linear_ce.h) --------------------------------------------------------
@@ -647,14 +666,12 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
 // over the columns and dW[k, j] gets the tile partials of hidden[r, k] * dlogit[r, j], added exactly.
 inline constexpr int32_t kIgnoreIndex = -100;
 
-#if !defined(__CUDACC__)
 inline void check_targets(const char* fn, const int32_t* targets, int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; ++i)
     if (targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= V))
       fail(fmt::format("{}: target {} at row {} is out of range [0, {}) (and not the ignore index {})", fn, targets[i],
                        i, V, kIgnoreIndex));
 }
-#endif
 
 // L (N, w) = logits of columns [j0, j0 + w): hidden (N, d) @ W (d, V) columns.
 template <class T, class Ex>
@@ -669,20 +686,20 @@ void logits_cols(Ex& ex, const T* hidden, const T* W, int64_t N, int64_t d, int6
 template <class T, class Ex>
 void linear_ce_forward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                        int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse) {
-#if !defined(__CUDACC__)
   TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
            "linear_ce_forward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
            token_chunk);
   if constexpr (Ex::kHost) check_targets("linear_ce_forward", targets, N, V);
-#endif
   if (N == 0) return;
   const bool bf = bf16_operands<T>(pol);
   const int64_t vc = vocab_chunk < V ? vocab_chunk : V;
   T* L = ex.template scratch<T>(N * V);
   logits_cols<T>(ex, hidden, W, N, d, V, 0, V, bf, L);
+  int* bad = ex.flag();
   ex.for_each(N, [=] TD_REF_LAMBDA(int64_t r) {
     const T* l = L + r * V;
     const int64_t t = targets[r];
+    if (t != kIgnoreIndex && (t < 0 || t >= V)) *bad = 1;
     T M = T(0), S = T(0), tl = T(0);
     for (int64_t j0 = 0; j0 < V; j0 += vc) {
       const int64_t w = vc < V - j0 ? vc : V - j0;
@@ -704,13 +721,13 @@ void linear_ce_forward(Ex& ex, Policy pol, const T* hidden, const T* W, const in
     lse[r] = fadd(M, dmx::log(S));
     token_loss[r] = t == kIgnoreIndex ? T(0) : fsub(lse[r], tl);
   });
+  ex.check_flag("linear_ce_forward: a target out of range [0, V) (and not the ignore index -100)");
 }
 
 template <class T, class Ex>
 void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
                         int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale,
                         std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW) {
-#if !defined(__CUDACC__)
   TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
            "linear_ce_backward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
            token_chunk);
@@ -722,15 +739,16 @@ void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const i
   TD_CHECK(!segs.empty() && segs.front() == 0 && segs.back() == N,
            "linear_ce_backward: segs must run from row 0 to row N = {}", N);
   if constexpr (Ex::kHost) check_targets("linear_ce_backward", targets, N, V);
-#endif
   if (N == 0) return;
   const bool bf = bf16_operands<T>(pol);
   const int64_t w = j_end - j_begin;
   T* DL = ex.template scratch<T>(N * w);
   logits_cols<T>(ex, hidden, W, N, d, V, j_begin, w, bf, DL);
+  int* bad = ex.flag();
   ex.for_each(N * w, [=] TD_REF_LAMBDA(int64_t i) {  // logits -> dlogit, in place
     const int64_t r = i / w, j = j_begin + i % w;
     const int64_t t = targets[r];
+    if (t != kIgnoreIndex && (t < 0 || t >= V)) *bad = 1;
     if (t == kIgnoreIndex) {
       DL[i] = T(0);
       return;
@@ -754,6 +772,7 @@ void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const i
       dW[i].add(dot<T>(len, hidden + r0 * d + k, d, DL + r0 * w + j, w, bf, T(0)));
     }
   });
+  ex.check_flag("linear_ce_backward: a target out of range [0, V) (and not the ignore index -100)");
 }
 
 // ---- optimizer -------------------------------------------------------------------------------------------------
@@ -816,9 +835,7 @@ AdamWScalars<T> adamw_scalars(const model::AdamWHyper& h, int64_t step, double c
 template <class T, class Ex>
 void adamw_step(Ex& ex, T* w, const T* g, T* m, T* v, int64_t n, const model::AdamWHyper& hyper, int64_t step,
                 double clip, bool decay) {
-#if !defined(__CUDACC__)
   TD_CHECK_GE(step, int64_t(1), "adamw_step: step is 1-based");
-#endif
   const AdamWScalars<T> k = adamw_scalars<T>(hyper, step, clip);
   ex.for_each(n, [=] TD_REF_LAMBDA(int64_t i) {
     const T gc = fmul(g[i], k.c);
@@ -836,22 +853,28 @@ void adamw_step(Ex& ex, T* w, const T* g, T* m, T* v, int64_t n, const model::Ad
 
 template <class T, class Ex>
 void router_bias_update(Ex& ex, T* b, const int64_t* load, int64_t E, double gamma) {
-#if !defined(__CUDACC__)
   TD_CHECK_GT(E, int64_t(0), "router_bias_update: E");
+  if (gamma == 0) return;  // (before the load checks, as the reference)
   if constexpr (Ex::kHost)
     for (int64_t e = 0; e < E; ++e) TD_CHECK_GE(load[e], int64_t(0), "router_bias_update: load of expert {}", e);
-#endif
-  if (gamma == 0 || E <= 0) return;
   const T step = static_cast<T>(gamma);
+  int* bad = ex.flag();
   ex.for_each(1, [=] TD_REF_LAMBDA(int64_t) {
     int64_t total = 0;
-    for (int64_t e = 0; e < E; ++e) total += load[e];
+    for (int64_t e = 0; e < E; ++e) {
+      if (load[e] < 0) {
+        *bad = 1;
+        return;
+      }
+      total += load[e];
+    }
     for (int64_t e = 0; e < E; ++e) {
       const int64_t scaled = load[e] * E;  // compare load_e with total/E exactly
       if (scaled < total) b[e] = fadd(b[e], step);
       else if (scaled > total) b[e] = fsub(b[e], step);
     }
   });
+  ex.check_flag("router_bias_update: a negative expert load");
 }
 
 }  // namespace trident::gpu::ref

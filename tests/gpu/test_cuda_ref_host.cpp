@@ -146,6 +146,47 @@ TEST(CudaRefHost, EdgeInputsBitwiseFp32) { edge_cases<float>(Policy::fp32); }
 TEST(CudaRefHost, EdgeInputsBitwiseBf16) { edge_cases<float>(Policy::bf16); }
 TEST(CudaRefHost, EdgeInputsBitwiseFp64) { edge_cases<double>(Policy::fp64); }
 
+// Bad data: the same error (type and message) as the reference's op.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    std::string m = e.what();  // without the check site "(file:line: check '...' failed)", which differs
+    const size_t c = m.find(": check '");
+    return c == std::string::npos ? m : m.substr(0, m.rfind(" (", c));
+  }
+  return "(no error)";
+}
+TEST(CudaRefHost, BadDataGivesTheReferencesErrors) {
+  RankTrace trace;
+  emu::EmuDevice dev(0, trace, emu::DeviceOptions{});
+  CpuKernels<float> cpu(dev);
+  auto ref = gpu::make_ref_host_kernels<float>(dev);
+  const Stream s = dev.compute_stream();
+  std::vector<float> e(3 * 4, 1.f), out(2 * 4), h(2 * 4, 0.5f), w(4 * 3, 0.25f), l(2), z(2);
+  const std::vector<int32_t> tok = {1, 3}, tgt = {2, 5};
+  auto both = [&](auto&& op) {
+    const std::string a = error_of([&] { op(static_cast<Kernels<float>&>(cpu)); });
+    const std::string b = error_of([&] { op(*ref); });
+    EXPECT_NE(a, "(no error)");
+    EXPECT_EQ(a, b);
+  };
+  both([&](Kernels<float>& k) { k.embedding_forward(out.data(), tok.data(), e.data(), 2, 4, 3, s); });
+  both([&](Kernels<float>& k) {
+    k.linear_ce_forward(Policy::fp32, h.data(), w.data(), tgt.data(), 2, 4, 3, 2, 4, l.data(), z.data(), s);
+  });
+  const int64_t qpos[1] = {4};
+  model::CoreDims cd{.H = 1, .G = 1, .Dq = 2, .Dv = 2, .P = 2, .val_base = 0, .scale = 1.0};
+  std::vector<float> q(2, 1.f), kv(4 * 2, 1.f), o(2), st(2);
+  both([&](Kernels<float>& k) {
+    k.attn_core_forward(Policy::fp32, cd, q.data(), qpos, 1, kv.data(), 4, o.data(), st.data(), s);
+  });
+  const int64_t load[2] = {3, -1};
+  std::vector<float> b(2);
+  both([&](Kernels<float>& k) { k.router_bias_update(b.data(), load, 2, 0.5, s); });
+}
+
 // ---- whole steps ------------------------------------------------------------------------------------------------
 template <class T>
 void whole_step(const std::string& policy, const std::string& preset = "tiny", bool deferred = false) {
