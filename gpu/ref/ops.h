@@ -553,22 +553,31 @@ TD_REF inline T score(const T* qh, const T* kv, int64_t P, int64_t kbase, int64_
   return s;
 }
 
-template <class T, class Ex>
-void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
-                       const T* kv, int64_t S, T* o, T* stats) {
+// Query positions must lie in the key range [0, S): checked on the host (the reference's message) or flagged by
+// the body that would read out of range.
+template <class Ex>
+void check_query_positions(const int64_t* qpos, int64_t Nq, int64_t S) {
   if constexpr (Ex::kHost)
     for (int64_t r = 0; r < Nq; ++r)
       TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+}
+TD_REF inline bool bad_position(int64_t p, int64_t S, int* bad) {
+  if (p >= 0 && p < S) return false;
+  *bad = 1;
+  return true;
+}
+
+template <class T, class Ex>
+void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                       const T* kv, int64_t S, T* o, T* stats) {
+  check_query_positions<Ex>(qpos, Nq, S);
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
   const bool bf = bf16_operands<T>(pol);
   int* bad = ex.flag();
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
-    if (qpos[r] < 0 || qpos[r] >= S) {
-      *bad = 1;
-      return;
-    }
+    if (bad_position(qpos[r], S, bad)) return;
     const T* qh = q + i * Dq;
     T m = T(0);
     for (int64_t j = 0; j < np; ++j) {
@@ -601,9 +610,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
                         std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
            "attn_core_backward: query segments must cover rows [0, {})", Nq);
-  if constexpr (Ex::kHost)
-    for (int64_t r = 0; r < Nq; ++r)
-      TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+  check_query_positions<Ex>(qpos, Nq, S);
   if (Nq <= 0 || S <= 0) return;
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
@@ -613,10 +620,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
   int* bad = ex.flag();
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
-    if (qpos[r] < 0 || qpos[r] >= S) {
-      *bad = 1;
-      return;
-    }
+    if (bad_position(qpos[r], S, bad)) return;
     const T* qh = q + i * Dq;
     const T* doh = dO + i * Dv;
     const T m = stats[i * 2 + 0], l = stats[i * 2 + 1];
