@@ -21,8 +21,14 @@
 #include "emulator/run_step.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
+#include "gpu/ref/host_kernels.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "gpu/cuda_device.h"
+#include "gpu/gemm.h"
+#include "gpu/ref/cuda_kernels.h"
+#endif
 
 namespace {
 
@@ -190,14 +196,36 @@ Backend parse_backend(const std::string& s) {
       fail(fmt::format("backend '{}': unknown op '{}' (one of: {})", s, b.perturb_op, fmt::join(ops, ", ")));
     return b;
   }
-  if (s == "cuda-ref" || s == "cuda-fast")
-    fail(fmt::format("backend '{}' is not available: this trident binary has no CUDA kernel set built in (and no "
-                     "device to run one); the CPU backends are cpu and cpu-ulp:OP[:INDEX]",
-                     s));
-  fail(fmt::format("unknown backend '{}' (cpu, cpu-ulp:OP[:INDEX]; cuda-ref and cuda-fast need a CUDA build)", s));
+  // cuda-ref-host: the CUDA ref tier's kernel bodies run on the CPU (gpu/ref/host_kernels.h), on every machine.
+  if (s == "cuda-ref-host") return {s, s, "", 0};
+  if (s == "cuda-ref") {
+#ifdef TRIDENT_HAVE_CUDA
+    if (gpu::device_count() > 0) return {s, s, "", 0};
+    const char* why = "no CUDA device found on this machine";
+#else
+    const char* why = "this trident binary has no CUDA kernel set built in (no nvcc at build time)";
+#endif
+    fail(fmt::format("backend 'cuda-ref' is not available: {}; --backend cuda-ref-host runs the same kernel bodies "
+                     "on the CPU (the CPU backends are cpu, cuda-ref-host and cpu-ulp:OP[:INDEX])",
+                     why));
+  }
+  if (s == "cuda-fast")
+    fail("backend 'cuda-fast' is not available: the fast CUDA tier is not written yet (docs/gpu.md); the CPU "
+         "backends are cpu, cuda-ref-host and cpu-ulp:OP[:INDEX]");
+  fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cpu-ulp:OP[:INDEX]; cuda-ref needs a CUDA build and a "
+                   "device)",
+                   s));
 }
 template <class T>
 std::unique_ptr<Kernels<T>> make_kernels(const Backend& b, Device& dev) {
+  if (b.name == "cuda-ref-host") return gpu::make_ref_host_kernels<T>(dev);
+  if (b.name == "cuda-ref") {  // buffers must live on the GPU: only `check` sets that up
+#ifdef TRIDENT_HAVE_CUDA
+    if (auto* cd = dynamic_cast<gpu::CudaDevice*>(&dev)) return gpu::make_cuda_ref_kernels<T>(*cd);
+#endif
+    fail("backend 'cuda-ref' runs in `trident check` only (its buffers live on the GPU); use cuda-ref-host here "
+         "(the same kernel bodies on the CPU)");
+  }
   auto cpu = std::make_unique<CpuKernels<T>>(dev);
   if (b.name == "cpu") return cpu;
   return golden::make_perturbed_kernels<T>(std::move(cpu), dev, b.perturb_op, b.perturb_index);
@@ -234,11 +262,17 @@ int run_check(const CheckOpts& o) {
     if (std::find(ops.begin(), ops.end(), o.op) == ops.end())
       fail(fmt::format("--op '{}': not an op of the kernel set (one of: {})", o.op, fmt::join(ops, ", ")));
   }
+  std::unique_ptr<Device> device;  // cuda-ref: the cases' buffers on the GPU
+#ifdef TRIDENT_HAVE_CUDA
+  if (be.name == "cuda-ref") device = std::make_unique<gpu::CudaDevice>(0);
+#endif
   golden::CheckSummary sum;
   for (bool f64 : {false, true}) {
     golden::CheckSummary part =
-        f64 ? golden::check_primitives<double>(f, [&](Device& d) { return make_kernels<double>(be, d); }, co, o.golden)
-            : golden::check_primitives<float>(f, [&](Device& d) { return make_kernels<float>(be, d); }, co, o.golden);
+        f64 ? golden::check_primitives<double>(f, [&](Device& d) { return make_kernels<double>(be, d); }, co,
+                                               o.golden, device.get())
+            : golden::check_primitives<float>(f, [&](Device& d) { return make_kernels<float>(be, d); }, co, o.golden,
+                                              device.get());
     sum.cases += part.cases;
     sum.passed += part.passed;
     for (auto& x : part.failures) sum.failures.push_back(std::move(x));
@@ -412,8 +446,10 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                    auto o = std::make_shared<CheckOpts>();
                    sub.add_option("golden", o->golden, "golden directory (or its primitives.h5)")->required();
                    sub.add_option("--backend", o->backend,
-                                  "cpu | cuda-ref | cuda-fast | cpu-ulp:OP[:INDEX] (cpu with one ulp flipped at "
-                                  "element INDEX of OP's first output: a deliberately wrong backend)")
+                                  "cpu | cuda-ref-host | cuda-ref | cuda-fast | cpu-ulp:OP[:INDEX] (cuda-ref-host: "
+                                  "the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, needs a CUDA "
+                                  "build and a device; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
+                                  "first output, a deliberately wrong backend)")
                        ->capture_default_str();
                    sub.add_option("--report", o->report, "write a JSON report here");
                    sub.add_option("--op", o->op, "check only this op");
@@ -428,7 +464,7 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
 TRIDENT_COMMAND({"paired", "run two implementations on the same inputs: loss, grad, peak memory, time and ratios",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<PairedOpts>();
-                   sub.add_option("A", o->a, "implementation A: cpu | cpu-ulp:OP[:INDEX]")->required();
+                   sub.add_option("A", o->a, "implementation A: cpu | cuda-ref-host | cpu-ulp:OP[:INDEX]")->required();
                    sub.add_option("B", o->b, "implementation B")->required();
                    add_run_options(sub, o->run);
                    sub.add_option("--golden", o->golden, "primitive mode: a golden directory (with --op)");

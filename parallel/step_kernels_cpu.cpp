@@ -52,6 +52,19 @@ Access acc_all(P* p) {  // an accumulator added into: read and written
   return Access{p, kToEnd, true};
 }
 double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * static_cast<double>(M) * N * K; }
+// The projection weights the attention kernels apply to every row (elements; reference/model/params.cpp shapes):
+// attn_qkv_* wq, wk/wv (GQA) or wq, wdkv, wuk (MLA, wuk absorbed into the query); attn_out_* wo (and wuv, MLA). Each
+// element is one multiply-add per row: a forward is 2 N x this many FLOPs, a backward (dgrad and wgrad) 4 N x.
+double attn_in_weights(const m::Config& c) {
+  const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.heads);
+  if (c.attn == m::AttnKind::gqa) return d * H * c.head_dim + 2 * d * c.kv_heads * c.head_dim;
+  return d * H * (c.nope_dim + c.rope_dim) + d * (c.kv_lora_rank + c.rope_dim) + c.kv_lora_rank * H * c.nope_dim;
+}
+double attn_out_weights(const m::Config& c) {
+  const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.heads);
+  if (c.attn == m::AttnKind::gqa) return H * c.head_dim * d;
+  return c.kv_lora_rank * H * c.v_dim + H * c.v_dim * d;
+}
 // SwiGLU forward / dgrad launched under a name (the dense MLP and shared expert, or a routed expert).
 template <class T>
 void launch_swiglu_forward(Device& dev, std::string_view name, Policy pol, const T* x, const T* wg, const T* wu,
@@ -206,7 +219,7 @@ void CpuKernels<T>::attn_qkv_forward(Policy pol, const Config& cfg, const AttnW&
   go(dev_, s, "attn_qkv_forward",
      {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(acts.q, z.q),
       wr(acts.qc, z.qc), wr(acts.c, z.c), wr(acts.kv_rinv, z.kv_rinv), wr(acts.payload, z.payload)},
-     0, [=, &cfg, &rope, A = acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, A); }, loc);
+     2.0 * static_cast<double>(N) * attn_in_weights(cfg), [=, &cfg, &rope, A = acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, A); }, loc);
 }
 template <class T>
 void CpuKernels<T>::kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_gather, Stream s,
@@ -267,7 +280,8 @@ void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW&
                                      T* y, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_out_forward",
-     {rd_all(W.wo), rd(acts.o, z.o), wr(acts.ocat, z.ocat), wr(y, N * cfg.d_model)}, 0,
+     {rd_all(W.wo), rd(acts.o, z.o), wr(acts.ocat, z.ocat), wr(y, N * cfg.d_model)},
+     2.0 * static_cast<double>(N) * attn_out_weights(cfg),
      [=, &cfg, A = acts] { m::attn_out_forward<T>(pol, cfg, W, N, A, y); }, loc);
 }
 template <class T>
@@ -275,7 +289,8 @@ void CpuKernels<T>::attn_out_backward(Policy pol, const Config& cfg, const AttnW
                                       const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_out_backward",
-     {rd_all(W.wo), rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)}, 0,
+     {rd_all(W.wo), rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)},
+     4.0 * static_cast<double>(N) * attn_out_weights(cfg),
      [=, &cfg, A = acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, A, dy, sg.v, dO); },
      loc);
 }
@@ -288,7 +303,7 @@ void CpuKernels<T>::attn_qkv_backward(Policy pol, const Config& cfg, const AttnW
      {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), rd(acts.q, z.q),
       rd(acts.qc, z.qc), rd(acts.c, z.c), rd(acts.kv_rinv, z.kv_rinv), rd(acts.payload, z.payload),
       rd(dqc, z.qc), rd(dpayload, z.payload), wr(da, N * cfg.d_model)},
-     0,
+     4.0 * static_cast<double>(N) * attn_in_weights(cfg),
      [=, &cfg, &rope, A = acts, sg = hold(dev_, segs)] {
        m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, sg.v, da);
               }, loc);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "reference/hd.h"
+
 namespace trident {
 
 struct bf16 {
@@ -13,7 +15,7 @@ struct bf16 {
   friend bool operator==(bf16, bf16) = default;
 };
 
-inline bf16 to_bf16(float x) {
+TD_HD inline bf16 to_bf16(float x) {
   uint32_t u = std::bit_cast<uint32_t>(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x0040u)};  // NaN: quiet
   // Round to nearest even: add 0x7fff plus the lowest kept bit; carries into the exponent are correct
@@ -22,10 +24,10 @@ inline bf16 to_bf16(float x) {
   return bf16{static_cast<uint16_t>(u >> 16)};
 }
 
-inline float to_float(bf16 h) { return std::bit_cast<float>(static_cast<uint32_t>(h.bits) << 16); }
+TD_HD inline float to_float(bf16 h) { return std::bit_cast<float>(static_cast<uint32_t>(h.bits) << 16); }
 
 // x rounded to the nearest bf16 value, returned as fp32 (how bf16 GEMM operands are formed).
-inline float round_bf16(float x) { return to_float(to_bf16(x)); }
+TD_HD inline float round_bf16(float x) { return to_float(to_bf16(x)); }
 
 void round_bf16_inplace(float* x, long n);  // x[i] = round_bf16(x[i])
 

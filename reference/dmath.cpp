@@ -11,6 +11,15 @@
 #include "reference/dmath.h"
 #include "reference/dmath_detail.h"
 
+// TD_DM / TD_DM_TABLE: empty here. The CUDA ref tier (gpu/ref/dmath_device.cuh) includes this file a second time,
+// inside its own namespace, with both defined as __device__: the same source gives the device dm:: functions.
+#ifndef TD_DM
+#define TD_DM
+#endif
+#ifndef TD_DM_TABLE
+#define TD_DM_TABLE
+#endif
+
 #include <bit>
 #include <cmath>  // std::sqrt only (correctly rounded IEEE operation)
 #include <cstdint>
@@ -25,22 +34,22 @@ struct DD {
   double h, l;  // value = h + l, |l| <= ulp(h)/2 after normalisation
 };
 
-inline DD two_sum(double a, double b) {  // a + b = s + e exactly
+TD_DM inline DD two_sum(double a, double b) {  // a + b = s + e exactly
   const double s = a + b;
   const double bb = s - a;
   const double e = (a - (s - bb)) + (b - bb);
   return {s, e};
 }
-inline DD fast_two_sum(double a, double b) {  // requires |a| >= |b| (or a == 0)
+TD_DM inline DD fast_two_sum(double a, double b) {  // requires |a| >= |b| (or a == 0)
   const double s = a + b;
   return {s, b - (s - a)};
 }
-inline void split(double a, double& hi, double& lo) {  // Veltkamp split, |a| < 2^995
+TD_DM inline void split(double a, double& hi, double& lo) {  // Veltkamp split, |a| < 2^995
   const double c = 134217729.0 * a;                    // 2^27 + 1
   hi = c - (c - a);
   lo = a - hi;
 }
-inline DD two_prod(double a, double b) {  // a * b = p + e exactly (no overflow/underflow)
+TD_DM inline DD two_prod(double a, double b) {  // a * b = p + e exactly (no overflow/underflow)
   const double p = a * b;
   double ah, al, bh, bl;
   split(a, ah, al);
@@ -48,8 +57,8 @@ inline DD two_prod(double a, double b) {  // a * b = p + e exactly (no overflow/
   const double e = ((ah * bh - p) + ah * bl + al * bh) + al * bl;
   return {p, e};
 }
-inline DD dd_neg(DD a) { return {-a.h, -a.l}; }
-inline DD dd_add(DD a, DD b) {
+TD_DM inline DD dd_neg(DD a) { return {-a.h, -a.l}; }
+TD_DM inline DD dd_add(DD a, DD b) {
   DD s = two_sum(a.h, b.h);
   const DD t = two_sum(a.l, b.l);
   s.l += t.h;
@@ -57,28 +66,28 @@ inline DD dd_add(DD a, DD b) {
   s.l += t.l;
   return fast_two_sum(s.h, s.l);
 }
-inline DD dd_add_d(DD a, double b) {
+TD_DM inline DD dd_add_d(DD a, double b) {
   DD s = two_sum(a.h, b);
   s.l += a.l;
   return fast_two_sum(s.h, s.l);
 }
-inline DD dd_mul(DD a, DD b) {
+TD_DM inline DD dd_mul(DD a, DD b) {
   DD p = two_prod(a.h, b.h);
   p.l += a.h * b.l + a.l * b.h;
   return fast_two_sum(p.h, p.l);
 }
-inline DD dd_mul_d(DD a, double b) {
+TD_DM inline DD dd_mul_d(DD a, double b) {
   DD p = two_prod(a.h, b);
   p.l += a.l * b;
   return fast_two_sum(p.h, p.l);
 }
-inline DD dd_div(DD a, DD b) {
+TD_DM inline DD dd_div(DD a, DD b) {
   const double q1 = a.h / b.h;
   const DD p = two_prod(q1, b.h);
   const double rem = (((a.h - p.h) - p.l) + a.l) - q1 * b.l;
   return fast_two_sum(q1, rem / b.h);
 }
-inline DD dd_div_d(DD a, double d) {  // d a small exact integer
+TD_DM inline DD dd_div_d(DD a, double d) {  // d a small exact integer
   const double q1 = a.h / d;
   const DD p = two_prod(q1, d);
   const double rem = ((a.h - p.h) - p.l) + a.l;
@@ -87,22 +96,22 @@ inline DD dd_div_d(DD a, double d) {  // d a small exact integer
 
 // ------------------------------------------------------------------------------------------------------------
 // Bit helpers.
-inline uint64_t bits(double x) { return std::bit_cast<uint64_t>(x); }
-inline double from_bits(uint64_t u) { return std::bit_cast<double>(u); }
-inline double pow2(int k) {  // 2^k for -1074 <= k <= 1023, exact
+TD_DM inline uint64_t bits(double x) { return std::bit_cast<uint64_t>(x); }
+TD_DM inline double from_bits(uint64_t u) { return std::bit_cast<double>(u); }
+TD_DM inline double pow2(int k) {  // 2^k for -1074 <= k <= 1023, exact
   if (k < -1022) return from_bits(1ull << (k + 1074));
   return from_bits(static_cast<uint64_t>(k + 1023) << 52);
 }
-inline bool is_nan(double x) { return x != x; }
-inline double copysign_(double mag, double sgn) {
+TD_DM inline bool is_nan(double x) { return x != x; }
+TD_DM inline double copysign_(double mag, double sgn) {
   return from_bits((bits(mag) & ~(1ull << 63)) | (bits(sgn) & (1ull << 63)));
 }
-inline double fabs_(double x) { return from_bits(bits(x) & ~(1ull << 63)); }
+TD_DM inline double fabs_(double x) { return from_bits(bits(x) & ~(1ull << 63)); }
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Round-to-nearest integer (ties to even) of |t| < 2^51, as a double.
-inline double nearest_int(double t) {
+TD_DM inline double nearest_int(double t) {
   const double big = 0x1.8p52;
   return (t + big) - big;
 }
@@ -113,7 +122,7 @@ inline double nearest_int(double t) {
 enum class Rnd { kNearest, kOdd };
 
 // (h, l) normalised (h = RN(h + l)): the double next to h + l on the side of l whose last bit is 1, or h if exact.
-inline double round_odd(double h, double l) {
+TD_DM inline double round_odd(double h, double l) {
   if (l == 0 || !(fabs_(h) <= std::numeric_limits<double>::max())) return h;
   uint64_t b = bits(h);
   if (!(b & 1)) b = ((l > 0) == (h > 0)) ? b + 1 : b - 1;  // magnitude one ulp up / down
@@ -121,7 +130,7 @@ inline double round_odd(double h, double l) {
 }
 
 template <Rnd R>
-inline double finish(DD v) {
+TD_DM inline double finish(DD v) {
   if constexpr (R == Rnd::kNearest) {
     return v.h + v.l;
   } else {
@@ -133,7 +142,7 @@ inline double finish(DD v) {
 // (h + l) * 2^k rounded once to double (round to nearest even), including gradual underflow and overflow.
 // (h, l) is a normalised double-double with h normal or zero.
 template <Rnd R>
-double round_scaled(double h, double l, int k) {
+TD_DM double round_scaled(double h, double l, int k) {
   if (h == 0) return h;
   const bool neg = h < 0;
   double a = fabs_(h), b = neg ? -l : l;
@@ -178,7 +187,7 @@ constexpr double kLn2_2 = -0x1.9ff0342542fc3p-90;
 constexpr double kInvLn2 = 0x1.71547652b82fep+0;
 
 // Inverse factorials 1/n!, n = 0..17, rounded to double (Taylor coefficients of exp).
-constexpr double kInvFact[18] = {
+TD_DM_TABLE constexpr double kInvFact[18] = {
     1.0,
     1.0,
     1.0 / 2,
@@ -205,7 +214,7 @@ struct ExpRed {
 };
 
 // Cody-Waite reduction of x = xh + xl (|xh| < 1000).
-ExpRed exp_reduce(double xh, double xl) {
+TD_DM ExpRed exp_reduce(double xh, double xl) {
   const double kd = nearest_int(xh * kInvLn2);
   const double r1 = xh - kd * kLn2_0;  // exact (Sterbenz-like: see docs)
   DD s = two_sum(r1, -(kd * kLn2_1));  // product exact
@@ -215,7 +224,7 @@ ExpRed exp_reduce(double xh, double xl) {
 }
 
 // expm1(r) as a double-double with small relative error, |r| <= 0.35.
-DD expm1_kernel(DD r) {
+TD_DM DD expm1_kernel(DD r) {
   // r + r^2/2! + ... + r^5/5! in double-double, r^6 (1/6! + r/7! + ... + r^11/17!) in double (< 2^-17 of the sum)
   const DD r2 = dd_mul(r, r);
   const DD r3 = dd_mul(r2, r);
@@ -233,10 +242,10 @@ DD expm1_kernel(DD r) {
 }
 
 // exp(r) = 1 + expm1(r) as a double-double in [0.7, 1.42].
-inline DD exp_kernel(DD r) { return dd_add_d(expm1_kernel(r), 1.0); }
+TD_DM inline DD exp_kernel(DD r) { return dd_add_d(expm1_kernel(r), 1.0); }
 
 // expm1(x) as an unrounded double-double for 2^-60 <= |x| <= 45 (tanh helper).
-DD expm1_dd(double x) {
+TD_DM DD expm1_dd(double x) {
   const ExpRed red = exp_reduce(x, 0.0);
   const DD em = expm1_kernel(red.r);
   if (red.k == 0) return em;
@@ -250,7 +259,7 @@ DD expm1_dd(double x) {
 // ------------------------------------------------------------------------------------------------------------
 // log: x = 2^e m, m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = f / (2 + f), f = m - 1.
 // Returns log(x) as a double-double for finite x > 0 (relative error ~2^-70).
-DD log_dd(double x) {
+TD_DM DD log_dd(double x) {
   uint64_t u = bits(x);
   int e = 0;
   if ((u >> 52) == 0) {  // subnormal
@@ -298,7 +307,7 @@ DD log_dd(double x) {
 constexpr double kPio2_0 = 0x1.921fb54442d18p+0;
 constexpr double kPio2_1 = 0x1.1a62633145c07p-54;
 // Bits of 2/pi after the binary point: word i holds bits 64i+1 .. 64i+64.
-constexpr uint64_t kTwoOverPi[20] = {
+TD_DM_TABLE constexpr uint64_t kTwoOverPi[20] = {
     0xa2f9836e4e441529ULL, 0xfc2757d1f534ddc0ULL, 0xdb6295993c439041ULL, 0xfe5163abdebbc561ULL,
     0xb7246e3a424dd2e0ULL, 0x06492eea09d1921cULL, 0xfe1deb1cb129a73eULL, 0xe88235f52ebb4484ULL,
     0xe99c7026b45f7e41ULL, 0x3991d639835339f4ULL, 0x9c845f8bbdf9283bULL, 0x1ff897ffde05980fULL,
@@ -307,14 +316,14 @@ constexpr uint64_t kTwoOverPi[20] = {
 };
 __extension__ typedef unsigned __int128 u128;
 
-inline uint64_t tw_bits(int off) {  // 64 bits of 2/pi starting after bit position `off` (bits off+1..off+64)
+TD_DM inline uint64_t tw_bits(int off) {  // 64 bits of 2/pi starting after bit position `off` (bits off+1..off+64)
   const int w = off / 64, o = off % 64;
   if (o == 0) return kTwoOverPi[w];
   return (kTwoOverPi[w] << o) | (kTwoOverPi[w + 1] >> (64 - o));
 }
 
 // |x| >= pi/4, finite. Returns n mod 4 and r = x - n pi/2 as a double-double.
-int reduce_pio2(double x, DD& r) {
+TD_DM int reduce_pio2(double x, DD& r) {
   const uint64_t u = bits(x);
   const int be = static_cast<int>((u >> 52) & 0x7ff);
   const uint64_t M = (u & ((1ull << 52) - 1)) | (1ull << 52);
@@ -374,7 +383,7 @@ int reduce_pio2(double x, DD& r) {
 // sin(r), |r| <= pi/4 (+ rounding), rounded to double.
 // r - r^3/3! + r^5/5! - r^7/7! in double-double, r^9 (1/9! - r^2/11! + ... + r^12/21!) in double (< 2^-21 of
 // the sum).
-double sin_kernel(DD r) {
+TD_DM double sin_kernel(DD r) {
   const DD r2 = dd_mul(r, r);
   const DD r3 = dd_mul(r2, r);
   const DD r5 = dd_mul(r3, r2);
@@ -398,7 +407,7 @@ double sin_kernel(DD r) {
 // cos(r), |r| <= pi/4 (+ rounding), rounded to double.
 // 1 - r^2/2! + r^4/4! - r^6/6! in double-double, r^8 (1/8! - r^2/10! + ... - r^14/22!) in double (< 2^-18 of
 // the sum).
-double cos_kernel(DD r) {
+TD_DM double cos_kernel(DD r) {
   const DD r2 = dd_mul(r, r);
   const DD r4 = dd_mul(r2, r2);
   const DD r6 = dd_mul(r4, r2);
@@ -419,11 +428,11 @@ double cos_kernel(DD r) {
   return s.h + s.l;
 }
 
-inline bool is_integer(double y) {  // y finite
+TD_DM inline bool is_integer(double y) {  // y finite
   if (fabs_(y) >= 0x1p52) return true;
   return static_cast<double>(static_cast<int64_t>(y)) == y;
 }
-inline bool is_odd_integer(double y) {  // y finite
+TD_DM inline bool is_odd_integer(double y) {  // y finite
   if (fabs_(y) >= 0x1p53) return false;
   const auto t = static_cast<int64_t>(y);
   return static_cast<double>(t) == y && (t & 1);
@@ -435,7 +444,7 @@ inline bool is_odd_integer(double y) {  // y finite
 // double
 
 template <Rnd R>
-double exp_impl(double x) {
+TD_DM double exp_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x > 709.8) return kInf;
   if (x < -745.2) return 0.0;
@@ -445,7 +454,7 @@ double exp_impl(double x) {
 }
 
 template <Rnd R>
-double expm1_impl(double x) {
+TD_DM double expm1_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return x;
   if (x > 709.8) return kInf;
@@ -460,7 +469,7 @@ double expm1_impl(double x) {
 }
 
 template <Rnd R>
-double log_impl(double x) {
+TD_DM double log_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x < 0) return kNaN;
   if (x == 0) return -kInf;
@@ -470,7 +479,7 @@ double log_impl(double x) {
 }
 
 template <Rnd R>
-double log1p_impl(double x) {
+TD_DM double log1p_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == -1.0) return -kInf;
   if (x < -1.0) return kNaN;
@@ -492,7 +501,7 @@ double log1p_impl(double x) {
 }
 
 template <Rnd R>
-double tanh_impl(double x) {
+TD_DM double tanh_impl(double x) {
   if (is_nan(x)) return x + x;
   const double a = fabs_(x);
   if (a > 22.0) return copysign_(1.0, x);  // 1 - tanh(22) < 2^-62
@@ -503,7 +512,7 @@ double tanh_impl(double x) {
 }
 
 template <Rnd R>
-double sigmoid_impl(double x) {
+TD_DM double sigmoid_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x > 40.0) return 1.0;  // e^-40 < 2^-57
   if (fabs_(x) < 0x1p-60) return 0.5;
@@ -529,7 +538,7 @@ double sigmoid_impl(double x) {
 }
 
 template <Rnd R>
-double silu_impl(double x) {
+TD_DM double silu_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return x;
   if (x == -kInf) return -0.0;
@@ -560,7 +569,7 @@ double silu_impl(double x) {
 }
 
 template <Rnd R>
-double rsqrt_impl(double x) {
+TD_DM double rsqrt_impl(double x) {
   if (is_nan(x)) return x + x;
   if (x == 0) return 1.0 / x;  // +-inf
   if (x < 0) return kNaN;
@@ -582,7 +591,7 @@ double rsqrt_impl(double x) {
   return sc == 0 ? r : r * pow2(sc);
 }
 
-double sin(double x) {
+TD_DM double sin(double x) {
   if (is_nan(x)) return x + x;
   if (x == kInf || x == -kInf) return kNaN;
   const double a = fabs_(x);
@@ -597,7 +606,7 @@ double sin(double x) {
   }
 }
 
-double cos(double x) {
+TD_DM double cos(double x) {
   if (is_nan(x)) return x + x;
   if (x == kInf || x == -kInf) return kNaN;
   const double a = fabs_(x);
@@ -612,7 +621,7 @@ double cos(double x) {
   }
 }
 
-double pow(double b, double e) {
+TD_DM double pow(double b, double e) {
   // C99 Annex F special cases.
   if (e == 0) return 1.0;
   if (b == 1.0) return 1.0;
@@ -654,14 +663,14 @@ double pow(double b, double e) {
   return sign * round_scaled<Rnd::kNearest>(z.h, z.l, red.k);
 }
 
-double exp(double x) { return exp_impl<Rnd::kNearest>(x); }
-double expm1(double x) { return expm1_impl<Rnd::kNearest>(x); }
-double log(double x) { return log_impl<Rnd::kNearest>(x); }
-double log1p(double x) { return log1p_impl<Rnd::kNearest>(x); }
-double tanh(double x) { return tanh_impl<Rnd::kNearest>(x); }
-double sigmoid(double x) { return sigmoid_impl<Rnd::kNearest>(x); }
-double silu(double x) { return silu_impl<Rnd::kNearest>(x); }
-double rsqrt(double x) { return rsqrt_impl<Rnd::kNearest>(x); }
+TD_DM double exp(double x) { return exp_impl<Rnd::kNearest>(x); }
+TD_DM double expm1(double x) { return expm1_impl<Rnd::kNearest>(x); }
+TD_DM double log(double x) { return log_impl<Rnd::kNearest>(x); }
+TD_DM double log1p(double x) { return log1p_impl<Rnd::kNearest>(x); }
+TD_DM double tanh(double x) { return tanh_impl<Rnd::kNearest>(x); }
+TD_DM double sigmoid(double x) { return sigmoid_impl<Rnd::kNearest>(x); }
+TD_DM double silu(double x) { return silu_impl<Rnd::kNearest>(x); }
+TD_DM double rsqrt(double x) { return rsqrt_impl<Rnd::kNearest>(x); }
 
 // ============================================================================================================
 // float. Correctly rounded, in two stages (Ziv's strategy):
@@ -675,7 +684,7 @@ double rsqrt(double x) { return rsqrt_impl<Rnd::kNearest>(x); }
 namespace {
 
 // True if d (a normal double with |d| >= 2^-126) is more than 256 double ulps from a float midpoint.
-inline bool float_rounding_safe(double d) {
+TD_DM inline bool float_rounding_safe(double d) {
   if (!(fabs_(d) >= 0x1p-126)) return false;  // float subnormal range (other rounding position), zero, NaN
   const auto low = static_cast<int64_t>(bits(d) & ((1ull << 29) - 1));  // the 29 bits a float drops
   const int64_t dist = low - (int64_t{1} << 28);                      // distance to the midpoint pattern
@@ -687,7 +696,7 @@ inline bool float_rounding_safe(double d) {
 // Stage 1 (plain double); domains and error bounds in reference/dmath_detail.h.
 namespace detail {
 
-double exp_fast(double x) {  // relative error < 2^-51
+TD_DM double exp_fast(double x) {  // relative error < 2^-51
   const double kd = nearest_int(x * kInvLn2);
   const double r = (x - kd * kLn2_0) - kd * kLn2_1;  // first difference exact; |r| <= 0.3466
   double p = kInvFact[13];
@@ -696,7 +705,7 @@ double exp_fast(double x) {  // relative error < 2^-51
   return y * pow2(static_cast<int>(kd));
 }
 
-double expm1_fast(double x) {  // relative error < 2^-50
+TD_DM double expm1_fast(double x) {  // relative error < 2^-50
   const double kd = nearest_int(x * kInvLn2);  // -1, 0 or 1
   const double r = (x - kd * kLn2_0) - kd * kLn2_1;
   double p = kInvFact[13];
@@ -707,7 +716,7 @@ double expm1_fast(double x) {  // relative error < 2^-50
   return s * (em + (1.0 - 1.0 / s));  // 2^k (1 + em) - 1, |em + 1 - 2^-k| >= 0.2
 }
 
-double log_fast(double x) {  // relative error < 2^-50.5
+TD_DM double log_fast(double x) {  // relative error < 2^-50.5
   const uint64_t u = bits(x);  // float inputs are normal doubles
   int e = static_cast<int>(u >> 52) - 1023;
   const uint64_t mant = u & ((1ull << 52) - 1);
@@ -729,7 +738,7 @@ double log_fast(double x) {  // relative error < 2^-50.5
   return ed * kLn2_0 + (ed * kLn2_1 + logm);  // e ln2 exact in its first part; |result| >= 0.34 if e != 0
 }
 
-double tanh_fast(double x) {  // relative error < 2^-49.5
+TD_DM double tanh_fast(double x) {  // relative error < 2^-49.5
   const double a = fabs_(x);
   double t;
   if (a <= 0.5) {
@@ -742,19 +751,19 @@ double tanh_fast(double x) {  // relative error < 2^-49.5
   return copysign_(t, x);
 }
 
-double sigmoid_fast(double x) {  // relative error < 2^-50
+TD_DM double sigmoid_fast(double x) {  // relative error < 2^-50
   if (x >= 0) return 1.0 / (1.0 + exp_fast(-x));
   const double e = exp_fast(x);
   return e / (1.0 + e);
 }
 
-double silu_fast(double x) { return x * sigmoid_fast(x); }  // relative error < 2^-49.5
+TD_DM double silu_fast(double x) { return x * sigmoid_fast(x); }  // relative error < 2^-49.5
 
-double rsqrt_fast(double x) { return 1.0 / std::sqrt(x); }  // two roundings: relative error < 2^-52
+TD_DM double rsqrt_fast(double x) { return 1.0 / std::sqrt(x); }  // two roundings: relative error < 2^-52
 
 }  // namespace detail
 
-float exp(float xf) {
+TD_DM float exp(float xf) {
   const double x = xf;
   if (x > -104.0 && x < 89.0) {
     const double d = detail::exp_fast(x);
@@ -763,9 +772,9 @@ float exp(float xf) {
   return static_cast<float>(exp_impl<Rnd::kOdd>(x));
 }
 
-float expm1(float x) { return static_cast<float>(expm1_impl<Rnd::kOdd>(static_cast<double>(x))); }
+TD_DM float expm1(float x) { return static_cast<float>(expm1_impl<Rnd::kOdd>(static_cast<double>(x))); }
 
-float log(float xf) {
+TD_DM float log(float xf) {
   const double x = xf;
   if (x > 0 && x <= 0x1.fffffep127) {
     const double d = detail::log_fast(x);
@@ -774,9 +783,9 @@ float log(float xf) {
   return static_cast<float>(log_impl<Rnd::kOdd>(x));
 }
 
-float log1p(float x) { return static_cast<float>(log1p_impl<Rnd::kOdd>(static_cast<double>(x))); }
+TD_DM float log1p(float x) { return static_cast<float>(log1p_impl<Rnd::kOdd>(static_cast<double>(x))); }
 
-float tanh(float xf) {
+TD_DM float tanh(float xf) {
   const double x = xf;
   const double a = fabs_(x);
   if (a >= 0x1p-20 && a <= 9.5) {
@@ -786,7 +795,7 @@ float tanh(float xf) {
   return static_cast<float>(tanh_impl<Rnd::kOdd>(x));
 }
 
-float sigmoid(float xf) {
+TD_DM float sigmoid(float xf) {
   const double x = xf;
   if (fabs_(x) <= 104.0) {
     const double d = detail::sigmoid_fast(x);
@@ -795,7 +804,7 @@ float sigmoid(float xf) {
   return static_cast<float>(sigmoid_impl<Rnd::kOdd>(x));
 }
 
-float silu(float xf) {
+TD_DM float silu(float xf) {
   const double x = xf;
   if (fabs_(x) <= 104.0) {
     const double d = detail::silu_fast(x);
@@ -804,7 +813,7 @@ float silu(float xf) {
   return static_cast<float>(silu_impl<Rnd::kOdd>(x));
 }
 
-float rsqrt(float xf) {
+TD_DM float rsqrt(float xf) {
   const double x = xf;
   if (x > 0 && x <= 0x1.fffffep127) {
     const double d = detail::rsqrt_fast(x);

@@ -19,6 +19,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "reference/hd.h"
+
 namespace trident {
 namespace detail {
 
@@ -53,7 +55,7 @@ class ExactAccCore {
   static constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
 
   // Exact merge: limbwise integer addition (associative, commutative).
-  void merge(const ExactAccCore& o) {
+  TD_HD void merge(const ExactAccCore& o) {
     flags_ |= o.flags_;
     if (count_ + uint64_t{o.count_} >= Tr::kNormEvery) [[unlikely]] {
       ExactAccCore t = o;
@@ -68,7 +70,7 @@ class ExactAccCore {
   }
 
   // Correctly rounded (RNE) value; specials per exact_acc.h.
-  T round() const {
+  TD_HD T round() const {
     if (flags_ != 0) [[unlikely]] {
       if (round_is_nan())
         return std::numeric_limits<T>::quiet_NaN();
@@ -116,7 +118,7 @@ class ExactAccCore {
   }
 
   // True when no special value was seen and the exact sum is zero.
-  bool is_zero() const {
+  TD_HD bool is_zero() const {
     if (flags_ != 0) return false;
     ExactAccCore t = *this;
     t.normalize();
@@ -126,16 +128,16 @@ class ExactAccCore {
   }
 
   // Special-value flags seen so far (kNaN | kPosInf | kNegInf).
-  uint32_t flags() const { return flags_; }
+  TD_HD uint32_t flags() const { return flags_; }
 
   // Announces n (<= 2^20) following add_unchecked() calls: normalises first if the limbs could overflow.
-  void reserve_adds(uint32_t n) {
+  TD_HD void reserve_adds(uint32_t n) {
     if (count_ + uint64_t{n} >= Tr::kNormEvery) [[unlikely]] normalize();
     count_ += n;
   }
 
   // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^32).
-  void normalize() {
+  TD_HD void normalize() {
     for (int i = 0; i < kLimbs - 1; ++i) {
       const int64_t c = limb_[i] >> 32;  // arithmetic shift (floor)
       limb_[i] -= c * (int64_t{1} << 32);
@@ -145,22 +147,22 @@ class ExactAccCore {
   }
 
   // Limb access for tests and docs (value = sum limb(i) * 2^(32 i) units).
-  int64_t limb(int i) const { return limb_[i]; }
+  TD_HD int64_t limb(int i) const { return limb_[i]; }
 
  protected:
-  bool round_is_nan() const {
+  TD_HD bool round_is_nan() const {
     return (flags_ & kNaN) || (flags_ & (kPosInf | kNegInf)) == (kPosInf | kNegInf);
   }
   // Special operand (exponent all ones): record its flag.
-  void add_special(Bits u, Bits mant) {
+  TD_HD void add_special(Bits u, Bits mant) {
     constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
     flags_ |= mant ? kNaN : ((u & kSign) ? kNegInf : kPosInf);
   }
-  void bump() {
+  TD_HD void bump() {
     if (++count_ >= Tr::kNormEvery) [[unlikely]] normalize();
   }
   // 64 bits of the (normalised, non-negative) magnitude starting at bit `pos`.
-  uint64_t window(int pos) const {
+  TD_HD uint64_t window(int pos) const {
     const int i = pos >> 5, s = pos & 31;
     auto d = [&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(limb_[j]) : 0; };
     uint64_t w = (d(i) | (d(i + 1) << 32)) >> s;
@@ -182,12 +184,12 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
   ExactAcc() = default;
 
   // Exact: x = +-M * 2^p units (M < 2^24, p = biased exponent - 1, or 0 for subnormals).
-  inline void add(float x) {
+  TD_HD inline void add(float x) {
     add_unchecked(x);
     bump();
   }
   // Hot-loop form: reserve_adds(n) once, then at most n add_unchecked() calls; same value as n add() calls.
-  inline void add_unchecked(float x) {
+  TD_HD inline void add_unchecked(float x) {
     const uint32_t u = std::bit_cast<uint32_t>(x);
     const uint32_t e = (u >> 23) & 0xffu;
     const uint32_t mant = u & 0x7fffffu;
@@ -203,7 +205,7 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
     limb_[i] += v & 0xffffffffll;                                   // low digit, in [0, 2^32)
     limb_[i + 1] += v >> 32;                                        // floor(v / 2^32), |.| <= 2^23
   }
-  void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
+  TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
 
 template <>
@@ -213,12 +215,12 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
   ExactAcc() = default;
 
   // Exact: x = +-M * 2^p units (M < 2^53, p = biased exponent - 1, or 0 for subnormals).
-  inline void add(double x) {
+  TD_HD inline void add(double x) {
     add_unchecked(x);
     bump();
   }
   // Hot-loop form: reserve_adds(n) once, then at most n add_unchecked() calls; same value as n add() calls.
-  inline void add_unchecked(double x) {
+  TD_HD inline void add_unchecked(double x) {
     const uint64_t u = std::bit_cast<uint64_t>(x);
     const uint64_t e = (u >> 52) & 0x7ffu;
     const uint64_t mant = u & 0xfffffffffffffull;
@@ -241,8 +243,8 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
     limb_[i + 2] += (d2 ^ s) - s;
   }
   // Exact widening of a float term.
-  inline void add(float x) { add(static_cast<double>(x)); }
-  void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
+  TD_HD inline void add(float x) { add(static_cast<double>(x)); }
+  TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
 
 static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 88);

@@ -370,10 +370,11 @@ nlohmann::json CheckSummary::to_json() const {
 
 template <class T>
 CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& factory, const CheckOptions& opt,
-                              const std::string& golden_path) {
+                              const std::string& golden_path, Device* device) {
   CheckSummary sum;
   RankTrace trace;
-  emu::EmuDevice dev(0, trace, emu::DeviceOptions{.record_trace = false});
+  emu::EmuDevice emu_dev(0, trace, emu::DeviceOptions{.record_trace = false});
+  Device& dev = device ? *device : emu_dev;
   std::unique_ptr<Kernels<T>> k = factory(dev);
   const std::string want_dtype = sizeof(T) == 8 ? "f64" : "f32";
   for (const PrimCase& c : f.cases) {
@@ -460,8 +461,8 @@ CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& 
 }
 
 template CheckSummary check_primitives<float>(const PrimitivesFile&, const KernelsFactory<float>&, const CheckOptions&,
-                                              const std::string&);
+                                              const std::string&, Device*);
 template CheckSummary check_primitives<double>(const PrimitivesFile&, const KernelsFactory<double>&,
-                                               const CheckOptions&, const std::string&);
+                                               const CheckOptions&, const std::string&, Device*);
 
 }  // namespace trident::golden

@@ -139,9 +139,11 @@ struct CheckSummary {
 };
 template <class T>
 using KernelsFactory = std::function<std::unique_ptr<Kernels<T>>(Device& dev)>;
-// Recomputes every case of `f` with the kernel sets `factory` makes and compares.
+// Recomputes every case of `f` with the kernel sets `factory` makes and compares. The cases' buffers live on
+// `device` when given (e.g. a CudaDevice for a GPU kernel set: inputs uploaded, outputs downloaded through it),
+// else on a fresh eager emulator device (host memory).
 template <class T>
 CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& factory, const CheckOptions& opt,
-                              const std::string& golden_path);
+                              const std::string& golden_path, Device* device = nullptr);
 
 }  // namespace trident::golden
