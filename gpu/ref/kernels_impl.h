@@ -170,6 +170,18 @@ class RefKernels final : public Kernels<T> {
     launch_(s, "attn_core_backward", loc, [=, sg = held(qsegs)](auto& ex) { ref::attn_core_backward<T>(ex, pol, cd, q,
         qpos, Nq, kv, S, o, stats, dO, sg.span(), dq, dkv); });
   }
+  void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                             int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s,
+                             loc_t loc = loc_t::current()) override {
+    launch_(s, "attn_doc_core_forward", loc, [=](auto& ex) { ref::attn_doc_core_forward<T>(ex, pol, cd, q, qpos, qdoc,
+        Nq, kv, S, o, stats); });
+  }
+  void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
+                              int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                              T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) override {
+    launch_(s, "attn_doc_core_backward", loc, [=, sg = held(qsegs)](auto& ex) { ref::attn_doc_core_backward<T>(ex,
+        pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, sg.span(), dq, dkv); });
+  }
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                          int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
                          loc_t loc = loc_t::current()) override {

@@ -555,22 +555,35 @@ TD_REF inline T score(const T* qh, const T* kv, int64_t P, int64_t kbase, int64_
 
 // Query positions must lie in the key range [0, S): checked on the host (the reference's message) or flagged by
 // the body that would read out of range.
+// Packed sequences: qdoc (nullable) holds each query's document start, which must lie in [0, qpos].
 template <class Ex>
-void check_query_positions(const int64_t* qpos, int64_t Nq, int64_t S) {
+void check_query_positions(const int64_t* qpos, int64_t Nq, int64_t S, const int64_t* qdoc = nullptr) {
   if constexpr (Ex::kHost)
-    for (int64_t r = 0; r < Nq; ++r)
+    for (int64_t r = 0; r < Nq; ++r) {
       TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+      if (qdoc)
+        TD_CHECK(qdoc[r] >= 0 && qdoc[r] <= qpos[r], "attention: document start {} of the query at position {} is "
+                 "outside [0, {}]", qdoc[r], qpos[r], qpos[r]);
+    }
 }
 TD_REF inline bool bad_position(int64_t p, int64_t S, int* bad) {
   if (p >= 0 && p < S) return false;
   *bad = 1;
   return true;
 }
+// Query r's first key: its document's start (packed sequences) or 0; an out-of-range start is flagged.
+TD_REF inline int64_t first_key(const int64_t* qdoc, int64_t r, int64_t p, int* bad) {
+  if (!qdoc) return 0;
+  if (qdoc[r] >= 0 && qdoc[r] <= p) return qdoc[r];
+  *bad = 1;
+  return p + 1;
+}
 
+// qdoc (nullable): keys [qdoc[r], qpos[r]] instead of [0, qpos[r]] (attn_doc_core_forward), the same chains over them.
 template <class T, class Ex>
-void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
-                       const T* kv, int64_t S, T* o, T* stats) {
-  check_query_positions<Ex>(qpos, Nq, S);
+void attn_doc_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos,
+                           const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
+  check_query_positions<Ex>(qpos, Nq, S, qdoc);
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
   const bool bf = bf16_operands<T>(pol);
@@ -578,17 +591,18 @@ void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
     if (bad_position(qpos[r], S, bad)) return;
+    const int64_t j0 = first_key(qdoc, r, qpos[r], bad);
     const T* qh = q + i * Dq;
     T m = T(0);
-    for (int64_t j = 0; j < np; ++j) {
+    for (int64_t j = j0; j < np; ++j) {
       const T sj = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
-      if (j == 0 || sj > m) m = sj;
+      if (j == j0 || sj > m) m = sj;
     }
     T l = T(0);
-    for (int64_t j = 0; j < np; ++j) l = fadd(l, dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc), m)));
+    for (int64_t j = j0; j < np; ++j) l = fadd(l, dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc), m)));
     T* oh = o + i * Dv;
     for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
-    for (int64_t j = 0; j < np; ++j) {
+    for (int64_t j = j0; j < np; ++j) {
       const T e = dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc), m));
       const T p = operand(fdiv(e, l), bf);
       const T* v = kv + j * P + vb + g * Dv;
@@ -597,20 +611,26 @@ void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
     stats[i * 2 + 0] = m;
     stats[i * 2 + 1] = l;
   });
-  ex.check_flag("attention: a query position outside the key range [0, S)");
+  ex.check_flag("attention: a query position outside the key range [0, S) or a document start outside [0, qpos]");
+}
+template <class T, class Ex>
+void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                       const T* kv, int64_t S, T* o, T* stats) {
+  attn_doc_core_forward<T>(ex, pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats);
 }
 
 // Backward. Query side, one body per (row, head): p_j and dsc_j = (p_j (dp_j - D)) scale (bf16: both rounded) into
 // scratch (Nq, H, S), and dq[c] = +0 + dsc_0 k_0[c] + dsc_1 k_1[c] + ..., keys ascending. Key side, one body per
 // payload element (key j, column c): per query tile, the in-tile partial over (row, head) in order, the K term and
 // then the V term of each (they share columns under MLA), added exactly.
+// qdoc (nullable): keys [qdoc[r], qpos[r]] only (attn_doc_core_backward); masked pairs add nothing.
 template <class T, class Ex>
-void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
-                        const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
-                        std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
+void attn_doc_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos,
+                            const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                            const T* dO, std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
            "attn_core_backward: query segments must cover rows [0, {})", Nq);
-  check_query_positions<Ex>(qpos, Nq, S);
+  check_query_positions<Ex>(qpos, Nq, S, qdoc);
   if (Nq <= 0 || S <= 0) return;
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   const T sc = static_cast<T>(cd.scale);
@@ -621,6 +641,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
   ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
     const int64_t r = i / H, h = i % H, g = h / hpg, np = qpos[r] + 1;
     if (bad_position(qpos[r], S, bad)) return;
+    const int64_t j0 = first_key(qdoc, r, qpos[r], bad);
     const T* qh = q + i * Dq;
     const T* doh = dO + i * Dv;
     const T m = stats[i * 2 + 0], l = stats[i * 2 + 1];
@@ -628,7 +649,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
     for (int64_t c = 0; c < Dv; ++c) D = fadd(D, fmul(doh[c], o[i * Dv + c]));
     T* dqh = dq + i * Dq;
     for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
-    for (int64_t j = 0; j < np; ++j) {
+    for (int64_t j = j0; j < np; ++j) {
       const T s = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
       const T p = fdiv(dmx::exp(fsub(s, m)), l);
       const T dp = score(doh, kv, P, vb + g * Dv, j, Dv, bf);
@@ -649,7 +670,7 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
       if (j >= nk) continue;
       T part = T(0);
       for (int64_t r = sg[t]; r < sg[t + 1]; ++r) {
-        if (j > qpos[r]) continue;  // masked: no term
+        if (j > qpos[r] || (qdoc && j < qdoc[r])) continue;  // masked: no term
         for (int64_t h = 0; h < H; ++h) {
           const int64_t g = h / hpg, i = r * H + h;
           if (c >= g * Dq && c < g * Dq + Dq) part = fadd(part, fmul(dsbuf[i * S + j], operand(q[i * Dq + c - g * Dq], bf)));
@@ -660,7 +681,13 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
       dkv[e].add(part);
     }
   });
-  ex.check_flag("attention: a query position outside the key range [0, S)");
+  ex.check_flag("attention: a query position outside the key range [0, S) or a document start outside [0, qpos]");
+}
+template <class T, class Ex>
+void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                        std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
+  attn_doc_core_backward<T>(ex, pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
 }
 
 // ---- linear cross-entropy (reference/model/linear_ce.h) --------------------------------------------------------

@@ -189,7 +189,8 @@ TEST(CudaRefHost, BadDataGivesTheReferencesErrors) {
 
 // ---- whole steps ------------------------------------------------------------------------------------------------
 template <class T>
-void whole_step(const std::string& policy, const std::string& preset = "tiny", bool deferred = false) {
+void whole_step(const std::string& policy, const std::string& preset = "tiny", bool deferred = false,
+                int64_t docs_per_seq = 1, const char* mesh = "d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2") {
   emu::EmulateSpec s;
   s.preset = preset;
   s.cfg = model::Config::preset(preset);
@@ -198,7 +199,9 @@ void whole_step(const std::string& policy, const std::string& preset = "tiny", b
   s.run.sequences = 4;
   s.run.seq_len = 32;
   s.run.steps = 2;
-  s.mesh = parse_mesh("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2");
+  s.run.docs_per_seq = docs_per_seq;
+  s.mesh = parse_mesh(mesh);
+  if (s.mesh.cp > 2) s.run.seq_len = 64;
   s.ep_chunks = 2;
   s.run.recompute = preset != "tiny";
   if (deferred) s.device = emu::DeviceOptions{.mode = emu::DeviceMode::deferred, .seed = 7};
@@ -215,6 +218,11 @@ TEST(CudaRefHost, WholeStepBitwiseBf16) { whole_step<float>("bf16"); }
 TEST(CudaRefHost, WholeStepBitwiseFp64) { whole_step<double>("fp64"); }
 TEST(CudaRefHost, WholeStepBitwiseGqaRecompute) { whole_step<float>("fp32", "tiny-gqa"); }
 TEST(CudaRefHost, WholeStepBitwiseDeferredDevice) { whole_step<float>("fp32", "tiny", true); }
+// Packed sequences (attn_doc_core_*) and 2D CP (docs/parallel.md sections 2 and 5) with the ref tier's bodies.
+TEST(CudaRefHost, WholeStepBitwisePacked2dCp) {
+  whole_step<float>("fp32", "tiny", false, 5, "d_rep=1,fsdp=2,cp=4,e_fsdp=2,ep=4,cp_inner=2");
+  whole_step<float>("bf16", "tiny-gqa", false, 7);
+}
 
 }  // namespace
 }  // namespace trident
