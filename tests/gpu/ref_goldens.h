@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -33,10 +34,15 @@ inline std::map<std::string, int64_t> check_goldens_bitwise(const std::string& b
       }
     }
   }
+  // The checked-in goldens are of unpacked steps: the document-mask ops (golden::packed_only_ops) have no case there;
+  // the whole packed steps of test_cuda_ref_host check them on the host.
+  const auto& packed = golden::packed_only_ops();
   for (const std::string& op : golden::kernel_ops()) {
     std::printf("  %-26s %4lld golden cases bitwise (%s)\n", op.c_str(), static_cast<long long>(cases[op]),
                 backend.c_str());
-    EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
+    if (std::find(packed.begin(), packed.end(), op) == packed.end()) {
+      EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
+    }
   }
   return cases;
 }
