@@ -13,6 +13,7 @@
 #include "emulator/run_step.h"
 #include "golden/checkpoint.h"
 #include "reference/check.h"
+#include "gpu/ref/host_kernels.h"
 #include "reference/repro.h"
 #include "sim/collectives.h"
 #include "sim/export.h"
@@ -37,6 +38,7 @@ struct Opts {
   bool recompute = false;
   bool lower_exact_sum = false;
   std::string comm = "emu";
+  std::string kernels = "cpu";
   bool nccl_blocking = false;
   std::string device = "eager";
   int64_t device_seed = 0;
@@ -68,6 +70,7 @@ struct Opts {
   // The output flags for the repro line.
   std::string repro_flags() const {
     ReproLine r("");
+    if (kernels != "cpu") r.opt_nonempty("--kernels", kernels);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
     r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
     r.opt_nonempty("--timeline", timeline);
@@ -120,6 +123,8 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
   for (const Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
   std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
+  if (o.kernels == "cuda-ref-host")
+    std::printf("kernels: cuda-ref-host (the CUDA ref tier's kernel bodies, gpu/ref/, run on the CPU)\n");
   if (spec.device.mode == emu::DeviceMode::deferred)
     std::printf("deferred device (seed %llu): work queued per stream, run in a seeded legal order, stream hazards "
                 "checked\n",
@@ -219,7 +224,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   info.repro = print_header<T>(o, spec);
   std::printf("memory estimate: %s\n", info.est.describe().c_str());
   std::fflush(stdout);
-  const emu::EmulateResult<T> r = emu::emulate<T>(spec, nullptr, resume.get());
+  emu::KernelFactory<T> kernels;  // null: the CPU kernels
+  if (o.kernels == "cuda-ref-host") kernels = [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); };
+  const emu::EmulateResult<T> r = emu::emulate<T>(spec, kernels, resume.get());
   std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
 }
@@ -423,6 +430,11 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "NcclCommunicator over a fake NCCL on the emulator; bits unchanged)")
                        ->check(CLI::IsMember({"emu", "nccl-fake"}))
                        ->capture_default_str();
+                   sub.add_option("--kernels", o->kernels,
+                                  "kernel set of every rank: cpu (the reference's CPU kernels) or cuda-ref-host (the "
+                                  "CUDA ref tier's kernel bodies run on the CPU, gpu/ref/; bits unchanged)")
+                       ->check(CLI::IsMember({"cpu", "cuda-ref-host", "cuda-ref", "cuda-fast"}))
+                       ->capture_default_str();
                    sub.add_flag("--nccl-blocking", o->nccl_blocking,
                                 "with --comm nccl-fake: blocking NCCL communicators (default: non-blocking, "
                                 "every call polled to completion)");
@@ -567,6 +579,16 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.device.check_hazards = o->check_hazards;
                      if (o->backend != "mpi" && o->ranks_per_process != 1)
                        fail("--ranks-per-process needs --backend mpi");
+                     if (o->kernels == "cuda-ref" || o->kernels == "cuda-fast")
+                       fail("--kernels " + o->kernels + ": the step on a CUDA device is not written yet (docs/gpu.md); "
+                            "--kernels cuda-ref-host runs the ref tier's kernel bodies on the CPU, and `trident check "
+                            "GOLDEN --backend cuda-ref` checks every primitive on a GPU");
+                     if (o->kernels != "cpu" && o->backend == "mpi")
+                       fail("--kernels " + o->kernels + " needs --backend emulator (the MPI backend runs the CPU "
+                            "kernels)");
+                     if (o->kernels == "cuda-ref-host" && o->check_hazards)
+                       fail("--check-hazards sees no accesses of the cuda-ref-host kernels (they declare none): drop "
+                            "--check-hazards or use --kernels cpu");
                      (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);
                      // Every mesh rule at once, each naming the flag to change (parallel/layout.h).

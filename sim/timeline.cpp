@@ -10,6 +10,31 @@
 
 namespace trident::sim {
 
+Intervals merge(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
+    else out.push_back(iv);
+  }
+  return out;
+}
+double length(const Intervals& v) {
+  double s = 0;
+  for (const auto& [a, b] : v) s += b - a;
+  return s;
+}
+double overlap(const Intervals& x, const Intervals& y) {
+  double s = 0;
+  size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const double a = std::max(x[i].first, y[j].first), b = std::min(x[i].second, y[j].second);
+    if (b > a) s += b - a;
+    (x[i].second < y[j].second) ? ++i : ++j;
+  }
+  return s;
+}
+
 int64_t pack_entry(int rank, int stream, int64_t index) {
   return (static_cast<int64_t>(rank) << 40) | (static_cast<int64_t>(stream) << 32) | index;
 }
@@ -105,32 +130,6 @@ struct Cursor {
   double t = 0;
   bool arrived = false;  // registered at the pending collective of entries[idx]
 };
-
-// Sorted, merged intervals.
-std::vector<std::pair<double, double>> merge(std::vector<std::pair<double, double>> v) {
-  std::sort(v.begin(), v.end());
-  std::vector<std::pair<double, double>> out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-double length(const std::vector<std::pair<double, double>>& v) {
-  double s = 0;
-  for (const auto& [a, b] : v) s += b - a;
-  return s;
-}
-double overlap(const std::vector<std::pair<double, double>>& x, const std::vector<std::pair<double, double>>& y) {
-  double s = 0;
-  size_t i = 0, j = 0;
-  while (i < x.size() && j < y.size()) {
-    const double a = std::max(x[i].first, y[j].first), b = std::min(x[i].second, y[j].second);
-    if (b > a) s += b - a;
-    (x[i].second < y[j].second) ? ++i : ++j;
-  }
-  return s;
-}
 
 class Replay {
  public:

@@ -74,6 +74,12 @@ Timeline simulate(const std::vector<RankTrace>& traces, const Hardware& hw, cons
 // The simulated duration of one collective: op, bytes (the nccl-tests size, the largest over its members), group
 // size n, link bandwidth (bytes/s) and latency (s). n == 1: 0 (a no-op).
 double collective_seconds(CollOp op, double bytes, int n, double bw, double latency);
+
+// Time intervals [begin, end) in seconds: the exposure arithmetic (docs/timeline.md section 2).
+using Intervals = std::vector<std::pair<double, double>>;
+Intervals merge(Intervals v);                          // sorted, overlapping ones joined
+double length(const Intervals& v);                     // total length of merged intervals
+double overlap(const Intervals& x, const Intervals& y);  // length of the intersection of two merged lists
 // nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all(v) (n-1)/n; else 1.
 double busbw_factor(CollOp op, int n);
 

@@ -10,6 +10,7 @@
 #include "emulator/run_step.h"
 #include "planner/plan.h"
 #include "reference/model/attention.h"
+#include "tests/sim/planner_input.h"
 
 using namespace trident;
 
@@ -46,24 +47,12 @@ TEST_P(PlannerCross, PerLayerBytesAgree) {
   };
   const double es = sizeof(float);  // the emulated run's element size; the planner counts bf16 (2 B)
 
-  planner::PlanInput in;
   const model::Config& m = spec.cfg;
-  const double P = static_cast<double>(m.param_count());
-  const double routed = L * 3.0 * static_cast<double>(m.experts * m.d_model * m.expert_ffn);
-  in.model.params = P;
-  in.model.layers = m.layers;
-  in.model.hidden = m.d_model;
-  in.model.experts = m.experts;
-  in.model.top_k = m.top_k;
-  in.model.dense_fraction = 1.0 - routed / P;
+  planner::PlanInput in = test::plan_input_for(spec, static_cast<double>(m.param_count()));
   in.model.kv_latent_bytes_per_token = static_cast<double>(model::CoreDims::from(m).P) * 2.0;  // bf16
-  in.cluster.gpu_memory_gb = 80;
   in.cluster.nvl = 8;
   in.cluster.rdma_GBps = 50;
   in.cluster.peak_tflops = 989;
-  in.workload.context = c.seq_len;
-  in.workload.sequences_per_cp_group = c.seqs / (spec.mesh.d_rep * spec.mesh.fsdp);
-  in.mesh = spec.mesh;
   const planner::Plan p = planner::evaluate(in, spec.mesh);
 
   // eFSDP: one all-gather of the rank's experts per layer forward and one backward (the planner's 1 + 1)

@@ -23,6 +23,7 @@
 #include "planner/plan.h"
 #include "reference/model/attention.h"
 #include "sim/timeline.h"
+#include "tests/sim/planner_input.h"
 
 using namespace trident;
 using namespace trident::sim;
@@ -32,31 +33,7 @@ namespace {
 // Relative agreement where the two sides compute the same quantity in a different order (double rounding only).
 constexpr double kExact = 1e-9;
 
-using Iv = std::vector<std::pair<double, double>>;
-Iv merged(Iv v) {
-  std::sort(v.begin(), v.end());
-  Iv out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-double length(const Iv& v) {
-  double s = 0;
-  for (const auto& [a, b] : v) s += b - a;
-  return s;
-}
-double overlap(const Iv& x, const Iv& y) {
-  double s = 0;
-  size_t i = 0, j = 0;
-  while (i < x.size() && j < y.size()) {
-    const double a = std::max(x[i].first, y[j].first), b = std::min(x[i].second, y[j].second);
-    if (b > a) s += b - a;
-    (x[i].second < y[j].second) ? ++i : ++j;
-  }
-  return s;
-}
+using Iv = Intervals;  // sim/timeline.h: merge, length, overlap
 
 struct Traced {
   emu::EmulateSpec spec;
@@ -94,29 +71,19 @@ planner::PlanInput plan_input(const Traced& x, const Hardware& hw, const std::st
   const double L = static_cast<double>(m.layers), d = static_cast<double>(m.d_model);
   const double non_layer = static_cast<double>(m.vocab) * d * 2 + d;  // embed, lm_head, final_norm
   const double P = static_cast<double>(m.param_count()) - non_layer;
-  const double routed = L * 3.0 * static_cast<double>(m.experts * m.d_model * m.expert_ffn);
-  planner::PlanInput in;
-  in.model.params = P;
-  in.model.layers = m.layers;
-  in.model.hidden = m.d_model;
-  in.model.experts = m.experts;
-  in.model.top_k = m.top_k;
-  in.model.dense_fraction = 1.0 - routed / P;
-  in.cluster.gpu_memory_gb = 80;
+  const double routed = test::routed_params(m);
+  planner::PlanInput in = test::plan_input_for(x.spec, P);
   in.cluster.nvl = hw.nvl_domain;
   in.cluster.rdma_GBps = hw.ib_GBps;
   in.cluster.nvlink_GBps = hw.nvlink_GBps;
   in.cluster.peak_tflops = hw.gemm_tflops.at(dtype);
   in.cluster.mfu = 1.0;
-  in.workload.context = x.spec.run.seq_len;
-  in.workload.sequences_per_cp_group = x.spec.run.sequences / (x.spec.mesh.d_rep * x.spec.mesh.fsdp);
   // attention time / linear time: the attention core's FLOPs as the step records them (2 Nq S H (Dq + Dv) forward,
   // twice that backward; forward, recomputed forward and backward: 8 S H (Dq + Dv) per token and layer) over the
   // planner's linear FLOPs per token, at one throughput (the hardware variant below runs attention at the GEMM peak)
   const model::CoreDims cd = model::CoreDims::from(m);
   const double active = P / L * (1.0 - routed / P + routed / P * double(m.top_k) / double(m.experts));
   in.workload.attn_to_linear = 8.0 * double(x.spec.run.seq_len) * double(cd.H * (cd.Dq + cd.Dv)) / (8.0 * active);
-  in.mesh = x.spec.mesh;
   return in;
 }
 
@@ -155,7 +122,7 @@ RankView view(const Traced& x, const Timeline& tl, int rank) {
         v.rs_off_compute += rt[s].name != "compute";
       }
     }
-  const Iv c = merged(comp), a = merged(ag), f = merged(ag_fill);
+  const Iv c = merge(comp), a = merge(ag), f = merge(ag_fill);
   v.ag_exposed_s = length(a) - overlap(a, c);
   v.ag_fill_exposed_s = length(f) - overlap(f, c);
   return v;
