@@ -6,6 +6,7 @@
 #include <string>
 
 #include "emulator/world.h"
+#include "tests/error_of.h"
 
 namespace trident {
 namespace {
@@ -32,14 +33,7 @@ void inc(Device& d, Stream s, const float* a, float* b, int64_t n, const char* n
   });
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using trident::test::error_of;
 
 TEST(Device, MemoryIsTrackedAndFreedInStreamOrder) {
   for (DeviceMode mode : {DeviceMode::eager, DeviceMode::deferred}) {

@@ -11,6 +11,7 @@
 
 #include "mpi/nccl_exchange.h"
 #include "reference/check.h"
+#include "tests/error_of.h"
 
 using namespace trident;
 
@@ -34,14 +35,7 @@ nccl::UniqueId make_id() {  // different in every run: rank 0's pid and address 
   return id;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using trident::test::error_of;
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include "planner/plan.h"
 #include "planner/run.h"
 #include "reference/check.h"
+#include "tests/error_of.h"
 
 using namespace trident::planner;
 using trident::MeshShape;
@@ -20,14 +21,7 @@ json example(const std::string& name) {
   std::ifstream f(ex(name));
   return json::parse(f);
 }
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const trident::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using trident::test::error_of;
 }  // namespace
 
 TEST(PlannerConfig, TomlEqualsJson) {
