@@ -1,5 +1,6 @@
 #include "reference/model/model.h"
 
+#include <optional>
 #include <type_traits>
 
 #include "reference/check.h"
@@ -52,9 +53,11 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
     w.mlp_wd = P("mlp.wd");
   } else {
     w.moe_g.router = P("moe.router");
-    w.moe_g.wg = P("moe.experts.wg");
-    w.moe_g.wu = P("moe.experts.wu");
-    w.moe_g.wd = P("moe.experts.wd");
+    // Streaming accumulators hand the experts' out one expert at a time (MoeG::experts); full ones whole.
+    auto E = [&](const char* s) { return g.is_open(p.find(lname(i, s))) ? P(s) : nullptr; };
+    w.moe_g.wg = E("moe.experts.wg");
+    w.moe_g.wu = E("moe.experts.wu");
+    w.moe_g.wd = E("moe.experts.wd");
     if (cfg.shared_ffn > 0) {
       w.moe_g.swg = P("moe.shared.wg");
       w.moe_g.swu = P("moe.shared.wu");
@@ -151,6 +154,25 @@ void check_policy(const Config& cfg) {
                      cfg.policy == Policy::fp64 ? "double" : "float"));
 }
 
+// Expert e's slices of layer i's wg, wu, wd as one streaming block (MoeG::experts).
+template <class T>
+class ExpertSlicesOf final : public ExpertGradBlocks<T> {
+ public:
+  ExpertSlicesOf(GradAcc<T>& g, const ParamSet<T>& p, const Config& cfg, int64_t i)
+      : g_(g), wg_(p.find(lname(i, "moe.experts.wg"))), wu_(p.find(lname(i, "moe.experts.wu"))),
+        wd_(p.find(lname(i, "moe.experts.wd"))), n_(cfg.d_model * cfg.expert_ffn) {}
+  typename ExpertGradBlocks<T>::Slices open(int64_t e) override {
+    g_.open_slices({{wg_, e * n_, n_}, {wu_, e * n_, n_}, {wd_, e * n_, n_}});
+    return {g_.ptr(wg_), g_.ptr(wu_), g_.ptr(wd_)};
+  }
+  void close() override { g_.close(); }
+
+ private:
+  GradAcc<T>& g_;
+  size_t wg_, wu_, wd_;
+  int64_t n_;  // elements of one expert's slice of each tensor (d * Fe = Fe * d)
+};
+
 // The shared driver. grads == nullptr: forward only.
 template <class T>
 ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& batch, const StepOptions& opt,
@@ -222,8 +244,16 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
       layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
     }
     const std::string prefix = lname(i, "");
-    g.open(block([&](const std::string& n) { return n.compare(0, prefix.size(), prefix) == 0; }));
-    const LayerG<T> G = layer_grads<T>(cfg, params, g, i);
+    const bool moe = cfg.is_moe_layer(i);
+    // Streaming: the layer's block without its routed experts, whose slices open one expert at a time inside it.
+    const std::string ex = lname(i, "moe.experts.");
+    const bool split = moe && g.is_streaming();
+    g.open(block([&](const std::string& n) {
+      return n.compare(0, prefix.size(), prefix) == 0 && !(split && n.compare(0, ex.size(), ex) == 0);
+    }));
+    LayerG<T> G = layer_grads<T>(cfg, params, g, i);
+    std::optional<ExpertSlicesOf<T>> experts;
+    if (split) G.moe_g.experts = &experts.emplace(g, params, cfg, i);
     layer_backward<T>(pol, cfg, W[i], G, xs[i].data(), rows, rope, A, dx.data(), dprev.data());
     g.close();
     std::swap(dx, dprev);

@@ -109,7 +109,17 @@ void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>
     const std::vector<int64_t> tk = slots_of(R, K);
     moe_combine_backward<T>(dout, A.gates.data(), A.yk.data(), tk.data(), n, d, K, dgates.data(), dy.data());
     expert_backward_dgrad<T>(pol, cfg, W, e, n, X, dy.data(), dug.data(), duu.data(), dx.data());
-    expert_backward_wgrad<T>(pol, cfg, G, e, X, dy.data(), dug.data(), duu.data(), R.segs);
+    if (G.experts) {  // expert e's accumulators only while its contributions arrive (same bits)
+      const auto sl = G.experts->open(e);
+      MoeG<T> Ge;
+      Ge.wg = sl.wg;
+      Ge.wu = sl.wu;
+      Ge.wd = sl.wd;
+      expert_backward_wgrad<T>(pol, cfg, Ge, 0, X, dy.data(), dug.data(), duu.data(), R.segs);
+      G.experts->close();
+    } else {
+      expert_backward_wgrad<T>(pol, cfg, G, e, X, dy.data(), dug.data(), duu.data(), R.segs);
+    }
     scatter_rows<T>(dxk.data(), dx.data(), tk, d);
   }
   moe_dx_sum<T>(da, dxk.data(), N, d, K);

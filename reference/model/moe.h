@@ -21,11 +21,25 @@ struct MoeW {
   const T *wg = nullptr, *wu = nullptr, *wd = nullptr;     // (E, d, Fe), (E, d, Fe), (E, Fe, d)
   const T *swg = nullptr, *swu = nullptr, *swd = nullptr;  // shared expert (d, Fs), (d, Fs), (Fs, d); null if Fs = 0
 };
+// Per-expert weight-gradient accumulators handed out one expert at a time (the single-rank Trainer's streaming
+// accumulators, params.h): open(e) returns the accumulators of expert e's slices of wg, wu, wd (each pointing at
+// the expert's first element), close() rounds them.
+template <class T>
+struct ExpertGradBlocks {
+  virtual ~ExpertGradBlocks() = default;
+  struct Slices {
+    ExactAcc<T> *wg = nullptr, *wu = nullptr, *wd = nullptr;
+  };
+  virtual Slices open(int64_t e) = 0;
+  virtual void close() = 0;
+};
+
 template <class T>
 struct MoeG {
   ExactAcc<T>* router = nullptr;
-  ExactAcc<T> *wg = nullptr, *wu = nullptr, *wd = nullptr;
+  ExactAcc<T> *wg = nullptr, *wu = nullptr, *wd = nullptr;  // (E, ...) base pointers, or null with `experts`
   ExactAcc<T> *swg = nullptr, *swu = nullptr, *swd = nullptr;
+  ExpertGradBlocks<T>* experts = nullptr;  // when set, moe_backward takes each expert's accumulators from it
 };
 
 // Rows routed to one expert, in (tile, token) order: tile by tile, token order inside a tile.

@@ -141,11 +141,11 @@ template <class T>
 GradAcc<T> GradAcc<T>::streaming(const std::vector<ParamInfo>& info) {
   GradAcc g;
   g.streaming_ = true;
-  g.acc.resize(info.size());  // stays empty: the arena holds the open block
+  g.acc.resize(info.size());  // stays empty: the arenas hold the open blocks
   g.numel_.resize(info.size());
   for (size_t p = 0; p < info.size(); ++p)
     if (info[p].trainable) g.numel_[p] = numel(info[p].shape);
-  g.closed_.assign(info.size(), 0);
+  g.done_.assign(info.size(), 0);
   return g;
 }
 
@@ -154,10 +154,20 @@ ExactAcc<T>* GradAcc<T>::ptr(size_t p) {
   TD_CHECK(p < numel_.size(), "GradAcc::ptr: parameter {} out of range", p);
   if (!streaming_) return acc[p].empty() ? nullptr : acc[p].data();
   if (numel_[p] == 0) return nullptr;
-  for (const auto& [q, off] : open_)
-    if (q == p) return arena_.data() + off;
+  for (size_t d = blocks_.size(); d-- > 0;)
+    for (const Part& x : blocks_[d])
+      if (x.s.p == p) return arenas_[d].data() + x.off;
   TD_CHECK(false, "GradAcc::ptr: parameter {} is not open (streaming accumulators)", p);
   return nullptr;
+}
+
+template <class T>
+bool GradAcc<T>::is_open(size_t p) const {
+  if (!streaming_) return true;
+  for (const auto& b : blocks_)
+    for (const Part& x : b)
+      if (x.s.p == p) return true;
+  return false;
 }
 
 template <class T>
@@ -166,43 +176,67 @@ void GradAcc<T>::clear() {
     for (auto& a : acc) std::fill(a.begin(), a.end(), ExactAcc<T>());
     return;
   }
-  // An interrupted backward may leave a block open: reset its accumulators.
-  for (const auto& [p, off] : open_) std::fill_n(arena_.begin() + off, numel_[p], ExactAcc<T>());
-  open_.clear();
-  std::fill(closed_.begin(), closed_.end(), 0);
+  // An interrupted backward may leave blocks open: reset their accumulators.
+  for (size_t d = 0; d < blocks_.size(); ++d)
+    for (const Part& x : blocks_[d]) std::fill_n(arenas_[d].begin() + x.off, x.s.count, ExactAcc<T>());
+  blocks_.clear();
+  std::fill(done_.begin(), done_.end(), 0);
+}
+
+template <class T>
+void GradAcc<T>::push(std::vector<Slice> slices) {
+  std::vector<Part> parts;
+  int64_t total = 0;
+  for (const Slice& s : slices) {
+    TD_CHECK(s.p < numel_.size(), "GradAcc::open: parameter {} out of range", s.p);
+    if (numel_[s.p] == 0 || s.count == 0) continue;
+    TD_CHECK(s.begin >= 0 && s.count > 0 && s.begin <= numel_[s.p] - s.count,
+             "GradAcc::open: slice [{}, +{}) of parameter {} outside its {} elements", s.begin, s.count, s.p,
+             numel_[s.p]);
+    TD_CHECK(!is_open(s.p), "GradAcc::open: parameter {} is already open", s.p);
+    TD_CHECK(done_[s.p] <= numel_[s.p] - s.count, "GradAcc::open: parameter {} was already closed this step", s.p);
+    parts.push_back({s, total});
+    total += s.count;
+  }
+  const size_t depth = blocks_.size();
+  if (arenas_.size() <= depth) arenas_.resize(depth + 1);
+  // Grows only (a fresh, zeroed allocation; the deeper and shallower arenas, which open blocks point into, stay
+  // where they are); its accumulators are zero outside open parts because close() resets what it rounds.
+  auto& arena = arenas_[depth];
+  if (static_cast<int64_t>(arena.size()) < total) {
+    arena.clear();
+    arena.shrink_to_fit();
+    arena.assign(static_cast<size_t>(total), ExactAcc<T>());
+  }
+  blocks_.push_back(std::move(parts));
 }
 
 template <class T>
 void GradAcc<T>::open(const std::vector<size_t>& ps) {
   if (!streaming_) return;
-  TD_CHECK(open_.empty(), "GradAcc::open: a block is still open");
-  int64_t total = 0;
-  for (size_t p : ps) {
-    TD_CHECK(p < numel_.size(), "GradAcc::open: parameter {} out of range", p);
-    if (numel_[p] == 0) continue;
-    TD_CHECK(!closed_[p], "GradAcc::open: parameter {} was already closed this step", p);
-    open_.emplace_back(p, total);
-    total += numel_[p];
-  }
-  // Grows only: the arena's accumulators are zero whenever no block is open (close() resets what it rounds).
-  if (static_cast<int64_t>(arena_.size()) < total) {
-    arena_.clear();
-    arena_.shrink_to_fit();
-    arena_.assign(static_cast<size_t>(total), ExactAcc<T>());
-  }
+  std::vector<Slice> slices;
+  for (size_t p : ps) slices.push_back({p, 0, p < numel_.size() ? numel_[p] : 0});
+  push(std::move(slices));
+}
+
+template <class T>
+void GradAcc<T>::open_slices(const std::vector<Slice>& slices) {
+  if (streaming_) push(slices);
 }
 
 template <class T>
 void GradAcc<T>::close() {
   if (!streaming_) return;
+  TD_CHECK(!blocks_.empty(), "GradAcc::close: no open block");
   TD_CHECK(sink != nullptr, "GradAcc::close: no sink ParamSet set (streaming accumulators)");
-  for (const auto& [p, off] : open_) {
-    TD_CHECK_EQ(sink->t[p].size(), numel_[p], "GradAcc::close: size of {}", sink->info[p].name);
-    exact_round(arena_.data() + off, sink->t[p].ptr(), numel_[p]);
-    std::fill_n(arena_.begin() + off, numel_[p], ExactAcc<T>());
-    closed_[p] = 1;
+  auto& arena = arenas_[blocks_.size() - 1];
+  for (const Part& x : blocks_.back()) {
+    TD_CHECK_EQ(sink->t[x.s.p].size(), numel_[x.s.p], "GradAcc::close: size of {}", sink->info[x.s.p].name);
+    exact_round(arena.data() + x.off, sink->t[x.s.p].ptr() + x.s.begin, x.s.count);
+    std::fill_n(arena.begin() + x.off, x.s.count, ExactAcc<T>());
+    done_[x.s.p] += x.s.count;
   }
-  open_.clear();
+  blocks_.pop_back();
 }
 
 template <class T>
@@ -214,8 +248,8 @@ void GradAcc<T>::finalize(ParamSet<T>& grads) const {
       continue;
     }
     if (streaming_) {
-      TD_CHECK(closed_[p], "GradAcc::finalize: parameter {} received no block (streaming accumulators)",
-               grads.info[p].name);
+      TD_CHECK(done_[p] == numel_[p], "GradAcc::finalize: {} of the {} elements of {} were closed (streaming "
+               "accumulators)", done_[p], numel_[p], grads.info[p].name);
       continue;
     }
     TD_CHECK_EQ(static_cast<int64_t>(acc[p].size()), grads.t[p].size(), "GradAcc::finalize: size of {}", grads.info[p].name);

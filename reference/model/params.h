@@ -66,35 +66,50 @@ struct ParamSet {
 //  - full (zeros): every accumulator exists for the whole backward; finalize() rounds them all. The distributed
 //    step's merges and the tests use this.
 //  - streaming (streaming): accumulators exist only while their parameters' contributions arrive. The backward
-//    open()s the parameters of one block (the LM head and final norm, one layer, the embedding), accumulates, and
-//    close()s them: each accumulator is rounded into the sink ParamSet and reset to zero, and the space is reused
-//    by the next block. Peak accumulator memory is the largest block's (one layer), not the whole model's, and
-//    the space is allocated once per run, never re-faulted. finalize() then only checks every trainable
-//    parameter was closed and zeroes the buffers' gradients.
+//    open()s a block (the LM head and final norm; one layer without its routed experts; one expert's three weight
+//    slices inside its layer; the embedding), accumulates, and close()s it: each accumulator is rounded into the
+//    sink ParamSet and reset to zero, and the space is reused by the next block at that depth. Blocks nest as a
+//    stack (an expert's slices inside its layer), each depth with its own space, allocated once per run and never
+//    re-faulted. Peak accumulator memory is the largest block's per depth, not the whole model's. finalize() then
+//    only checks that every element of every trainable parameter was closed and zeroes the buffers' gradients.
 template <class T>
 struct GradAcc {
+  struct Slice {  // elements [begin, begin + count) of parameter p
+    size_t p = 0;
+    int64_t begin = 0, count = 0;
+  };
   std::vector<std::vector<ExactAcc<T>>> acc;  // full mode: acc[p] has numel(p) accumulators (empty if not trainable)
   static GradAcc zeros(const std::vector<ParamInfo>& info);
   static GradAcc streaming(const std::vector<ParamInfo>& info);
   bool is_streaming() const { return streaming_; }
-  ExactAcc<T>* ptr(size_t p);  // streaming: p must be open
+  // Full: the accumulators of p. Streaming: those of p's open slice (its first element), p must be open.
+  ExactAcc<T>* ptr(size_t p);
+  bool is_open(size_t p) const;  // streaming: p has an open slice; full: true
   void clear();  // all accumulators back to exact zero (streaming: nothing open, nothing closed yet)
   // Streaming: the gradients' destination for close(), set before each backward (full mode: unused).
   ParamSet<T>* sink = nullptr;
-  // Streaming: zeroed accumulators for the trainable parameters among ps (nothing may be open); full: no-op.
+  // Streaming: a new block on top of the open ones with zeroed accumulators for the trainable parameters among ps
+  // (whole) or for the given slices; a parameter may have one open slice at a time. Full: no-op.
   void open(const std::vector<size_t>& ps);
-  // Streaming: sink->t[p] = round(acc) for every open parameter, accumulators reset; full: no-op.
+  void open_slices(const std::vector<Slice>& slices);
+  // Streaming: closes the top block: sink->t[p][begin + i] = round(acc[i]) for each of its slices, accumulators
+  // reset. Full: no-op.
   void close();
   // Full: grads.t[p] = round(acc[p]) for trainable p; zero for buffers. Streaming: checks that every trainable
   // parameter was closed since clear() and zeroes the buffers. grads must have the same layout.
   void finalize(ParamSet<T>& grads) const;
 
  private:
+  struct Part {
+    Slice s;
+    int64_t off = 0;  // in the block's arena
+  };
+  void push(std::vector<Slice> slices);
   bool streaming_ = false;
-  std::vector<int64_t> numel_;                // per parameter (0 for buffers)
-  std::vector<ExactAcc<T>> arena_;            // streaming: the open block's accumulators
-  std::vector<std::pair<size_t, int64_t>> open_;  // streaming: (parameter, offset in arena_)
-  std::vector<uint8_t> closed_;               // streaming: closed since clear()
+  std::vector<int64_t> numel_;                     // per parameter (0 for buffers)
+  std::vector<std::vector<ExactAcc<T>>> arenas_;  // streaming: per depth; zero outside the open blocks' parts
+  std::vector<std::vector<Part>> blocks_;          // streaming: the open blocks, innermost last
+  std::vector<int64_t> done_;                      // streaming: elements of each parameter closed since clear()
 };
 
 extern template struct ParamSet<float>;
