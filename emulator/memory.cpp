@@ -145,7 +145,9 @@ MemoryEstimate estimate_train(const md::Config& cfg, const md::RunConfig& run, b
   e.ranks = 1;
   e.per_rank = {
       {"weights+grads+AdamW", 4 * P * static_cast<double>(eb)},
-      {"exact accumulators", P * static_cast<double>(acc_bytes(cfg))},
+      // streaming accumulators: one block (and one expert's slices inside it) at a time (reference/model/params.h)
+      {"exact accumulators", static_cast<double>(md::streaming_peak_accumulators(cfg)) *
+                                 static_cast<double>(acc_bytes(cfg))},
       {"activations", N * (saved + work) * static_cast<double>(eb) + ce * static_cast<double>(eb)},
       {"batch", N * 8},
   };

@@ -1,5 +1,6 @@
 #include "reference/model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "reference/check.h"
@@ -122,6 +123,32 @@ int64_t ParamSet<T>::numel() const {
   int64_t n = 0;
   for (const auto& x : t) n += x.size();
   return n;
+}
+
+int64_t streaming_peak_accumulators(const Config& cfg) {
+  int64_t head = 0, embed = 0;
+  const size_t L = static_cast<size_t>(cfg.layers);
+  std::vector<int64_t> layer(L, 0), expert(L, 0);  // per layer: its block, one expert's slices
+  for (const ParamInfo& x : param_layout(cfg)) {
+    if (!x.trainable) continue;
+    const int64_t n = numel(x.shape);
+    if (x.name == "embed") {
+      embed += n;
+    } else if (x.name == "lm_head" || x.name == "final_norm") {
+      head += n;
+    } else {  // "layers.<i>.<rest>"
+      const size_t dot = x.name.find('.', 7);
+      const size_t i = static_cast<size_t>(std::stoll(x.name.substr(7, dot - 7)));
+      TD_CHECK(i < L, "streaming_peak_accumulators: parameter {} outside the layers", x.name);
+      if (x.name.compare(dot + 1, 12, "moe.experts.") == 0)
+        expert[i] += n / cfg.experts;
+      else
+        layer[i] += n;
+    }
+  }
+  int64_t peak = std::max(head, embed);
+  for (size_t i = 0; i < L; ++i) peak = std::max(peak, layer[i] + expert[i]);
+  return peak;
 }
 
 template <class T>

@@ -112,6 +112,11 @@ struct GradAcc {
   std::vector<int64_t> done_;                      // streaming: elements of each parameter closed since clear()
 };
 
+// The most accumulators the single-rank backward's streaming GradAcc holds at once (model.cpp's blocks): the
+// largest outer block (the LM head with the final norm, one layer without its routed experts, the embedding)
+// plus one expert's three weight slices. For memory estimates.
+int64_t streaming_peak_accumulators(const Config& cfg);
+
 extern template struct ParamSet<float>;
 extern template struct ParamSet<double>;
 extern template struct GradAcc<float>;
