@@ -13,6 +13,14 @@
 
 namespace trident::bench {
 
+// True in the plain-sum twin of a benchmark (built against the TRIDENT_PLAIN_ACC libraries), which runs only as
+// the child of its exact twin.
+#ifdef TRIDENT_PLAIN_ACC
+inline constexpr bool kPlainBuild = true;
+#else
+inline constexpr bool kPlainBuild = false;
+#endif
+
 struct ChildUsage {
   double user = 0, sys = 0;  // CPU seconds of the child
   long rss_kb = 0;           // its peak resident set (ru_maxrss)

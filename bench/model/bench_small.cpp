@@ -31,11 +31,7 @@ using namespace trident::model;
 
 namespace {
 
-#ifdef TRIDENT_PLAIN_ACC
-constexpr bool kPlainBuild = true;
-#else
-constexpr bool kPlainBuild = false;
-#endif
+using bench::kPlainBuild;
 
 constexpr int kMaxSteps = 8;
 

@@ -27,11 +27,7 @@ using namespace trident;
 
 namespace {
 
-#ifdef TRIDENT_PLAIN_ACC
-constexpr bool kPlainBuild = true;
-#else
-constexpr bool kPlainBuild = false;
-#endif
+using bench::kPlainBuild;
 
 struct Conf {
   std::string name;  // "256" or "1024", plus "r" with full recompute

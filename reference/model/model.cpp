@@ -221,17 +221,20 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
 
   // ---- backward ----
   GradAcc<T>& g = *grads;
-  // Blocks of parameters whose contributions all arrive together (streaming accumulators open and close them;
-  // full accumulators ignore it): the LM head with the final norm, each layer, the embedding.
-  auto block = [&](auto&& pred) {
+  // Blocks of parameters whose contributions all arrive together (grad_block, params.h; streaming accumulators
+  // open and close them, full accumulators ignore it).
+  using BK = GradBlock::Kind;
+  std::vector<GradBlock> blocks;
+  for (const ParamInfo& x : params.info) blocks.push_back(grad_block(x.name));
+  auto block = [&](BK kind, int64_t i) {
     std::vector<size_t> ps;
     for (size_t p = 0; p < params.size(); ++p)
-      if (pred(params.info[p].name)) ps.push_back(p);
+      if (blocks[p].kind == kind && blocks[p].layer == i) ps.push_back(p);
     return ps;
   };
   const T scale = res.n_valid > 0 ? T(1) / static_cast<T>(res.n_valid) : T(0);
   std::vector<T> dhidden(static_cast<size_t>(N * d)), dx(static_cast<size_t>(N * d)), dprev(static_cast<size_t>(N * d));
-  g.open(block([](const std::string& n) { return n == "lm_head" || n == "final_norm"; }));
+  g.open(block(BK::head, -1));
   linear_ce_backward<T>(hidden.data(), head, batch.targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
                         opt.token_chunk, scale, rows.segs, dhidden.data(), g.ptr(params.find("lm_head")));
   rmsnorm_backward<T>(dhidden.data(), d, xs[L].data(), d, rinvf.data(), gf, N, d, rows.segs, dx.data(), d,
@@ -243,14 +246,14 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
       std::vector<T> out(static_cast<size_t>(N * d));
       layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
     }
-    const std::string prefix = lname(i, "");
-    const bool moe = cfg.is_moe_layer(i);
     // Streaming: the layer's block without its routed experts, whose slices open one expert at a time inside it.
-    const std::string ex = lname(i, "moe.experts.");
-    const bool split = moe && g.is_streaming();
-    g.open(block([&](const std::string& n) {
-      return n.compare(0, prefix.size(), prefix) == 0 && !(split && n.compare(0, ex.size(), ex) == 0);
-    }));
+    const bool split = cfg.is_moe_layer(i) && g.is_streaming();
+    std::vector<size_t> ps = block(BK::layer, i);
+    if (!split) {
+      const std::vector<size_t> e = block(BK::experts, i);
+      ps.insert(ps.end(), e.begin(), e.end());
+    }
+    g.open(ps);
     LayerG<T> G = layer_grads<T>(cfg, params, g, i);
     std::optional<ExpertSlicesOf<T>> experts;
     if (split) G.moe_g.experts = &experts.emplace(g, params, cfg, i);
@@ -258,7 +261,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     g.close();
     std::swap(dx, dprev);
   }
-  g.open(block([](const std::string& n) { return n == "embed"; }));
+  g.open(block(BK::embed, -1));
   embedding_backward<T>(g.ptr(params.find("embed")), batch.tokens.data(), dx.data(), N, d, rows.segs);
   g.close();
   return res;

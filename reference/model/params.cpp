@@ -125,26 +125,34 @@ int64_t ParamSet<T>::numel() const {
   return n;
 }
 
+GradBlock grad_block(const std::string& name) {
+  using K = GradBlock::Kind;
+  if (name == "embed") return {K::embed, -1};
+  if (name == "lm_head" || name == "final_norm") return {K::head, -1};
+  const std::string pre = "layers.";
+  const size_t dot = name.compare(0, pre.size(), pre) == 0 ? name.find('.', pre.size()) : std::string::npos;
+  TD_CHECK(dot != std::string::npos && dot > pre.size(), "grad_block: '{}' is not a parameter name", name);
+  int64_t i = 0;
+  for (size_t c = pre.size(); c < dot; ++c) {
+    TD_CHECK(name[c] >= '0' && name[c] <= '9', "grad_block: '{}' is not a parameter name", name);
+    i = i * 10 + (name[c] - '0');
+  }
+  return {name.compare(dot + 1, 12, "moe.experts.") == 0 ? K::experts : K::layer, i};
+}
+
 int64_t streaming_peak_accumulators(const Config& cfg) {
+  using K = GradBlock::Kind;
   int64_t head = 0, embed = 0;
   const size_t L = static_cast<size_t>(cfg.layers);
   std::vector<int64_t> layer(L, 0), expert(L, 0);  // per layer: its block, one expert's slices
   for (const ParamInfo& x : param_layout(cfg)) {
     if (!x.trainable) continue;
     const int64_t n = numel(x.shape);
-    if (x.name == "embed") {
-      embed += n;
-    } else if (x.name == "lm_head" || x.name == "final_norm") {
-      head += n;
-    } else {  // "layers.<i>.<rest>"
-      const size_t dot = x.name.find('.', 7);
-      const size_t i = static_cast<size_t>(std::stoll(x.name.substr(7, dot - 7)));
-      TD_CHECK(i < L, "streaming_peak_accumulators: parameter {} outside the layers", x.name);
-      if (x.name.compare(dot + 1, 12, "moe.experts.") == 0)
-        expert[i] += n / cfg.experts;
-      else
-        layer[i] += n;
-    }
+    const GradBlock b = grad_block(x.name);
+    if (b.kind == K::embed) embed += n;
+    if (b.kind == K::head) head += n;
+    if (b.kind == K::layer) layer[static_cast<size_t>(b.layer)] += n;
+    if (b.kind == K::experts) expert[static_cast<size_t>(b.layer)] += n / cfg.experts;
   }
   int64_t peak = std::max(head, embed);
   for (size_t i = 0; i < L; ++i) peak = std::max(peak, layer[i] + expert[i]);

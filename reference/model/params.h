@@ -112,9 +112,19 @@ struct GradAcc {
   std::vector<int64_t> done_;                      // streaming: elements of each parameter closed since clear()
 };
 
-// The most accumulators the single-rank backward's streaming GradAcc holds at once (model.cpp's blocks): the
-// largest outer block (the LM head with the final norm, one layer without its routed experts, the embedding)
-// plus one expert's three weight slices. For memory estimates.
+// Where a parameter's gradient contributions arrive in the single-rank backward (model.cpp): the block of the
+// streaming GradAcc it belongs to. The LM head with the final norm first, then layer i (without its routed
+// experts) from the last layer down, inside it layer i's routed experts (one expert's slices at a time), then
+// the embedding. Throws on a name outside param_layout's.
+struct GradBlock {
+  enum class Kind { head, layer, experts, embed };
+  Kind kind = Kind::head;
+  int64_t layer = -1;  // layer and experts: the layer index
+};
+GradBlock grad_block(const std::string& name);
+
+// The most accumulators the single-rank backward's streaming GradAcc holds at once: the largest outer block
+// (head, one layer, embedding) plus one expert's three weight slices. For memory estimates.
 int64_t streaming_peak_accumulators(const Config& cfg);
 
 extern template struct ParamSet<float>;
