@@ -698,7 +698,7 @@ TD_REF inline T index_score(const model::CoreDims& cd, const T* iqr, const T* kv
   T I = T(0);
   for (int64_t t = 0; t < cd.Hi; ++t) {
     const T z = score(iqr + t * cd.Di, kv, cd.P, cd.ikey, j, cd.Di, bf);
-    I = fadd(I, fmul(w[t], z > T(0) ? z : T(0)));
+    I = fadd(I, fmul(w[t], z > T(0) || z != z ? z : T(0)));  // relu, NaN passed through (reported)
   }
   return I;
 }
