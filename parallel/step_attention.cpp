@@ -172,7 +172,7 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
 
 #define TD_STEP_ATTN(T)                                                                                            \
   template void StepImpl<T>::attention_fwd(int64_t, const md::AttnW<T>&, LayerState&, T*, const std::string&);     \
-  template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, T*, const std::string&);                  \
+  template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, T*, const std::string&);              \
   template void StepImpl<T>::transpose_blocks(void*, const void*, int64_t, int64_t, int64_t);                      \
   template void StepImpl<T>::attention_bwd(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,                \
                                            const std::string&);

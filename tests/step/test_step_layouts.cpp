@@ -136,10 +136,12 @@ TEST(Step2dCp, MatchesDocumentedSchedule) {
 // rank and layer. The emulator records each call's largest buffer (the nccl-tests size); a ring moves (n-1)/n of it
 // into each rank. The step's dtypes give the passes: fp32 payload all-gathers (forward, recompute) and 88-byte exact
 // accumulators in the reduce-scatter (88/4 = 22 all-gathers' worth).
+// With DSA the per-token bytes CP gathers include the indexer key (seed 000's latent KV + rope + indexer K).
 TEST(Step2dCp, PlannerTrafficEqualsRecordedBytes) {
+  for (const char* preset : {"tiny", "tiny-dsa"})
   for (const bool recompute : {true, false}) {
-    const emu::EmulateSpec s = make_spec({.mesh = M2(1, 1, 8, 1, 8, 2), .recompute = recompute, .seqs = 2,
-                                          .seq_len = 128, .steps = 2});
+    const emu::EmulateSpec s = make_spec({.preset = preset, .mesh = M2(1, 1, 8, 1, 8, 2), .recompute = recompute,
+                                          .seqs = 2, .seq_len = 128, .steps = 2});
     const auto r = emu::emulate<float>(s);
     planner::PlanInput in;
     in.model.params = 1e6;
