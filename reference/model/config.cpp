@@ -264,6 +264,8 @@ Config Config::from_json(const json& j) {
       c.kv_heads = 0;
       c.head_dim = 0;
     } else if (kind == "gqa") {
+      if (a.has("dsa"))
+        fail("model config 'attention': 'dsa' needs kind \"mla\" (the indexer key rides in the latent KV payload)");
       c.attn = AttnKind::gqa;
       c.heads = a.i64("heads");
       c.kv_heads = a.i64("kv_heads");
