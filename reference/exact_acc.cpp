@@ -24,6 +24,22 @@ void exact_round(const ExactAcc<T>* acc, T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = acc[i].round();
 }
 
+template <class T>
+void exact_round_clear(ExactAcc<T>* acc, T* out, int64_t n) {
+  auto one = [&](int64_t i) {
+    out[i] = acc[i].round();
+    acc[i] = ExactAcc<T>();
+  };
+  if (n < 4096) {
+    for (int64_t i = 0; i < n; ++i) one(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) one(i);
+}
+
+template void exact_round_clear<float>(ExactAcc<float>*, float*, int64_t);
+template void exact_round_clear<double>(ExactAcc<double>*, double*, int64_t);
 template void exact_merge<float>(ExactAcc<float>*, const ExactAcc<float>*, int64_t);
 template void exact_merge<double>(ExactAcc<double>*, const ExactAcc<double>*, int64_t);
 template void exact_round<float>(const ExactAcc<float>*, float*, int64_t);

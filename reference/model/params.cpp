@@ -272,8 +272,7 @@ void GradAcc<T>::close() {
   auto& arena = arenas_[blocks_.size() - 1];
   for (const Part& x : blocks_.back()) {
     TD_CHECK_EQ(sink->t[x.s.p].size(), numel_[x.s.p], "GradAcc::close: size of {}", sink->info[x.s.p].name);
-    exact_round(arena.data() + x.off, sink->t[x.s.p].ptr() + x.s.begin, x.s.count);
-    std::fill_n(arena.begin() + x.off, x.s.count, ExactAcc<T>());
+    exact_round_clear(arena.data() + x.off, sink->t[x.s.p].ptr() + x.s.begin, x.s.count);
     done_[x.s.p] += x.s.count;
   }
   blocks_.pop_back();
