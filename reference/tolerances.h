@@ -127,6 +127,28 @@ inline constexpr Tolerance kTolerances[] = {
      "bf16 policy, added to the fp32 row: dlogit is rounded to bf16 as a GEMM operand on both sides (<= u_bf16 "
      "relative each); sum_abs = sum_j |dlogit*W| (dhidden), sum_r |h*dlogit| (dW); the forward has no bf16 rounding "
      "beyond the operands (identical on both sides)"},
+    // The whole step with the fast tier vs the reference (gpu/fast/step_check.h; both from the same parameters each
+    // step): relative differences with sum_abs = 1, n_terms = the step's longest reduction (max of vocab, d_model, FFN
+    // widths, tile, seq_len). A budget over per-op bounds, not a proof: element-wise each fast op is within its row
+    // ((k_const + k_per_term n) u relative to its terms' magnitude, k_per_term <= 6); a gradient passes through the
+    // fast ops of its layer and of every later layer, and the differences propagate with the model's conditioning,
+    // which no row states. Routing flips (a token's top-k changing under a tiny difference of its router input) are
+    // not covered: the tiny presets' margins are reported by the check (docs/gpu.md "cuda-fast", measured).
+    {"step_grad", "fp32", "gpu", 0.0, 64.0,
+     "norm-wise ||g_fast - g_ref|| / ||g_ref|| per gradient tensor: 64 n u = the per-op per-term factor (<= 6) "
+     "times ~10 fast ops on a gradient's path in a 3-layer model, rounded up to a power of two"},
+    {"step_grad", "fp64", "gpu", 0.0, 64.0, "as step_grad/fp32/gpu with fp64's u"},
+    {"step_grad", "bf16", "gpu", 4.0, 0.0,
+     "bf16 policy, added to the fp32 row: the bf16 roundings of p, ds (attention) and dlogit (linear CE) happen at "
+     "slightly different values on the two sides: <= u_bf16 relative per rounded term and side, 2 u_bf16 per op "
+     "norm-wise, twice for the ops a gradient passes through: 4 u_bf16 = 0.0156 (< TE's 2.5e-2, < llm.c's 0.079)"},
+    {"step_loss", "fp32", "gpu", 0.0, 64.0,
+     "|loss_fast - loss_ref| / |loss_ref|: the forward's fast ops (attention, GEMMs, linear CE: <= 6 per term each) "
+     "over the layers, as step_grad"},
+    {"step_loss", "fp64", "gpu", 0.0, 64.0, "as step_loss/fp32/gpu with fp64's u"},
+    {"step_loss", "bf16", "gpu", 2.0, 0.0,
+     "bf16 policy, added to the fp32 row: the forward's bf16 roundings of p at different values on the two sides "
+     "(<= u_bf16 relative each)"},
     {"fast_vs_fp64", "fp32", "gpu", 4.0, 2.0,
      "the relative test: rms(fast - fp64 oracle) <= k_const * rms(reference - oracle) + k_per_term * u * "
      "rms(oracle), per output; the oracle is the reference op in fp64 on the same (bf16 policy: bf16-rounded) GEMM "
