@@ -150,11 +150,14 @@ inline constexpr Tolerance kTolerances[] = {
      "bf16 policy, added to the fp32 row: the forward's bf16 roundings of p at different values on the two sides "
      "(<= u_bf16 relative each)"},
     {"fast_vs_fp64", "fp32", "gpu", 4.0, 2.0,
-     "the relative test: rms(fast - fp64 oracle) <= k_const * rms(reference - oracle) + k_per_term * u * "
-     "rms(oracle), per output; the oracle is the reference op in fp64 on the same (bf16 policy: bf16-rounded) GEMM "
-     "operands. The fast side's worst-case bound is at most twice the reference's per term (truncating adds) plus "
-     "the online rescales: 4; the floor (2u of the output's scale) covers outputs the reference gets exact. (fp64 "
-     "kernel sets: the oracle would be the reference itself; only the bound rows apply)"},
+     "the relative test: rms(fast - fp64 oracle) <= k_const * rms(reference - oracle) + floor per output, floor = "
+     "k_per_term * (u * rms(sum_abs) + u_bf16 * rms(sum_abs_bf16)) with the gpu rows' magnitudes (bf16 part: bf16 "
+     "policy only); the oracle is the reference op in fp64 on the same (bf16 policy: bf16-rounded) GEMM operands. "
+     "The fast side's worst-case bound is at most twice the reference's per term (truncating adds) plus the online "
+     "rescales: 4. The floor is two roundings of the terms' magnitude: below it the two errors are rounding noise "
+     "that no ratio orders (cancellation: an exact result of 0 with both sides at u * sum|terms|; a few bf16 "
+     "roundings per element that happen to cancel on the reference's side). fp64 kernel sets: the oracle would be "
+     "the reference itself; only the bound rows apply"},
 };
 
 inline double unit_roundoff(std::string_view dtype) {
