@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <dlfcn.h>
 
+#include <climits>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,9 @@ struct CublasGemm {
   template <class T>
   void operator()(ref::CudaExec& ex, bool bf, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A,
                   int64_t lda, const T* B, int64_t ldb, bool accumulate, T* C, int64_t ldc) const {
+    for (const int64_t v : {M, N, K, lda, ldb, ldc})
+      if (v > INT_MAX)
+        fail(fmt::format("cuda-fast: a GEMM dimension or leading dimension of {} exceeds cublasGemmEx's int range", v));
     const cublasHandle_t h = handle->get();
     check_cublas(cublas().set_stream(h, ex.stream()), "cublasSetStream");
     const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
