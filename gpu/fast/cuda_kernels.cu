@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 
+#include "gpu/fast/cublas_args.h"
 #include "gpu/fast/kernels_impl.h"
 #include "gpu/ref/cuda_exec.cuh"
 
@@ -97,26 +98,29 @@ struct CublasGemm {
         fail(fmt::format("cuda-fast: a GEMM dimension or leading dimension of {} exceeds cublasGemmEx's int range", v));
     const cublasHandle_t h = handle->get();
     check_cublas(cublas().set_stream(h, ex.stream()), "cublasSetStream");
-    const cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const void* a = A;
     const void* b = B;
     cudaDataType_t ab_type = std::is_same_v<T, double> ? CUDA_R_64F : CUDA_R_32F;
     if constexpr (std::is_same_v<T, float>) {
-      if (bf) {  // operands rounded to bf16 (RNE, the reference's to_bf16) into dense copies: row-major op(.) storage
-        const int64_t ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
-        uint16_t* a16 = ex.scratch<uint16_t>(ar * ac);
-        uint16_t* b16 = ex.scratch<uint16_t>(br * bc);
-        ex.for_each(ar * ac, [=] __device__(int64_t i) { a16[i] = to_bf16(A[(i / ac) * lda + i % ac]).bits; });
-        ex.for_each(br * bc, [=] __device__(int64_t i) { b16[i] = to_bf16(B[(i / bc) * ldb + i % bc]).bits; });
+      if (bf) {  // operands rounded to bf16 (RNE, the reference's to_bf16) into dense copies of their stored shape
+        const fast::StoredShape sa = fast::stored_shape(trans_a, M, K), sb = fast::stored_shape(trans_b, K, N);
+        const int64_t ac = sa.cols, bc = sb.cols;
+        uint16_t* a16 = ex.scratch<uint16_t>(sa.rows * sa.cols);
+        uint16_t* b16 = ex.scratch<uint16_t>(sb.rows * sb.cols);
+        ex.for_each(sa.rows * ac, [=] __device__(int64_t i) { a16[i] = to_bf16(A[(i / ac) * lda + i % ac]).bits; });
+        ex.for_each(sb.rows * bc, [=] __device__(int64_t i) { b16[i] = to_bf16(B[(i / bc) * ldb + i % bc]).bits; });
         a = a16, b = b16, lda = ac, ldb = bc, ab_type = CUDA_R_16BF;
       }
     }
+    const fast::CublasGemmArgs g = fast::cublas_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
     const T one = T(1), zero = T(0);
     const cublasComputeType_t ct = std::is_same_v<T, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
-    check_cublas(cublas().gemm_ex(h, ob, oa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &one, b,
-                                  ab_type, static_cast<int>(ldb), a, ab_type, static_cast<int>(lda),
-                                  accumulate ? &one : &zero, C, std::is_same_v<T, double> ? CUDA_R_64F : CUDA_R_32F,
-                                  static_cast<int>(ldc), ct, CUBLAS_GEMM_DEFAULT),
+    auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    check_cublas(cublas().gemm_ex(h, op(g.op_first_t), op(g.op_second_t), static_cast<int>(g.m), static_cast<int>(g.n),
+                                  static_cast<int>(g.k), &one, b, ab_type, static_cast<int>(g.ld_first), a, ab_type,
+                                  static_cast<int>(g.ld_second), accumulate ? &one : &zero, C,
+                                  std::is_same_v<T, double> ? CUDA_R_64F : CUDA_R_32F, static_cast<int>(g.ldc), ct,
+                                  CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
 };

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
 #include <map>
 #include <string>
 
 #include "emulator/device.h"
 #include "gpu/fast/check.h"
+#include "gpu/fast/cublas_args.h"
 #include "gpu/fast/host_kernels.h"
 #include "gpu/fast/kernels_impl.h"
 #include "gpu/fast/step_check.h"
@@ -191,6 +193,66 @@ TEST(CudaFastHost, Bf16RowsApplyOnlyToTheBf16Policy) {
     const auto s = check_with<float>(g, [](Device& d) { return gpu::make_fast_host_kernels<float>(d); });
     for (const auto& fl : s.sum.failures) ADD_FAILURE() << fl.message;
     EXPECT_EQ(s.sum.passed, 1);
+  }
+}
+
+// The device GEMM's call (gpu/fast/cublas_args.h), against cuBLAS's documented column-major semantics emulated here:
+// C_c (m x n, ldc) = op(F) (m x k) op(S) (k x n) [+ C_c], op(X)(i, l) = X[i + l ld] (N) or X[l + i ld] (T), with
+// cuBLAS's leading-dimension rules; every trans_a / trans_b, padded leading dimensions, accumulation, and the bf16
+// path's dense copies of the stored shapes. Integer values in double: every sum exact, compared exactly with the
+// row-major definition.
+TEST(CudaFastHost, CublasArgumentsMatchTheRowMajorGemm) {
+  std::mt19937_64 rng(20261201);
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int it = 0; it < 400; ++it) {
+    const bool ta = it & 1, tb = it & 2, acc = it & 4, dense = it & 8;
+    const int64_t M = uni(1, 7), N = uni(1, 7), K = uni(1, 9);
+    const gpu::fast::StoredShape sa = gpu::fast::stored_shape(ta, M, K), sb = gpu::fast::stored_shape(tb, K, N);
+    int64_t lda = sa.cols + uni(0, 3), ldb = sb.cols + uni(0, 3);
+    const int64_t ldc = N + uni(0, 3);
+    std::vector<double> A(static_cast<size_t>(sa.rows * lda)), B(static_cast<size_t>(sb.rows * ldb));
+    std::vector<double> C(static_cast<size_t>(M * ldc));
+    for (double& x : A) x = static_cast<double>(uni(-9, 9));
+    for (double& x : B) x = static_cast<double>(uni(-9, 9));
+    for (double& x : C) x = static_cast<double>(uni(-9, 9));
+    std::vector<double> want = C;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k)
+          s += (ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
+        want[m * ldc + n] = (acc ? C[m * ldc + n] : 0.0) + s;
+      }
+    if (dense) {  // the bf16 path: operands copied into dense buffers of their stored shape, ld = cols
+      std::vector<double> a2(static_cast<size_t>(sa.rows * sa.cols)), b2(static_cast<size_t>(sb.rows * sb.cols));
+      for (int64_t r = 0; r < sa.rows; ++r)
+        for (int64_t c = 0; c < sa.cols; ++c) a2[r * sa.cols + c] = A[r * lda + c];
+      for (int64_t r = 0; r < sb.rows; ++r)
+        for (int64_t c = 0; c < sb.cols; ++c) b2[r * sb.cols + c] = B[r * ldb + c];
+      A = a2, B = b2, lda = sa.cols, ldb = sb.cols;
+    }
+    const gpu::fast::CublasGemmArgs g = gpu::fast::cublas_gemm_args(ta, tb, M, N, K, lda, ldb, ldc);
+    // cuBLAS's argument rules (cublasGemmEx: lda >= max(1, transa ? k : m), ldb >= max(1, transb ? n : k), ldc >= m)
+    ASSERT_GE(g.ld_first, std::max<int64_t>(1, g.op_first_t ? g.k : g.m));
+    ASSERT_GE(g.ld_second, std::max<int64_t>(1, g.op_second_t ? g.n : g.k));
+    ASSERT_GE(g.ldc, std::max<int64_t>(1, g.m));
+    const double* F = B.data();  // cuBLAS's first operand: our B
+    const double* Sx = A.data();
+    for (int64_t j = 0; j < g.n; ++j)
+      for (int64_t i = 0; i < g.m; ++i) {
+        double s = 0;
+        for (int64_t l = 0; l < g.k; ++l) {
+          const double f = g.op_first_t ? F[l + i * g.ld_first] : F[i + l * g.ld_first];
+          const double x = g.op_second_t ? Sx[j + l * g.ld_second] : Sx[l + j * g.ld_second];
+          s += f * x;
+        }
+        double& c = C[i + j * g.ldc];
+        c = (acc ? c : 0.0) + s;
+      }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(C[m * ldc + n], want[m * ldc + n]) << "trans_a " << ta << " trans_b " << tb << " M " << M << " N "
+                                                     << N << " K " << K << " dense " << dense;
   }
 }
 
