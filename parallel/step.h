@@ -79,6 +79,7 @@ struct RankStepStats {
   int64_t n_valid = 0;   // global valid targets
   double grad_norm = 0;  // sqrt(round(exact global sum of squares))
   double clip = 1;
+  double indexer_loss = 0;  // DSA: round(exact global sum of the indexer KL terms) / tokens (the reference's)
 };
 
 // One rank's optimizer state as a checkpoint stores it (parallel/shard.h, docs/checkpoints.md): per parameter in

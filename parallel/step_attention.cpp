@@ -21,9 +21,21 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   T* p = st.attn_mem.data();
   const auto take = [&p](int64_t n) { return std::exchange(p, p + n); };
   st.attn = md::AttnBufs<T>{take(z.q), take(z.qc), take(z.c), take(z.kv_rinv), take(z.payload), take(z.o),
-                            take(z.stats), take(z.ocat)};
+                            take(z.stats), take(z.ocat), take(z.iq)};
   const md::AttnBufs<T>& A = st.attn;
   K.attn_qkv_forward(pol, cfg, w, st.a1.data(), rope_pos(), N, sh.rope, A, CS);
+  const bool dsa = cfg.dsa();
+  const int64_t Iw = cfg.index_q_width(), tk = cd.topk;
+  const bool select = dsa && st.dsa_sel.data() == nullptr;  // a full recompute attends the saved selection
+  if (dsa) {
+    // The indexer projections (model::dsa_index_forward's three GEMMs): its key rides in the payload's last Di slots.
+    const int64_t d = cfg.d_model, Hi = cfg.index_heads, Di = cfg.index_dim;
+    K.mm(pol, N, Hi * Di, d, st.a1.data(), d, w.wiq, Hi * Di, false, A.iq, Iw, CS);
+    K.mm(pol, N, Hi, d, st.a1.data(), d, w.wiw, Hi, false, A.iq + Hi * Di, Iw, CS);
+    K.mm(pol, N, Di, d, st.a1.data(), d, w.wik, Di, false, A.payload + cd.ikey, P, CS);
+    if (select) st.dsa_sel = Buf<int32_t>(dev, N * tk, CS);
+    st.ikl = zeros(N, CS);
+  }
   st.kv = Buf<T>(dev, nseq * S * P, CS);
   Buf<T> gbuf(dev, S * P, CS);
   const bool two_d = mc.cp_inner != nullptr;
@@ -46,20 +58,28 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
       note(ph, *mc.cp, CollOp::all_gather);
     }
     K.kv_zigzag_reorder(kv, gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
-    if (packed)  // document mask: each query attends its own document's keys only
+    if (dsa) {  // sparse attention over the indexer's top-k keys (document-masked when packed)
+      int32_t* sel = st.dsa_sel.data() + r0 * tk;
+      if (select)
+        K.dsa_select(pol, cd, A.iq + r0 * Iw, pos.data() + r0, packed ? docs.data() + r0 : nullptr, 2 * ch, kv, S, sel,
+                     CS);
+      K.dsa_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * Iw, pos.data() + r0, 2 * ch, kv, S, sel,
+                         A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, st.ikl.data() + r0, CS);
+    } else if (packed)  // document mask: each query attends its own document's keys only
       K.attn_doc_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch, kv, S,
                               A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
     else
       K.attn_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
                           A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
   }
+  if (select) K.sum_acc(st.ikl.data(), 1, rows.segs, ikl_acc.data(), CS);  // once per layer (not in the recompute)
   K.attn_out_forward(pol, cfg, w, N, A, y, CS);
 }
 
 // CP attention core backward per local sequence: dq of the local queries, and the key-side payload gradient
 // (exact, over the full sequence) reduce-scattered over cp to the keys' owners, rounded once into dpay.
 template <class T>
-void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
+void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, T* diq, const std::string& ph) {
   const md::CoreDims cd = md::CoreDims::from(cfg);
   const int64_t P = cd.P;
   const md::AttnBufs<T>& A = st.attn;
@@ -77,7 +97,13 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
     const int64_t r0 = j * 2 * ch;
     if (j > 0) dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
-    if (packed)
+    if (cfg.dsa())  // the indexer loss's weight per query: 1 / the global batch's tokens (as the reference)
+      K.dsa_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * cfg.index_q_width(), pos.data() + r0, 2 * ch,
+                          st.kv.data() + j * S * P, S, st.dsa_sel.data() + r0 * cd.topk, A.o + r0 * cd.H * cd.Dv,
+                          A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv,
+                          T(1) / static_cast<T>(sh.run.sequences * sh.run.seq_len), qsegs, dqc + r0 * cd.H * cd.Dq,
+                          diq + r0 * cfg.index_q_width(), kacc, CS);
+    else if (packed)
       K.attn_doc_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
                                st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
                                dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
@@ -121,22 +147,32 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   const int64_t P = cd.P;
   const bool gqa = cfg.attn == md::AttnKind::gqa;
   Buf<T> dO = zeros(N * cd.H * cd.Dv, CS), dqc = zeros(N * cd.H * cd.Dq, CS), dpay = zeros(N * P, CS);
+  Buf<T> diq = cfg.dsa() ? zeros(N * cfg.index_q_width(), CS) : Buf<T>();
   const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
   alloc_grads(out_g);
   K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
   reduce_grads(out_g, ph);
-  core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), ph);  // key-side accumulators given back inside
-  const std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
-                                        : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
+  core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), diq.data(), ph);  // key-side accumulators given back inside
+  std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
+                                  : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
+  if (cfg.dsa())
+    for (size_t p : names(i, {"attn.wiq", "attn.wiw", "attn.wik"})) qkv_g.push_back(p);
   alloc_grads(qkv_g);
-  K.attn_qkv_backward(pol, cfg, w, attn_g(i), st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(),
-                      dpay.data(), rows.segs, da, CS);
+  const md::AttnG<T> g = attn_g(i);
+  K.attn_qkv_backward(pol, cfg, w, g, st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(), dpay.data(),
+                      rows.segs, da, CS);
+  if (cfg.dsa()) {  // the indexer's weight gradients (model::dsa_index_wgrad's three, the input detached)
+    const int64_t d = cfg.d_model, Hi = cfg.index_heads, Di = cfg.index_dim, Iw = cfg.index_q_width();
+    K.wgrad_acc(pol, st.a1.data(), d, diq.data(), Iw, d, Hi * Di, rows.segs, g.wiq, CS);
+    K.wgrad_acc(pol, st.a1.data(), d, diq.data() + Hi * Di, Iw, d, Hi, rows.segs, g.wiw, CS);
+    K.wgrad_acc(pol, st.a1.data(), d, dpay.data() + cd.ikey, P, d, Di, rows.segs, g.wik, CS);
+  }
   reduce_grads(qkv_g, ph);
 }
 
 #define TD_STEP_ATTN(T)                                                                                            \
   template void StepImpl<T>::attention_fwd(int64_t, const md::AttnW<T>&, LayerState&, T*, const std::string&);     \
-  template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, const std::string&);                  \
+  template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, T*, const std::string&);                  \
   template void StepImpl<T>::transpose_blocks(void*, const void*, int64_t, int64_t, int64_t);                      \
   template void StepImpl<T>::attention_bwd(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,                \
                                            const std::string&);

@@ -155,16 +155,22 @@ struct StepImpl {
     Buf<T> logits, scores, gates, yk, sug, suu, sh, sy;
     Buf<int32_t> sel;
     std::vector<int32_t> sel_h;                 // host copy of sel (EP send lists, loads)
+    // DSA: (N, topk) each local query's selected keys, made by the first forward and kept (not retired) until the
+    // layer's backward, so a full recompute attends the same keys; ikl (N) the queries' indexer KL terms.
+    Buf<int32_t> dsa_sel;
+    Buf<T> ikl;
     std::vector<EpChunk> chunks;
     int64_t bytes() const;
   };
   std::vector<Event> ev_route, ev_disp, ev_comp, ev_comb, ev_pack;  // per EP chunk (ev_route: per layer use)
   // Frees a layer's buffers on the compute stream (every use on the comm stream is ordered before by the layer's
   // last combine wait).
-  void retire(LayerState& st);
+  void retire(LayerState& st, bool keep_dsa_sel = false);
+  // DSA: the exact sum of this rank's indexer KL terms over the step's layers (the indexer loss's numerator).
+  Buf<Acc> ikl_acc;
 
   void attention_fwd(int64_t i, const model::AttnW<T>& w, LayerState& st, T* y, const std::string& ph);
-  void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph);
+  void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, T* diq, const std::string& ph);
   void transpose_blocks(void* dst, const void* src, int64_t rows, int64_t cols, int64_t bytes);  // 2D CP
   void attention_bwd(int64_t i, const model::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph);
 

@@ -140,6 +140,18 @@ class Kernels {
                                       const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o,
                                       const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv, Stream s,
                                       loc_t loc = loc_t::current()) = 0;
+  // DSA (reference/model/attention.h): the indexer's top-k selection, the sparse core, its backward with the
+  // indexer loss's gradient. iq (Nq, Hi*Di + Hi); sel (Nq, topk) int32 positions, ascending, -1 padded; qdoc may be
+  // null; ikl (Nq) may be null.
+  virtual void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc,
+                          int64_t Nq, const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                                int64_t Nq, const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl,
+                                Stream s, loc_t loc = loc_t::current()) = 0;
+  virtual void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                                 int64_t Nq, const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats,
+                                 const T* dO, T iscale, Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv, Stream s,
+                                 loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y,
                                 Stream s, loc_t loc = loc_t::current()) = 0;
   virtual void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N,
@@ -244,6 +256,14 @@ class CpuKernels : public Kernels<T> {
   void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                               int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
                               T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) override;
+  void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                  const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc = loc_t::current()) override;
+  void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl, Stream s,
+                        loc_t loc = loc_t::current()) override;
+  void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                         const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
+                         Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) override;
   void attn_out_forward(Policy pol, const Config& cfg, const AttnW& W, int64_t N, const AttnBufs& acts, T* y, Stream s,
                         loc_t loc = loc_t::current()) override;
   void attn_out_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, int64_t N, const AttnBufs& acts,

@@ -52,6 +52,9 @@ Access acc_all(P* p) {  // an accumulator added into: read and written
   return Access{p, kToEnd, true};
 }
 double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * static_cast<double>(M) * N * K; }
+// Elements a (rows, w) matrix of leading dimension ld spans: the last row ends at (rows-1) ld + w (a strided slice,
+// e.g. the indexer key's columns of the payload, ends before the buffer does).
+int64_t span_of(int64_t rows, int64_t w, int64_t ld) { return rows > 0 ? (rows - 1) * ld + w : 0; }
 // The projection weights the attention kernels apply to every row (elements; reference/model/params.cpp shapes):
 // attn_qkv_* wq, wk/wv (GQA) or wq, wdkv, wuk (MLA, wuk absorbed into the query); attn_out_* wo (and wuv, MLA). Each
 // element is one multiply-add per row: a forward is 2 N x this many FLOPs, a backward (dgrad and wgrad) 4 N x.
@@ -90,14 +93,15 @@ void launch_swiglu_dgrad(Device& dev, std::string_view name, Policy pol, const T
 template <class T>
 void CpuKernels<T>::mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                        bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc) {
-  go(dev_, s, "mm", {rd(A, M * lda), rd_all(B), wr(C, M * ldc)}, gemm_flops(M, N, K),
+  go(dev_, s, "mm", {rd(A, span_of(M, K, lda)), rd_all(B), wr(C, span_of(M, N, ldc))}, gemm_flops(M, N, K),
      [=] { m::mm<T>(pol, M, N, K, A, lda, B, ldb, trans_b, C, ldc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                               Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
   const int64_t rows = segs.empty() ? 0 : segs.back();
-  go(dev_, s, "wgrad_acc", {rd(X, rows * ldx), rd(dY, rows * ldy), acc_all(acc)}, gemm_flops(K, M, rows),
+  go(dev_, s, "wgrad_acc", {rd(X, span_of(rows, K, ldx)), rd(dY, span_of(rows, M, ldy)), acc_all(acc)},
+     gemm_flops(K, M, rows),
      [=, sg = hold(dev_, segs)] { m::wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, sg.v, acc); }, loc);
 }
 template <class T>
@@ -273,6 +277,41 @@ void CpuKernels<T>::attn_doc_core_backward(Policy pol, const CoreDims& cd, const
      4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
      [=, sg = hold(dev_, qsegs)] {
        m::attn_doc_core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
+     }, loc);
+}
+template <class T>
+void CpuKernels<T>::dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc,
+                               int64_t Nq, const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc) {
+  const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
+  go(dev_, s, "dsa_select", {rd(iq, Nq * Iw), rd(qpos, Nq), rd(qdoc, qdoc ? Nq : 0), rd(kv, S * cd.P),
+                             wr(sel, Nq * cd.topk)},
+     2.0 * static_cast<double>(Nq) * S * cd.Hi * (cd.Di + 1) / 2,  // causal: half the keys on average
+     [=] { m::dsa_select<T>(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel); }, loc);
+}
+template <class T>
+void CpuKernels<T>::dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                                     int64_t Nq, const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl,
+                                     Stream s, loc_t loc) {
+  const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
+  go(dev_, s, "dsa_core_forward",
+     {rd(q, Nq * cd.H * cd.Dq), rd(iq, Nq * Iw), rd(qpos, Nq), rd(kv, S * cd.P), rd(sel, Nq * cd.topk),
+      wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2), wr(ikl, ikl ? Nq : 0)},
+     2.0 * static_cast<double>(Nq) * cd.topk * (cd.H * (cd.Dq + cd.Dv) + (ikl ? cd.Hi * (cd.Di + 1) : 0)),
+     [=] { m::dsa_core_forward<T>(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl); }, loc);
+}
+template <class T>
+void CpuKernels<T>::dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                                      int64_t Nq, const T* kv, int64_t S, const int32_t* sel, const T* o,
+                                      const T* stats, const T* dO, T iscale, Segs qsegs, T* dq, T* diq,
+                                      ExactAcc<T>* dkv, Stream s, loc_t loc) {
+  const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
+  go(dev_, s, "dsa_core_backward",
+     {rd(q, Nq * cd.H * cd.Dq), rd(iq, Nq * Iw), rd(qpos, Nq), rd(kv, S * cd.P), rd(sel, Nq * cd.topk),
+      rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2), rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq),
+      wr(diq, Nq * Iw), wr(dkv, S * cd.P)},
+     4.0 * static_cast<double>(Nq) * cd.topk * (cd.H * (cd.Dq + cd.Dv) + cd.Hi * (cd.Di + 1)),
+     [=, sg = hold(dev_, qsegs)] {
+       m::dsa_core_backward<T>(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, sg.v, dq, diq, dkv);
      }, loc);
 }
 template <class T>

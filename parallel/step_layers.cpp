@@ -16,7 +16,7 @@ template <class T>
 int64_t StepImpl<T>::LayerState::bytes() const {
   int64_t b = a1.bytes() + rinv1.bytes() + h.bytes() + a2.bytes() + rinv2.bytes() + ug.bytes() + uu.bytes() +
               hh.bytes() + kv.bytes() + logits.bytes() + scores.bytes() + gates.bytes() + yk.bytes() + sug.bytes() +
-              suu.bytes() + sh.bytes() + sy.bytes() + sel.bytes() + attn_mem.bytes();
+              suu.bytes() + sh.bytes() + sy.bytes() + sel.bytes() + attn_mem.bytes() + dsa_sel.bytes() + ikl.bytes();
   for (const EpChunk& C : chunks)
     for (const ExBlock& X : C.ex)
       b += X.x.bytes() + X.ug.bytes() + X.uu.bytes() + X.h.bytes() + X.y.bytes() + X.dy.bytes() + X.dug.bytes() +
@@ -25,15 +25,19 @@ int64_t StepImpl<T>::LayerState::bytes() const {
 }
 
 template <class T>
-void StepImpl<T>::retire(LayerState& st) {
+void StepImpl<T>::retire(LayerState& st, bool keep_dsa_sel) {
   for (Buf<T>* b : {&st.a1, &st.rinv1, &st.h, &st.a2, &st.rinv2, &st.ug, &st.uu, &st.hh, &st.attn_mem, &st.kv,
                     &st.logits, &st.scores, &st.gates, &st.yk, &st.sug, &st.suu, &st.sh, &st.sy})
     b->reset(CS);
   st.sel.reset(CS);
+  st.ikl.reset(CS);
   for (EpChunk& C : st.chunks)
     for (ExBlock& X : C.ex)
       for (Buf<T>* b : {&X.x, &X.ug, &X.uu, &X.h, &X.y, &X.dy, &X.dug, &X.duu, &X.dx}) b->reset(CS);
+  Buf<int32_t> dsa_sel = std::move(st.dsa_sel);  // DSA: the selection outlives the recompute's retire
   st = LayerState();
+  if (!keep_dsa_sel) dsa_sel.reset(CS);
+  st.dsa_sel = std::move(dsa_sel);
 }
 
 // Test hook (StepShared::fault): the failures a real run can meet, inside the real step.
@@ -178,6 +182,10 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   // ---- forward: unit u's gather was issued (prefetched) while unit u-1 computed
   std::vector<Buf<T>> xsave(sz(L + 1));
   std::vector<LayerState> states(sz(L));
+  if (cfg.dsa()) {
+    ikl_acc = Buf<Acc>(dev, 1, CS);
+    dev.memset(ikl_acc.data(), 0, ikl_acc.bytes(), CS);
+  }
   std::vector<int64_t> st_bytes(sz(L), 0);
   gather(0, XS, "fwd.embed");
   wait_gather(0);
@@ -195,7 +203,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     LayerState& st = states[sz(i)];
     layer_fwd(i, xsave[sz(i)].data(), st, xsave[sz(i + 1)].data(), fwd(u));
     if (st.moe) count_load(i, st);
-    if (rec) retire(st);  // full recompute: keep only the layer input
+    if (rec) retire(st, /*keep_dsa_sel=*/true);  // full recompute: keep only the layer input (and DSA selection)
     else mem.add(st_bytes[sz(i)] = st.bytes());
     release(u);
   }
@@ -217,12 +225,20 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   note("loss", world, CollOp::all_reduce);
   world.all_reduce(loss_acc.data(), loss_acc.data(), 1, dt_exact<T>(), ReduceOp::exact_sum, CS);
   note("loss", world, CollOp::all_reduce);
+  if (cfg.dsa()) {  // the indexer loss: every rank's KL terms (each row counted once: d_rep replicas hold other rows)
+    world.all_reduce(ikl_acc.data(), ikl_acc.data(), 1, dt_exact<T>(), ReduceOp::exact_sum, CS);
+    note("loss", world, CollOp::all_reduce);
+  }
   nvalid = dev.fetch_one(nv.data(), CS);  // host sync point 3: the loss and the gradient scale
   const Acc loss_sum = dev.fetch_one(loss_acc.data(), CS);
   RankStepStats res;
   const T loss = nvalid > 0 ? loss_sum.round() / static_cast<T>(nvalid) : T(0);
   res.loss = static_cast<double>(loss);
   res.n_valid = nvalid;
+  if (cfg.dsa()) {
+    const Acc ikl_sum = dev.fetch_one(ikl_acc.data(), CS);
+    res.indexer_loss = static_cast<double>(ikl_sum.round() / static_cast<T>(sh.run.sequences * sh.run.seq_len));
+  }
   const T scale = nvalid > 0 ? T(1) / static_cast<T>(nvalid) : T(0);
 
   // ---- backward: head (kept gathered), layers (re-gathered, prefetched one ahead), embedding
@@ -272,7 +288,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
 
 #define TD_STEP_LAYERS(T)                                                                                          \
   template int64_t StepImpl<T>::LayerState::bytes() const;                                                         \
-  template void StepImpl<T>::retire(LayerState&);                                                                  \
+  template void StepImpl<T>::retire(LayerState&, bool);                                                                  \
   template void StepImpl<T>::inject_fault(int64_t);                                                                \
   template void StepImpl<T>::layer_fwd(int64_t, const T*, LayerState&, T*, const std::string&);                    \
   template void StepImpl<T>::layer_bwd(int64_t, const T*, LayerState&, const T*, T*, const std::string&);          \

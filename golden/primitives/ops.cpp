@@ -399,6 +399,68 @@ void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd
                                  const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv) {
   bind_core_backward<T, true>(b, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
 }
+// DSA: the core's dims plus the indexer's.
+void bind_dsa_dims(auto& b, m::CoreDims& cd) {
+  bind_core_dims(b, cd);
+  cd.Hi = b.i("Hi", cd.Hi), cd.Di = b.i("Di", cd.Di), cd.topk = b.i("topk", cd.topk), cd.ikey = b.i("ikey", cd.ikey);
+}
+template <class T>
+void bind_dsa_select(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* iq, const int64_t* qpos,
+                     const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, int32_t* sel) {
+  pol = b.pol(pol);
+  m::CoreDims cd = cd_;
+  bind_dsa_dims(b, cd);
+  Nq = b.i("Nq", Nq), S = b.i("S", S);
+  iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
+  qpos = b.in("qpos", qpos, {Nq});
+  qdoc = b.opt_in("qdoc", qdoc, {Nq});
+  kv = b.in("kv", kv, {S, cd.P});
+  sel = b.out("sel", sel, {Nq, cd.topk});
+  b.call([&] { b.k().dsa_select(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel, b.s()); });
+}
+template <class T>
+void bind_dsa_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const T* iq,
+                           const int64_t* qpos, int64_t Nq, const T* kv, int64_t S, const int32_t* sel, T* o, T* stats,
+                           T* ikl) {
+  pol = b.pol(pol);
+  m::CoreDims cd = cd_;
+  bind_dsa_dims(b, cd);
+  Nq = b.i("Nq", Nq), S = b.i("S", S);
+  q = b.in("q", q, {Nq, cd.H * cd.Dq});
+  iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
+  qpos = b.in("qpos", qpos, {Nq});
+  kv = b.in("kv", kv, {S, cd.P});
+  sel = b.in("sel", sel, {Nq, cd.topk});
+  o = b.out("o", o, {Nq, cd.H * cd.Dv});
+  stats = b.out("stats", stats, {Nq, cd.H * 2});
+  ikl = b.out("ikl", ikl, {Nq});
+  b.call([&] { b.k().dsa_core_forward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl, b.s()); });
+}
+template <class T>
+void bind_dsa_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* q, const T* iq,
+                            const int64_t* qpos, int64_t Nq, const T* kv, int64_t S, const int32_t* sel, const T* o,
+                            const T* stats, const T* dO, T iscale, Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv) {
+  pol = b.pol(pol);
+  m::CoreDims cd = cd_;
+  bind_dsa_dims(b, cd);
+  Nq = b.i("Nq", Nq), S = b.i("S", S);
+  iscale = static_cast<T>(b.f("iscale", static_cast<double>(iscale)));
+  qsegs = b.host("qsegs", qsegs);
+  q = b.in("q", q, {Nq, cd.H * cd.Dq});
+  iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
+  qpos = b.in("qpos", qpos, {Nq});
+  kv = b.in("kv", kv, {S, cd.P});
+  sel = b.in("sel", sel, {Nq, cd.topk});
+  o = b.in("o", o, {Nq, cd.H * cd.Dv});
+  stats = b.in("stats", stats, {Nq, cd.H * 2});
+  dO = b.in("dO", dO, {Nq, cd.H * cd.Dv});
+  dq = b.out("dq", dq, {Nq, cd.H * cd.Dq});
+  diq = b.out("diq", diq, {Nq, cd.Hi * cd.Di + cd.Hi});
+  dkv = b.acc("dkv", dkv, {S, cd.P});
+  b.call([&] {
+    b.k().dsa_core_backward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, qsegs, dq, diq, dkv, b.s());
+  });
+}
 template <class T>
 void bind_attn_out_forward(Binder<T>& b, Policy pol, const m::Config& cfg_, const m::AttnW<T>& W_, int64_t N,
                            const m::AttnBufs<T>& acts_, T* y) {
@@ -595,6 +657,12 @@ const std::map<std::string, OpEntry<T>>& op_table() {
         OpEntry<T>{[z](Binder<T>& b) { bind_attn_doc_core_forward<T>(b, z, z, z, z, z, z, z, z, z, z); }};
     t["attn_doc_core_backward"] = OpEntry<T>{
         [z](Binder<T>& b) { bind_attn_doc_core_backward<T>(b, z, z, z, z, z, z, z, z, z, z, z, z, z, z); }};
+    t["dsa_select"] = OpEntry<T>{[z](Binder<T>& b) { bind_dsa_select<T>(b, z, z, z, z, z, z, z, z, z); }};
+    t["dsa_core_forward"] =
+        OpEntry<T>{[z](Binder<T>& b) { bind_dsa_core_forward<T>(b, z, z, z, z, z, z, z, z, z, z, z, z); }};
+    t["dsa_core_backward"] = OpEntry<T>{[z](Binder<T>& b) {
+      bind_dsa_core_backward<T>(b, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z);
+    }};
     t["attn_out_forward"] = OpEntry<T>{[z](Binder<T>& b) { bind_attn_out_forward<T>(b, z, z, z, z, z, z); }};
     t["attn_out_backward"] = OpEntry<T>{[z](Binder<T>& b) { bind_attn_out_backward<T>(b, z, z, z, z, z, z, z, z, z); }};
     t["attn_qkv_backward"] = OpEntry<T>{
@@ -817,6 +885,23 @@ class RecordingKernels final : public Kernels<T> {
     TD_REC(attn_doc_core_forward, pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats);
     in_->attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, s, loc);
   }
+  void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                  const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc) override {
+    TD_REC(dsa_select, pol, cd, iq, qpos, qdoc, Nq, kv, S, sel);
+    in_->dsa_select(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel, s, loc);
+  }
+  void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl, Stream s,
+                        loc_t loc) override {
+    TD_REC(dsa_core_forward, pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl);
+    in_->dsa_core_forward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl, s, loc);
+  }
+  void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                         const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
+                         Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
+    TD_REC(dsa_core_backward, pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, qsegs, dq, diq, dkv);
+    in_->dsa_core_backward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, qsegs, dq, diq, dkv, s, loc);
+  }
   void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                               int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
                               T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
@@ -1027,6 +1112,22 @@ class PerturbedKernels final : public Kernels<T> {
     in_->attn_doc_core_forward(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, s, loc);
     flip("attn_doc_core_forward", o, Nq * cd.H * cd.Dv, s);
   }
+  void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                  const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc) override {
+    in_->dsa_select(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel, s, loc);
+  }
+  void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl, Stream s,
+                        loc_t loc) override {
+    in_->dsa_core_forward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl, s, loc);
+    flip("dsa_core_forward", o, Nq * cd.H * cd.Dv, s);
+  }
+  void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                         const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
+                         Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
+    in_->dsa_core_backward(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, qsegs, dq, diq, dkv, s, loc);
+    flip("dsa_core_backward", dq, Nq * cd.H * cd.Dq, s);
+  }
   void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                               int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
                               T* dq, ExactAcc<T>* dkv, Stream s, loc_t loc) override {
@@ -1112,7 +1213,8 @@ const std::vector<std::string>& kernel_ops() {
       "expert_backward_dgrad", "router_forward", "router_backward", "moe_combine_forward", "moe_combine_backward",
       "moe_dx_sum", "gather_rows", "scatter_rows", "attn_qkv_forward", "kv_zigzag_reorder",
       "kv_zigzag_to_gather_acc", "attn_core_forward", "attn_core_backward", "attn_doc_core_forward",
-      "attn_doc_core_backward", "attn_out_forward", "attn_out_backward",
+      "attn_doc_core_backward", "dsa_select", "dsa_core_forward", "dsa_core_backward", "attn_out_forward",
+      "attn_out_backward",
       "attn_qkv_backward", "linear_ce_forward", "linear_ce_backward", "grad_sq_acc", "adamw_step",
       "router_bias_update"};
   return ops;
@@ -1120,6 +1222,10 @@ const std::vector<std::string>& kernel_ops() {
 
 const std::vector<std::string>& packed_only_ops() {
   static const std::vector<std::string> ops = {"attn_doc_core_forward", "attn_doc_core_backward"};
+  return ops;
+}
+const std::vector<std::string>& dsa_only_ops() {
+  static const std::vector<std::string> ops = {"dsa_select", "dsa_core_forward", "dsa_core_backward"};
   return ops;
 }
 

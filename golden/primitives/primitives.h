@@ -53,6 +53,8 @@ const std::vector<std::string>& kernel_ops();
 // The ops a step runs only with packed sequences (document masks: attn_doc_core_*; a step without documents runs
 // attn_core_* instead), so a golden of such a step holds them and one without does not.
 const std::vector<std::string>& packed_only_ops();
+// The ops only a DSA model runs (dsa_*; its attention runs them instead of attn_core_* / attn_doc_core_*).
+const std::vector<std::string>& dsa_only_ops();
 
 // Recomputes a case with `k` on `dev` (stream 0) and returns its outputs in the case's order.
 template <class T>

@@ -182,6 +182,22 @@ class RefKernels : public Kernels<T> {
     launch_(s, "attn_doc_core_backward", loc, [=, sg = held(qsegs)](auto& ex) { ref::attn_doc_core_backward<T>(ex,
         pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, sg.span(), dq, dkv); });
   }
+  void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                  const T* kv, int64_t S, int32_t* sel, Stream s, loc_t loc = loc_t::current()) override {
+    launch_(s, "dsa_select", loc, [=](auto& ex) { ref::dsa_select<T>(ex, pol, cd, iq, qpos, qdoc, Nq, kv, S, sel); });
+  }
+  void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                        const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl, Stream s,
+                        loc_t loc = loc_t::current()) override {
+    launch_(s, "dsa_core_forward", loc, [=](auto& ex) { ref::dsa_core_forward<T>(ex, pol, cd, q, iq, qpos, Nq, kv, S,
+        sel, o, stats, ikl); });
+  }
+  void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                         const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
+                         Segs qsegs, T* dq, T* diq, ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) override {
+    launch_(s, "dsa_core_backward", loc, [=, sg = held(qsegs)](auto& ex) { ref::dsa_core_backward<T>(ex, pol, cd, q,
+        iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, sg.span(), dq, diq, dkv); });
+  }
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                          int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
                          loc_t loc = loc_t::current()) override {

@@ -690,6 +690,269 @@ void attn_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* 
   attn_doc_core_backward<T>(ex, pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
 }
 
+// ---- DSA (reference/model/attention.h "dsa_*") ---------------------------------------------------------------------
+// Index score of query r for key j: +0 + w_0 relu(z_0) + ..., z_t the chain of iq_t . k_j (bf16: rounded operands).
+template <class T>
+TD_REF inline T index_score(const model::CoreDims& cd, const T* iqr, const T* kv, int64_t j, bool bf) {
+  const T* w = iqr + cd.Hi * cd.Di;
+  T I = T(0);
+  for (int64_t t = 0; t < cd.Hi; ++t) {
+    const T z = score(iqr + t * cd.Di, kv, cd.P, cd.ikey, j, cd.Di, bf);
+    I = fadd(I, fmul(w[t], z > T(0) ? z : T(0)));
+  }
+  return I;
+}
+// (a, ja) before (b, jb) in the selection order: the higher score, then the lower position.
+template <class T>
+TD_REF inline bool index_before(T a, int64_t ja, T b, int64_t jb) {
+  return a > b || (!(b > a) && ja < jb);
+}
+// The selected entries of one query (up to the first -1); a malformed selection is flagged (checked on the host
+// first with the reference's messages).
+TD_REF inline int64_t sel_count(const int32_t* sr, int64_t K, int64_t p, int* bad) {
+  int64_t n = 0;
+  while (n < K && sr[n] >= 0) {
+    if (sr[n] > p || (n > 0 && sr[n] <= sr[n - 1])) *bad = 1;
+    ++n;
+  }
+  if (n == 0) *bad = 1;
+  return n;
+}
+
+// Selection, one body per query: the k-th best candidate by (score descending, position ascending) found by k
+// passes, then the candidates not after it listed in ascending positions (the reference's set, in its order).
+template <class T, class Ex>
+void dsa_select(Ex& ex, Policy pol, const model::CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc,
+                int64_t Nq, const T* kv, int64_t S, int32_t* sel) {
+  if constexpr (Ex::kHost) {
+    TD_CHECK(cd.topk > 0 && cd.Hi > 0 && cd.Di > 0, "dsa_select: not a DSA configuration");
+    check_query_positions<Ex>(qpos, Nq, S, qdoc);
+  }
+  const int64_t K = cd.topk, Iw = cd.Hi * cd.Di + cd.Hi;
+  const bool bf = bf16_operands<T>(pol);
+  const model::CoreDims c = cd;
+  int* bad = ex.flag();
+  ex.for_each(Nq, [=] TD_REF_LAMBDA(int64_t r) {
+    int32_t* out = sel + r * K;
+    for (int64_t i = 0; i < K; ++i) out[i] = -1;
+    if (bad_position(qpos[r], S, bad)) return;
+    const int64_t j0 = first_key(qdoc, r, qpos[r], bad), j1 = qpos[r] + 1;
+    const T* iqr = iq + r * Iw;
+    for (int64_t j = j0; j < j1; ++j)
+      if (index_score(c, iqr, kv, j, bf) != index_score(c, iqr, kv, j, bf)) {  // NaN
+        *bad = 1;
+        return;
+      }
+    int64_t kth = -1;  // the last candidate of the k best
+    T ks = T(0);
+    if (j1 - j0 > K)
+      for (int64_t pass = 0; pass < K; ++pass) {
+        int64_t best = -1;
+        T bs = T(0);
+        for (int64_t j = j0; j < j1; ++j) {
+          const T sj = index_score(c, iqr, kv, j, bf);
+          if (kth >= 0 && !index_before(ks, kth, sj, j)) continue;  // already among the best
+          if (best < 0 || index_before(sj, j, bs, best)) best = j, bs = sj;
+        }
+        kth = best, ks = bs;
+      }
+    int64_t n = 0;
+    for (int64_t j = j0; j < j1 && n < K; ++j)
+      if (kth < 0 || !index_before(ks, kth, index_score(c, iqr, kv, j, bf), j)) out[n++] = static_cast<int32_t>(j);
+  });
+  if constexpr (Ex::kHost)
+    for (int64_t r = 0; r < Nq; ++r)
+      for (int64_t j = qdoc ? qdoc[r] : 0; j <= qpos[r]; ++j)
+        TD_CHECK(!std::isnan(index_score(cd, iq + r * Iw, kv, j, bf)),
+                 "dsa_select: the index score of query {} (position {}) for key {} is NaN", r, qpos[r], j);
+  ex.check_flag("dsa_select: a NaN index score, or a query position / document start out of range");
+}
+
+// Sparse core forward: attn_doc_core_forward's chains over the selected keys, one body per (row, head); then, when
+// ikl is not null, one body per row for the indexer's KL term (the heads' probabilities recomputed bit for bit).
+template <class T, class Ex>
+void dsa_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                      int64_t Nq, const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl) {
+  if constexpr (Ex::kHost) {
+    check_query_positions<Ex>(qpos, Nq, S);
+    model::dsa_check_selection(cd, sel, qpos, Nq, "dsa_core_forward");
+  }
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base, K = cd.topk;
+  const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
+  const T sc = static_cast<T>(cd.scale);
+  const bool bf = bf16_operands<T>(pol);
+  const model::CoreDims c = cd;
+  int* bad = ex.flag();
+  ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / H, h = i % H, g = h / hpg;
+    if (bad_position(qpos[r], S, bad)) return;
+    const int32_t* sr = sel + r * K;
+    const int64_t n = sel_count(sr, K, qpos[r], bad);
+    const T* qh = q + i * Dq;
+    T m = T(0);
+    for (int64_t e = 0; e < n; ++e) {
+      const T sj = fmul(score(qh, kv, P, g * Dq, sr[e], Dq, bf), sc);
+      if (e == 0 || sj > m) m = sj;
+    }
+    T l = T(0);
+    for (int64_t e = 0; e < n; ++e) l = fadd(l, dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, sr[e], Dq, bf), sc), m)));
+    T* oh = o + i * Dv;
+    for (int64_t cc = 0; cc < Dv; ++cc) oh[cc] = T(0);
+    for (int64_t e = 0; e < n; ++e) {
+      const T p = operand(fdiv(dmx::exp(fsub(fmul(score(qh, kv, P, g * Dq, sr[e], Dq, bf), sc), m)), l), bf);
+      const T* v = kv + sr[e] * P + vb + g * Dv;
+      for (int64_t cc = 0; cc < Dv; ++cc) oh[cc] = fadd(oh[cc], fmul(p, operand(v[cc], bf)));
+    }
+    stats[i * 2 + 0] = m;
+    stats[i * 2 + 1] = l;
+  });
+  if (ikl)
+    ex.for_each(Nq, [=] TD_REF_LAMBDA(int64_t r) {
+      if (bad_position(qpos[r], S, bad)) return;
+      const int32_t* sr = sel + r * K;
+      const int64_t n = sel_count(sr, K, qpos[r], bad);
+      const T* iqr = iq + r * Iw;
+      T mI = T(0);
+      for (int64_t e = 0; e < n; ++e) {
+        const T Ie = index_score(c, iqr, kv, sr[e], bf);
+        if (e == 0 || Ie > mI) mI = Ie;
+      }
+      T lI = T(0);
+      for (int64_t e = 0; e < n; ++e) lI = fadd(lI, dmx::exp(fsub(index_score(c, iqr, kv, sr[e], bf), mI)));
+      const T logl = dmx::log(lI);
+      T kl = T(0);
+      for (int64_t e = 0; e < n; ++e) {
+        T pk = T(0);
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t g = h / hpg, i = r * H + h;
+          const T s = fmul(score(q + i * Dq, kv, P, g * Dq, sr[e], Dq, bf), sc);
+          pk = fadd(pk, fdiv(dmx::exp(fsub(s, stats[i * 2 + 0])), stats[i * 2 + 1]));
+        }
+        const T p = fdiv(pk, static_cast<T>(H));
+        if (p > T(0))
+          kl = fadd(kl, fmul(p, fsub(dmx::log(p), fsub(fsub(index_score(c, iqr, kv, sr[e], bf), mI), logl))));
+      }
+      ikl[r] = kl;
+    });
+  ex.check_flag("dsa_core_forward: a query position out of range or a malformed selection");
+}
+
+// Sparse core backward. Query side, one body per (row, head): dq and the per-entry p / dsc (scratch (Nq, K, H)).
+// Indexer, one body per row: dI_e = (eI_e / lI - p_e) * iscale, dw, dz (scratch (Nq, K, Hi)) and diq. Key side,
+// one body per payload element (key j, column c): per query tile, the partial over the rows that selected j, in
+// order (heads' K then V terms, then the indexer heads' terms), added exactly; a tile no row of which selected j
+// adds nothing.
+template <class T, class Ex>
+void dsa_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
+                       int64_t Nq, const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats,
+                       const T* dO, T iscale, std::span<const int64_t> qsegs, T* dq, T* diq, ExactAcc<T>* dkv) {
+  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
+           "dsa_core_backward: query segments must cover rows [0, {})", Nq);
+  if constexpr (Ex::kHost) {
+    check_query_positions<Ex>(qpos, Nq, S);
+    model::dsa_check_selection(cd, sel, qpos, Nq, "dsa_core_backward");
+  }
+  if (Nq <= 0 || S <= 0) return;
+  const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base, K = cd.topk;
+  const int64_t Hi = cd.Hi, Di = cd.Di, Iw = Hi * Di + Hi, ik = cd.ikey;
+  const T sc = static_cast<T>(cd.scale);
+  const bool bf = bf16_operands<T>(pol);
+  const model::CoreDims c = cd;
+  T* pbuf = ex.template scratch<T>(Nq * K * H);
+  T* dsbuf = ex.template scratch<T>(Nq * K * H);
+  T* dzbuf = ex.template scratch<T>(Nq * K * Hi);
+  int* bad = ex.flag();
+  ex.for_each(Nq * H, [=] TD_REF_LAMBDA(int64_t i) {
+    const int64_t r = i / H, h = i % H, g = h / hpg;
+    if (bad_position(qpos[r], S, bad)) return;
+    const int32_t* sr = sel + r * K;
+    const int64_t n = sel_count(sr, K, qpos[r], bad);
+    const T* qh = q + i * Dq;
+    const T* doh = dO + i * Dv;
+    const T m = stats[i * 2 + 0], l = stats[i * 2 + 1];
+    T D = T(0);
+    for (int64_t cc = 0; cc < Dv; ++cc) D = fadd(D, fmul(doh[cc], o[i * Dv + cc]));
+    T* dqh = dq + i * Dq;
+    for (int64_t cc = 0; cc < Dq; ++cc) dqh[cc] = T(0);
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t j = sr[e];
+      const T s = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
+      const T p = fdiv(dmx::exp(fsub(s, m)), l);
+      const T dp = score(doh, kv, P, vb + g * Dv, j, Dv, bf);
+      const T ds = operand(fmul(fmul(p, fsub(dp, D)), sc), bf);
+      pbuf[(r * K + e) * H + h] = operand(p, bf);
+      dsbuf[(r * K + e) * H + h] = ds;
+      const T* k = kv + j * P + g * Dq;
+      for (int64_t cc = 0; cc < Dq; ++cc) dqh[cc] = fadd(dqh[cc], fmul(ds, operand(k[cc], bf)));
+    }
+  });
+  ex.for_each(Nq, [=] TD_REF_LAMBDA(int64_t r) {
+    if (bad_position(qpos[r], S, bad)) return;
+    const int32_t* sr = sel + r * K;
+    const int64_t n = sel_count(sr, K, qpos[r], bad);
+    const T* iqr = iq + r * Iw;
+    const T* w = iqr + Hi * Di;
+    T mI = T(0);
+    for (int64_t e = 0; e < n; ++e) {
+      const T Ie = index_score(c, iqr, kv, sr[e], bf);
+      if (e == 0 || Ie > mI) mI = Ie;
+    }
+    T lI = T(0);
+    for (int64_t e = 0; e < n; ++e) lI = fadd(lI, dmx::exp(fsub(index_score(c, iqr, kv, sr[e], bf), mI)));
+    T* dqi = diq + r * Iw;
+    for (int64_t cc = 0; cc < Iw; ++cc) dqi[cc] = T(0);
+    T* dw = dqi + Hi * Di;
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t j = sr[e];
+      T pk = T(0);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / hpg, i = r * H + h;
+        const T s = fmul(score(q + i * Dq, kv, P, g * Dq, j, Dq, bf), sc);
+        pk = fadd(pk, fdiv(dmx::exp(fsub(s, stats[i * 2 + 0])), stats[i * 2 + 1]));
+      }
+      const T eI = dmx::exp(fsub(index_score(c, iqr, kv, j, bf), mI));
+      const T dI = fmul(fsub(fdiv(eI, lI), fdiv(pk, static_cast<T>(H))), iscale);
+      const T* kj = kv + j * P + ik;
+      for (int64_t t = 0; t < Hi; ++t) {
+        const T zt = score(iqr + t * Di, kv, P, ik, j, Di, bf);
+        dw[t] = fadd(dw[t], fmul(dI, zt > T(0) ? zt : T(0)));
+        const T dz = operand(zt > T(0) ? fmul(dI, w[t]) : T(0), bf);
+        dzbuf[(r * K + e) * Hi + t] = dz;
+        for (int64_t cc = 0; cc < Di; ++cc) dqi[t * Di + cc] = fadd(dqi[t * Di + cc], fmul(dz, operand(kj[cc], bf)));
+      }
+    }
+  });
+  const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
+  const int64_t* sg = ex.meta(qsegs);
+  ex.for_each(S * P, [=] TD_REF_LAMBDA(int64_t el) {
+    const int64_t j = el / P, cc = el % P;
+    for (int64_t t = 0; t < nt; ++t) {
+      T part = T(0);
+      bool any = false;
+      for (int64_t r = sg[t]; r < sg[t + 1]; ++r) {
+        const int32_t* sr = sel + r * K;
+        int64_t e = -1;
+        for (int64_t x = 0; x < K && sr[x] >= 0 && sr[x] <= j; ++x)
+          if (sr[x] == j) e = x;
+        if (e < 0) continue;
+        any = true;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t g = h / hpg, i = r * H + h;
+          if (cc >= g * Dq && cc < g * Dq + Dq)
+            part = fadd(part, fmul(dsbuf[(r * K + e) * H + h], operand(q[i * Dq + cc - g * Dq], bf)));
+          if (cc >= vb + g * Dv && cc < vb + g * Dv + Dv)
+            part = fadd(part, fmul(pbuf[(r * K + e) * H + h], operand(dO[i * Dv + cc - vb - g * Dv], bf)));
+        }
+        if (cc >= ik && cc < ik + Di)
+          for (int64_t x = 0; x < Hi; ++x)
+            part = fadd(part, fmul(dzbuf[(r * K + e) * Hi + x], operand(iq[r * Iw + x * Di + cc - ik], bf)));
+      }
+      if (any) dkv[el].add(part);
+    }
+  });
+  ex.check_flag("dsa_core_backward: a query position out of range or a malformed selection");
+}
+
 // ---- linear cross-entropy (reference/model/linear_ce.h) --------------------------------------------------------
 // Logits as the GEMM's chains (into scratch), then one body per row: vocab chunks ascending, each chunk's max and
 // exp sum in vocabulary order, the reference's running (M, S) merge, lse = M + log(S). The backward recomputes the

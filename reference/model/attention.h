@@ -26,9 +26,11 @@ namespace trident::model {
 // payload[val_base + g*Dv .. +Dv). MLA: G = 1, Dq = r+Dr, Dv = r, val_base = 0 (the value is the latent part
 // of the key). GQA: G = Hkv, Dq = Dv = Dh, val_base = Hkv*Dh. scale = 1/sqrt(Dn+Dr) (MLA) or 1/sqrt(Dh) (GQA),
 // computed in double and rounded to T.
+// DSA (Config::dsa): Hi indexer heads of Di, topk keys per query, the indexer key at payload[ikey .. +Di).
 struct CoreDims {
   int64_t H = 0, G = 1, Dq = 0, Dv = 0, P = 0, val_base = 0;
   double scale = 1.0;
+  int64_t Hi = 0, Di = 0, topk = 0, ikey = 0;  // DSA only (0 otherwise)
   static CoreDims from(const Config& cfg);
 };
 
@@ -62,6 +64,41 @@ template <class T>
 void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                             int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
                             std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv);
+// ---- DSA: DeepSeek sparse attention (docs/model.md "Sparse attention (DSA)") ------------------------------------
+// iq (Nq, Hi*Di + Hi): per query the Hi indexer queries (Di each) then the Hi indexer weights; the indexer key of
+// position j is kv[j*P + ikey .. +Di). Index score of query r and key j:
+//   I(r, j) = +0 + w_0 relu(z_0) + ... + w_{Hi-1} relu(z_{Hi-1}),  z_t = dot(iq_t, k_j) ascending c from +0
+// (bf16: the dot operands rounded to bf16), relu(z) = z > 0 ? z : +0.
+// dsa_select: sel (Nq, topk) int32 = the positions j in [qdoc[r] (0 without qdoc), qpos[r]] of the topk highest
+// I(r, j), ties to the lower position, listed ascending; a query with fewer candidates takes them all, then -1.
+// A NaN score is an error. The selection is saved for backward and never recomputed (full recompute reuses it).
+template <class T>
+void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
+                const T* kv, int64_t S, int32_t* sel /*(Nq, topk)*/);
+// Checks a selection against the queries (every op reading one does): per query, n >= 1 ascending entries in
+// [0, qpos[r]], then -1 up to topk. Throws naming the op, the query and the entry.
+void dsa_check_selection(const CoreDims& cd, const int32_t* sel, const int64_t* qpos, int64_t Nq, const char* op);
+// Sparse attention over the selected keys: attn_core_forward's arithmetic with the keys j = sel[r][0..n) in that
+// (ascending) order instead of 0..qpos[r] (so selecting every key of the range gives its bits). ikl (Nq), when
+// not null: the indexer's KL term of each query (its loss, docs/model.md):
+//   p_j = (+0 + e^0_j/l^0 + ... + e^{H-1}_j/l^{H-1}) / H   (the heads' probabilities, unrounded, ascending heads)
+//   mI = max_j I(r, j); eI_j = exp(I_j - mI); lI = +0 + eI_j... (ascending j); lq_j = (I_j - mI) - log(lI)
+//   ikl[r] = +0 + sum over j ascending of (p_j > 0 ? p_j * (log(p_j) - lq_j) : +0)
+template <class T>
+void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                      const T* kv, int64_t S, const int32_t* sel, T* o /*(Nq,H,Dv)*/, T* stats /*(Nq,H,2)*/,
+                      T* ikl /*(Nq) or null*/);
+// Backward: attn_core_backward's arithmetic over the selected keys (dq written; key/value slots of dkv accumulated),
+// plus the indexer loss's gradient with the main attention detached (iscale: the loss's weight per query, e.g.
+// 1 / tokens of the global batch): dI_j = (eI_j / lI - p_j) * iscale; per indexer head t and key j ascending:
+// dw_t = dw_t + dI_j * relu(z_tj); dz_tj = z_tj > 0 ? dI_j * w_t : +0; diq_t[c] = diq_t[c] + dz_tj * k_j[c];
+// the key side adds dz_tj * iq_t[c] into dkv[j][ikey + c] within the same tile partial (rows in order, then the
+// attention heads, then the indexer heads; bf16: dz and the operands rounded). diq (Nq, Hi*Di + Hi) written.
+template <class T>
+void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
+                       const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
+                       std::span<const int64_t> qsegs, T* dq, T* diq, ExactAcc<T>* dkv);
+
 // The RoPE position of each row: pos - doc (positions restart in every document) or pos (one document).
 std::vector<int64_t> rope_positions(const TokenRows& rows);
 
@@ -69,11 +106,13 @@ template <class T>
 struct AttnW {  // pointers into (gathered) weights; unused ones null
   const T *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;             // GQA (wq, wo also MLA)
   const T *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;    // MLA
+  const T *wiq = nullptr, *wiw = nullptr, *wik = nullptr;                          // DSA indexer
 };
 template <class T>
 struct AttnG {  // gradient accumulators, same layout as the weights
   ExactAcc<T> *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
   ExactAcc<T> *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;
+  ExactAcc<T> *wiq = nullptr, *wiw = nullptr, *wik = nullptr;
 };
 
 // Points the fields of an attention view (AttnW<T> or AttnG<T>) of layer i at `at(name)` for each of the layer's
@@ -91,6 +130,11 @@ void attn_view(const Config& cfg, int64_t i, At&& at, View& v) {
     v.kv_norm = at(pre + "kv_norm");
     v.wuk = at(pre + "wuk");
     v.wuv = at(pre + "wuv");
+    if (cfg.dsa()) {
+      v.wiq = at(pre + "wiq");
+      v.wiw = at(pre + "wiw");
+      v.wik = at(pre + "wik");
+    }
   }
 }
 
@@ -106,20 +150,26 @@ struct AttnBufs {
   T* o = nullptr;        // (N, H, Dv_core) core output
   T* stats = nullptr;    // (N, H, 2)
   T* ocat = nullptr;     // MLA: (N, H*Dv) per-head o_h W_uv_h; GQA: unused (o is the W_o input)
+  T* iq = nullptr;       // DSA: (N, Hi*Di + Hi) indexer queries and weights
 };
 struct AttnActSizes {
-  int64_t q = 0, qc = 0, c = 0, kv_rinv = 0, payload = 0, o = 0, stats = 0, ocat = 0;
-  int64_t total() const { return q + qc + c + kv_rinv + payload + o + stats + ocat; }
+  int64_t q = 0, qc = 0, c = 0, kv_rinv = 0, payload = 0, o = 0, stats = 0, ocat = 0, iq = 0;
+  int64_t total() const { return q + qc + c + kv_rinv + payload + o + stats + ocat + iq; }
   static AttnActSizes of(const Config& cfg, int64_t N);
 };
 // Host storage of the activations (single-rank reference).
 template <class T>
 struct AttnActs {
-  std::vector<T> q, qc, c, kv_rinv, payload, o, stats, ocat;  // as AttnBufs
+  std::vector<T> q, qc, c, kv_rinv, payload, o, stats, ocat, iq;  // as AttnBufs
+  // DSA: (N, topk) the selection (dsa_select). keep_sel: attention_forward reuses it instead of selecting again
+  // (full recompute); attn_acts_size leaves it alone.
+  std::vector<int32_t> sel;
+  bool keep_sel = false;
+  std::vector<T> ikl;  // DSA: (N) each query's indexer KL term (dsa_core_forward)
   // The ops read and write through the view; a const AttnActs is only read by the backward ops.
   AttnBufs<T> bufs() const {
     auto p = [](const std::vector<T>& v) { return const_cast<T*>(v.data()); };
-    return {p(q), p(qc), p(c), p(kv_rinv), p(payload), p(o), p(stats), p(ocat)};
+    return {p(q), p(qc), p(c), p(kv_rinv), p(payload), p(o), p(stats), p(ocat), p(iq)};
   }
 };
 // Sizes every activation buffer for N rows (zero-filled). The ops below fill the buffers and never resize them.
@@ -142,6 +192,16 @@ template <class T>
 void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
                        const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& acts,
                        const T* dqc, const T* dpayload, std::span<const int64_t> segs, T* da);
+
+// DSA indexer projections from the layer's normed input a (N, d), detached (no gradient reaches a): iq = [a W_iq,
+// a W_iw] (N, Hi*Di + Hi); the indexer key a W_ik (N, Di) into payload[.., ikey ..) (stride P). Three mm.
+template <class T>
+void dsa_index_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, int64_t N, const AttnBufs<T>& acts);
+// Their weight gradients from diq (N, Hi*Di + Hi) and the payload gradient's indexer slots (stride P): three
+// wgrad_acc over segs (W_iq, W_iw, W_ik).
+template <class T>
+void dsa_index_wgrad(Policy pol, const Config& cfg, const AttnG<T>& G, const T* a, int64_t N, const T* diq,
+                     const T* dpayload, std::span<const int64_t> segs);
 
 // Single-rank composition: (a), core per sequence (each sequence's rows must be positions 0..S-1 in order),
 // output projection. Backward rounds each sequence's payload gradient right after the core.

@@ -128,6 +128,17 @@ void Config::validate() const {
     pos(kv_lora_rank, "attention.kv_lora_rank", limits::kv_lora_rank);
     require(rope_dim % 2 == 0, fmt::format("attention.rope_dim must be even for RoPE (got {})", rope_dim));
   }
+  require(dsa_topk >= 0, fmt::format("attention.dsa.topk must be >= 0 (0 = dense attention; got {})", dsa_topk));
+  bounded(kModel, "attention.dsa.topk", dsa_topk, limits::dsa_topk);
+  if (dsa()) {
+    require(attn == AttnKind::mla, "attention.dsa needs attention.kind \"mla\" (the indexer key rides in the latent "
+                                   "KV payload)");
+    pos(index_heads, "attention.dsa.index_heads", limits::heads);
+    pos(index_dim, "attention.dsa.index_dim", limits::head_dim);
+  } else {
+    require(index_heads == 0 && index_dim == 0,
+            fmt::format("attention.dsa: index_heads and index_dim need topk > 0 (got {}, {})", index_heads, index_dim));
+  }
   if (dense_layers < layers) {
     pos(experts, "experts", limits::experts);
     pos(top_k, "top_k", limits::experts);
@@ -185,6 +196,7 @@ int64_t Config::param_count() const {
     attn_n = add(attn_n, kv_lora_rank);
     attn_n = add(attn_n, add(mul({kv_lora_rank, H, nope_dim}), mul({kv_lora_rank, H, v_dim})));
     attn_n = add(attn_n, mul({H, v_dim, d}));
+    if (dsa()) attn_n = add(attn_n, mul({d, add(add(mul({index_heads, index_dim}), index_heads), index_dim)}));
   }
   const int64_t norms = mul({2, d});
   const int64_t dense_n = mul({3, d, dense_ffn});
@@ -212,6 +224,7 @@ json Config::to_json() const {
     a["rope_dim"] = rope_dim;
     a["v_dim"] = v_dim;
     a["kv_lora_rank"] = kv_lora_rank;
+    if (dsa()) a["dsa"] = json{{"topk", dsa_topk}, {"index_heads", index_heads}, {"index_dim", index_dim}};
   }
   return json{{"vocab", vocab},         {"d_model", d_model},       {"layers", layers},
               {"dense_layers", dense_layers}, {"attention", a},    {"experts", experts},
@@ -238,6 +251,16 @@ Config Config::from_json(const json& j) {
       c.rope_dim = a.i64("rope_dim");
       c.v_dim = a.i64("v_dim");
       c.kv_lora_rank = a.i64("kv_lora_rank");
+      if (a.has("dsa")) {  // optional: absent = dense attention
+        Reader ds(a.get("dsa"), "model config 'attention.dsa'");
+        c.dsa_topk = ds.i64("topk");
+        c.index_heads = ds.i64("index_heads");
+        c.index_dim = ds.i64("index_dim");
+        ds.finish();
+        if (c.dsa_topk <= 0)
+          fail(fmt::format("model config 'attention.dsa': topk must be > 0 (got {}; leave 'dsa' out for dense "
+                           "attention)", c.dsa_topk));
+      }
       c.kv_heads = 0;
       c.head_dim = 0;
     } else if (kind == "gqa") {
@@ -363,6 +386,10 @@ Config Config::preset(std::string_view name) {
     c.experts = 64;
     c.top_k = 4;
     c.expert_ffn = 16;
+  } else if (name == "tiny-dsa") {  // tiny with DeepSeek sparse attention: 8 of up to 32 keys per query
+    c.dsa_topk = 8;
+    c.index_heads = 2;
+    c.index_dim = 8;
   } else if (name == "small") {  // 55.9 M parameters: the speed and memory benchmark's model (bench/model)
     c.vocab = 8192;
     c.d_model = 512;
@@ -387,7 +414,7 @@ Config Config::preset(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> Config::preset_names() { return {"tiny", "tiny-gqa", "tiny-e64", "small"}; }
+std::vector<std::string> Config::preset_names() { return {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "small"}; }
 
 void RunConfig::validate() const {
   auto req = [](bool ok, const std::string& rule) {

@@ -27,6 +27,7 @@ inline constexpr int64_t layers = int64_t{1} << 10;        // 1,024
 inline constexpr int64_t heads = int64_t{1} << 10;         // attention.heads and attention.kv_heads
 inline constexpr int64_t head_dim = int64_t{1} << 12;      // 4,096: head_dim, nope_dim, rope_dim, v_dim
 inline constexpr int64_t kv_lora_rank = int64_t{1} << 14;  // 16,384
+inline constexpr int64_t dsa_topk = int64_t{1} << 20;      // 1,048,576 (at most seq_len keys exist)
 inline constexpr int64_t experts = int64_t{1} << 12;       // 4,096 (top_k <= experts)
 inline constexpr int64_t expert_ffn = int64_t{1} << 17;    // 131,072: expert_ffn and shared_ffn
 inline constexpr int64_t dense_ffn = int64_t{1} << 18;     // 262,144
@@ -71,6 +72,12 @@ struct Config {
   int64_t rope_dim = 8;        // Dr
   int64_t v_dim = 16;          // Dv
   int64_t kv_lora_rank = 32;   // r
+  // DSA (MLA only; docs/model.md "Sparse attention (DSA)"): dsa_topk > 0 turns it on. The lightning indexer has
+  // index_heads heads of index_dim; each query attends the dsa_topk keys of its causal (document) range with the
+  // highest index scores. Optional in JSON (attention.dsa); 0 = dense attention.
+  int64_t dsa_topk = 0;        // k
+  int64_t index_heads = 0;     // Hi
+  int64_t index_dim = 0;       // Di
   // MoE
   int64_t experts = 8;         // E
   int64_t top_k = 2;           // K
@@ -93,7 +100,14 @@ struct Config {
   int64_t rope_width() const { return attn == AttnKind::mla ? rope_dim : head_dim; }
   // Attention core dims: the per-token KV payload width P, per-head query width Dq, core value width Dvc,
   // number of KV groups G (MLA: 1 latent shared by all heads).
-  int64_t payload_dim() const { return attn == AttnKind::mla ? kv_lora_rank + rope_dim : 2 * kv_heads * head_dim; }
+  // DSA appends the indexer key (Di) to the MLA payload: [latent (r), rope key (Dr), indexer key (Di)], so the CP
+  // all-gather carries it with the latent KV (seed 000).
+  bool dsa() const { return dsa_topk > 0; }
+  int64_t payload_dim() const {
+    return attn == AttnKind::mla ? kv_lora_rank + rope_dim + (dsa() ? index_dim : 0) : 2 * kv_heads * head_dim;
+  }
+  // Per token, the indexer's queries and weights: (Hi*Di + Hi) values (DSA), else 0.
+  int64_t index_q_width() const { return dsa() ? index_heads * index_dim + index_heads : 0; }
   int64_t core_q_dim() const { return attn == AttnKind::mla ? kv_lora_rank + rope_dim : head_dim; }
   int64_t core_v_dim() const { return attn == AttnKind::mla ? kv_lora_rank : head_dim; }
   int64_t kv_groups() const { return attn == AttnKind::mla ? 1 : kv_heads; }
@@ -105,7 +119,7 @@ struct Config {
   nlohmann::json to_json() const;
   static Config from_json(const nlohmann::json& j);  // validates
   static Config load(const std::string& path);       // .json or .toml, validates
-  static Config preset(std::string_view name);       // tiny, tiny-gqa, tiny-e64, small
+  static Config preset(std::string_view name);       // tiny, tiny-gqa, tiny-e64, tiny-dsa, small
   static std::vector<std::string> preset_names();
 };
 

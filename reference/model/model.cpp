@@ -195,14 +195,22 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
   res.load.resize(static_cast<size_t>(L));
   res.sel.resize(static_cast<size_t>(L));
   embedding_forward<T>(xs[0].data(), batch.tokens.data(), params["embed"].ptr(), N, d, V);
+  ExactAcc<T> ikl_sum;
+  if (cfg.dsa()) res.dsa_sel.resize(static_cast<size_t>(L));
   for (int64_t i = 0; i < L; ++i) {
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
+    A.attn.keep_sel = false;
     layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data());
     if (W[i].moe) {
       res.load[i] = A.moe.load;
       res.sel[i] = A.moe.sel;
     }
+    if (cfg.dsa()) {  // the selection is saved: full recompute reuses it
+      res.dsa_sel[static_cast<size_t>(i)] = A.attn.sel;
+      sum_acc<T>(A.attn.ikl.data(), 1, rows.segs, &ikl_sum);
+    }
   }
+  res.indexer_loss = ikl_sum.round() / static_cast<T>(N);
   std::vector<T> hidden(static_cast<size_t>(N * d)), rinvf(static_cast<size_t>(N));
   const T* gf = params["final_norm"].ptr();
   rmsnorm_forward<T>(xs[L].data(), d, gf, N, d, cfg.norm_eps, hidden.data(), d, rinvf.data());
@@ -242,8 +250,12 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
   g.close();
   for (int64_t i = L - 1; i >= 0; --i) {
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
-    if (!store) {  // full recompute: re-run the layer forward from its saved input
+    if (!store) {  // full recompute: re-run the layer forward from its saved input (and DSA selection)
       std::vector<T> out(static_cast<size_t>(N * d));
+      if (cfg.dsa()) {
+        A.attn.sel = res.dsa_sel[static_cast<size_t>(i)];
+        A.attn.keep_sel = true;
+      }
       layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
     }
     // Streaming: the layer's block without its routed experts, whose slices open one expert at a time inside it.

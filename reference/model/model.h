@@ -73,6 +73,10 @@ struct ForwardResult {
   std::vector<T> hidden;              // (N, d) final-normed hidden (only if requested)
   std::vector<std::vector<int64_t>> load;  // per layer (E) routed-token counts (empty for dense layers)
   std::vector<std::vector<int32_t>> sel;   // per layer (N, K) selected experts (empty for dense layers)
+  // DSA: the indexer loss, round(exact sum over layers and queries of the KL terms) / N (docs/model.md), and each
+  // layer's (N, topk) key selection.
+  T indexer_loss = T(0);
+  std::vector<std::vector<int32_t>> dsa_sel;
 };
 
 struct StepOptions {

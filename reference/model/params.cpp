@@ -37,6 +37,11 @@ std::vector<ParamInfo> param_layout(const Config& c) {
       add(L + "attn.wuk", {r, H * Dn}, r);
       add(L + "attn.wuv", {r, H * Dv}, r);
       add(L + "attn.wo", {H * Dv, d}, H * Dv);
+      if (c.dsa()) {  // the lightning indexer (docs/model.md "Sparse attention (DSA)")
+        add(L + "attn.wiq", {d, c.index_heads * c.index_dim}, d);
+        add(L + "attn.wiw", {d, c.index_heads}, d);
+        add(L + "attn.wik", {d, c.index_dim}, d);
+      }
     }
     add(L + "ffn_norm", {d}, 1);
     if (!c.is_moe_layer(i)) {

@@ -6,6 +6,7 @@
 //   GQA layers.{i}.attn.wq [d,H*Dh], .wk [d,Hkv*Dh], .wv [d,Hkv*Dh], .wo [H*Dh,d];
 //   MLA layers.{i}.attn.wq [d,H*(Dn+Dr)] (per head Dn nope then Dr rope), .wdkv [d,r+Dr] (r latent then Dr rope),
 //       .kv_norm [r], .wuk [r,H*Dn], .wuv [r,H*Dv], .wo [H*Dv,d];
+//       with DSA also .wiq [d,Hi*Di], .wiw [d,Hi], .wik [d,Di] (the lightning indexer);
 //   layers.{i}.ffn_norm [d]; dense layers.{i}.mlp.wg|wu [d,F], .wd [F,d];
 //   MoE layers.{i}.moe.router [d,E], .router_bias [E] (buffer, not trained), .experts.wg|wu [E,d,Fe],
 //       .experts.wd [E,Fe,d], shared .shared.wg|wu [d,Fs], .shared.wd [Fs,d];
