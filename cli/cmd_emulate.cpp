@@ -174,10 +174,11 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int width = 30, fill = static_cast<int>(width * (s + 1) / spec.run.steps);
-    std::printf("step %3lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
+    const std::string ilos = spec.cfg.dsa() ? fmt::format("  indexer_loss {:.6f}", st.indexer_loss) : std::string();
+    std::printf("step %3lld/%lld  loss %.6f%s  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
                 static_cast<long long>(spec.first_step + s + 1),
-                static_cast<long long>(spec.first_step + spec.run.steps), st.loss, st.grad_norm, st.clip, fill,
-                "##############################", width - fill, "", el);
+                static_cast<long long>(spec.first_step + spec.run.steps), st.loss, ilos.c_str(), st.grad_norm, st.clip,
+                fill, "##############################", width - fill, "", el);
     std::fflush(stdout);
   };
   spec.keep_tensors = o.check;
@@ -354,6 +355,8 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
       steps.push_back({{"step", spec.first_step + static_cast<int64_t>(s) + 1}, {"loss", r.steps[s].loss},
                        {"grad_norm", r.steps[s].grad_norm}, {"clip", r.steps[s].clip},
                        {"valid_targets", r.steps[s].n_valid}});
+    if (spec.cfg.dsa())
+      for (size_t s = 0; s < r.steps.size(); ++s) steps[s]["indexer_loss"] = r.steps[s].indexer_loss;
     doc["steps"] = std::move(steps);
     doc["peak_memory_bytes"] = r.peak_bytes;
     doc["device_peak_bytes"] = r.device_peak_bytes;
@@ -433,7 +436,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
 TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ranks (optionally vs the reference)",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
+                   auto* preset = sub.add_option("--preset", o->preset, cli::preset_help())
                                       ->capture_default_str();
                    sub.add_option("--config", o->config, "model config file (.json or .toml); instead of --preset")
                        ->check(CLI::ExistingFile)

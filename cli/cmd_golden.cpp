@@ -47,16 +47,21 @@ struct RunOpts {
   int64_t seq_len = 16;
   int64_t chunks = 1;
   int64_t steps = 1;
+  int64_t docs_per_seq = 1;  // packed sequences (docs/model.md)
 };
 
 void add_run_options(CLI::App& sub, RunOpts& o) {
-  sub.add_option("--preset", o.preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")->capture_default_str();
+  sub.add_option("--preset", o.preset, cli::preset_help())->capture_default_str();
   sub.add_option("--mesh", o.mesh, "mesh, e.g. d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2 (missing keys are 1)")
       ->capture_default_str();
   sub.add_option("--policy", o.policy, "precision policy fp64|fp32|bf16 (default: the preset's)");
   sub.add_option("--seqs", o.seqs, "sequences per step")->capture_default_str()->check(cli::positive_int());
   sub.add_option("--seq-len", o.seq_len, "tokens per sequence")->capture_default_str()->check(cli::positive_int());
   sub.add_option("--chunks", o.chunks, "EP token chunks per MoE layer")->capture_default_str()
+      ->check(cli::positive_int());
+  sub.add_option("--docs-per-seq", o.docs_per_seq,
+                 "packed sequences: documents per sequence (the document-mask ops are captured; docs/model.md)")
+      ->capture_default_str()
       ->check(cli::positive_int());
 }
 
@@ -69,6 +74,7 @@ emu::EmulateSpec make_spec(const RunOpts& o, int64_t steps) {
   spec.run.sequences = o.seqs;
   spec.run.seq_len = o.seq_len;
   spec.run.steps = steps;
+  spec.run.docs_per_seq = o.docs_per_seq;
   spec.run.validate();
   spec.run.validate_for(spec.cfg);
   spec.mesh = parse_mesh(o.mesh);
@@ -105,9 +111,10 @@ int run_golden(const GoldenOpts& o) {
   const std::string state_path = (fs::path(o.out) / "state.h5").string();
   const std::string repro =
       fmt::format("trident golden --preset {} --mesh {} --policy {} --seqs {} --seq-len {} --chunks {} --steps {} "
-                  "--cases-per-op {} --out {}",
+                  "--cases-per-op {}{} --out {}",
                   o.run.preset, spec.mesh.spec(), to_string(spec.cfg.policy), o.run.seqs, o.run.seq_len,
-                  o.run.chunks, o.run.steps, o.cases, o.out);
+                  o.run.chunks, o.run.steps, o.cases,
+                  o.run.docs_per_seq > 1 ? fmt::format(" --docs-per-seq {}", o.run.docs_per_seq) : "", o.out);
   golden::Recorder rec(o.cases, fmt::format("{} && trident check {} --backend cpu", repro, o.out));
   emu::KernelFactory<T> factory = [&](int rank, Device& dev) {
     return golden::make_recording_kernels<T>(std::make_unique<CpuKernels<T>>(dev), dev, rank, rec);
@@ -128,6 +135,13 @@ int run_golden(const GoldenOpts& o) {
   std::printf("wrote %s: %zu cases of %zu ops over %d rank(s), step loss %.6f\n", prim_path.c_str(), f.cases.size(),
               ops.size(), f.ranks, r.steps.empty() ? 0.0 : r.steps[0].loss);
 
+  if (spec.run.docs_per_seq > 1) {  // (as `train --dump` refuses packed sequences)
+    std::error_code rm;
+    fs::remove(state_path, rm);  // never leave a state dump of another run next to these primitives
+    std::printf("no %s: the state dump schema stores no document boundaries (docs/golden.md); primitives only\n",
+                state_path.c_str());
+    return 0;
+  }
   // The single-rank state dump of step `steps`, with the AdamW moments.
   model::RunConfig rc = spec.run;
   rc.steps = o.run.steps;

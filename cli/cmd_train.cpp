@@ -87,8 +87,11 @@ int run(const Opts& o, const Config& cfg) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const int64_t first = tr.step_count;  // synthetic data position
-  std::printf("trident train: %s attention, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
-              std::string(to_string(cfg.attn)).c_str(), static_cast<long long>(cfg.layers),
+  const std::string dsa = cfg.dsa() ? fmt::format(" with DSA (top-{} keys, indexer {}x{})", cfg.dsa_topk, cfg.index_heads,
+                                                   cfg.index_dim)
+                                     : std::string();
+  std::printf("trident train: %s attention%s, %lld layers (%lld dense), %lld experts top-%lld, %lld params, policy %s%s\n",
+              std::string(to_string(cfg.attn)).c_str(), dsa.c_str(), static_cast<long long>(cfg.layers),
               static_cast<long long>(cfg.dense_layers), static_cast<long long>(cfg.experts),
               static_cast<long long>(cfg.top_k), static_cast<long long>(tr.params.numel()),
               std::string(to_string(cfg.policy)).c_str(), o.recompute ? ", full recompute" : "");
@@ -108,12 +111,14 @@ int run(const Opts& o, const Config& cfg) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int width = 30;
     const int fill = static_cast<int>(width * (s + 1) / o.steps);
-    std::printf("step %5lld/%lld  loss %.6f  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
-                static_cast<long long>(first + s + 1), static_cast<long long>(first + o.steps), st.loss, st.grad_norm,
-                st.clip, fill,
+    const std::string ilos = cfg.dsa() ? fmt::format("  indexer_loss {:.6f}", st.indexer_loss) : std::string();
+    std::printf("step %5lld/%lld  loss %.6f%s  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
+                static_cast<long long>(first + s + 1), static_cast<long long>(first + o.steps), st.loss, ilos.c_str(),
+                st.grad_norm, st.clip, fill,
                 "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
     std::fflush(stdout);
     steps_json.push_back({{"step", first + s + 1}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"clip", st.clip}});
+    if (cfg.dsa()) steps_json.back()["indexer_loss"] = st.indexer_loss;
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
       fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
                        st.grad_norm));
@@ -177,7 +182,7 @@ int run(const Opts& o, const Config& cfg) {
 TRIDENT_COMMAND({"train", "train the single-rank reference model on a synthetic next-token task",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<Opts>();
-                   auto* preset = sub.add_option("--preset", o->preset, "model preset: tiny, tiny-gqa, tiny-e64 or small")
+                   auto* preset = sub.add_option("--preset", o->preset, cli::preset_help())
                                       ->capture_default_str();
                    sub.add_option("--config", o->config,
                                   "model config file (.json or .toml; every key required); instead of --preset")

@@ -33,6 +33,9 @@ inline int64_t peak_rss_bytes() {
   return kb * 1024;
 }
 
+// The --preset option's help: "model preset: tiny, tiny-gqa, ..." from the preset list (reference/model/config.h).
+std::string preset_help();
+
 // Option check: an integer >= 1 ("must be a positive integer, got X").
 inline CLI::Validator positive_int() {
   return CLI::Validator(

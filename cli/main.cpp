@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "reference/model/config.h"
 
 namespace trident::cli {
 static std::vector<Command>& registry() {
@@ -16,6 +17,12 @@ static std::vector<Command>& registry() {
 bool register_command(Command cmd) {
   registry().push_back(std::move(cmd));
   return true;
+}
+std::string preset_help() {
+  std::string h = "model preset:";
+  const auto names = trident::model::Config::preset_names();
+  for (size_t i = 0; i < names.size(); ++i) h += (i ? ", " : " ") + names[i];
+  return h;
 }
 }  // namespace trident::cli
 

@@ -39,6 +39,7 @@ size_t acc_bytes(const md::Config& cfg) {
 double layer_row_elems(const md::Config& cfg, int64_t i) {
   const double d = static_cast<double>(cfg.d_model);
   double w = 3 * d + 2 + static_cast<double>(md::AttnActSizes::of(cfg, 1).total());  // a1, h, a2, 2 rinv, attention
+  if (cfg.dsa()) w += 1;  // the indexer's KL term per query
   if (!cfg.is_moe_layer(i)) return w + 3.0 * static_cast<double>(cfg.dense_ffn);     // ug, uu, hh
   const double E = static_cast<double>(cfg.experts), K = static_cast<double>(cfg.top_k);
   return w + 2 * E + 2 * K + K * d + d + 3.0 * static_cast<double>(cfg.shared_ffn);  // router, gates, yk, shared
@@ -148,7 +149,8 @@ MemoryEstimate estimate_train(const md::Config& cfg, const md::RunConfig& run, b
       // streaming accumulators: one block (and one expert's slices inside it) at a time (reference/model/params.h)
       {"exact accumulators", static_cast<double>(md::streaming_peak_accumulators(cfg)) *
                                  static_cast<double>(acc_bytes(cfg))},
-      {"activations", N * (saved + work) * static_cast<double>(eb) + ce * static_cast<double>(eb)},
+      {"activations", N * (saved + work) * static_cast<double>(eb) + ce * static_cast<double>(eb) +
+                          (cfg.dsa() ? 4.0 * L * N * static_cast<double>(cfg.dsa_topk) : 0)},  // DSA selections
       {"batch", N * 8},
   };
   e.host = {{"program", kProgramBytes}};
@@ -210,7 +212,9 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
       {"shards+AdamW", pb.shards},
       {"gathered units", gathered * ebd},
       {"accumulators", arena * abd},
-      {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16)},  // + document starts
+      // + document starts; DSA: every layer's selection, kept for the backward even under full recompute (int32)
+      {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16) +
+                          (cfg.dsa() ? 4.0 * static_cast<double>(L) * N * static_cast<double>(cfg.dsa_topk) : 0)},
       {"staging", 8.0 * 2 * static_cast<double>(in.eager_bytes) + N * 32 + 64 * 1024},
       {"stack", static_cast<double>(in.stack_bytes)},
   };

@@ -698,7 +698,7 @@ TD_REF inline T index_score(const model::CoreDims& cd, const T* iqr, const T* kv
   T I = T(0);
   for (int64_t t = 0; t < cd.Hi; ++t) {
     const T z = score(iqr + t * cd.Di, kv, cd.P, cd.ikey, j, cd.Di, bf);
-    I = fadd(I, fmul(w[t], z > T(0) ? z : T(0)));
+    I = fadd(I, fmul(w[t], z > T(0) || z != z ? z : T(0)));  // relu, NaN passed through (reported)
   }
   return I;
 }
@@ -717,6 +717,36 @@ TD_REF inline int64_t sel_count(const int32_t* sr, int64_t K, int64_t p, int* ba
   }
   if (n == 0) *bad = 1;
   return n;
+}
+
+// One query's indexer softmax over its n selected keys: mI = the first largest score, returns lI = +0 + exp(I_e - mI)
+// (ascending entries).
+template <class T>
+TD_REF inline T index_lse(const model::CoreDims& cd, const T* iqr, const T* kv, const int32_t* sr, int64_t n, bool bf,
+                          T& mI) {
+  mI = T(0);
+  for (int64_t e = 0; e < n; ++e) {
+    const T Ie = index_score(cd, iqr, kv, sr[e], bf);
+    if (e == 0 || Ie > mI) mI = Ie;
+  }
+  T lI = T(0);
+  for (int64_t e = 0; e < n; ++e) lI = fadd(lI, dmx::exp(fsub(index_score(cd, iqr, kv, sr[e], bf), mI)));
+  return lI;
+}
+// Query r's attention probabilities of key j summed over heads (+0 + p^0 + ..., ascending), recomputed from the
+// stats bit for bit.
+template <class T>
+TD_REF inline T head_prob_sum(const model::CoreDims& cd, const T* q, const T* kv, const T* stats, int64_t r, int64_t j,
+                              bool bf) {
+  const int64_t hpg = cd.H / cd.G;
+  const T sc = static_cast<T>(cd.scale);
+  T pk = T(0);
+  for (int64_t h = 0; h < cd.H; ++h) {
+    const int64_t g = h / hpg, i = r * cd.H + h;
+    const T s = fmul(score(q + i * cd.Dq, kv, cd.P, g * cd.Dq, j, cd.Dq, bf), sc);
+    pk = fadd(pk, fdiv(dmx::exp(fsub(s, stats[i * 2 + 0])), stats[i * 2 + 1]));
+  }
+  return pk;
 }
 
 // Selection, one body per query: the k-th best candidate by (score descending, position ascending) found by k
@@ -812,23 +842,11 @@ void dsa_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q,
       const int32_t* sr = sel + r * K;
       const int64_t n = sel_count(sr, K, qpos[r], bad);
       const T* iqr = iq + r * Iw;
-      T mI = T(0);
-      for (int64_t e = 0; e < n; ++e) {
-        const T Ie = index_score(c, iqr, kv, sr[e], bf);
-        if (e == 0 || Ie > mI) mI = Ie;
-      }
-      T lI = T(0);
-      for (int64_t e = 0; e < n; ++e) lI = fadd(lI, dmx::exp(fsub(index_score(c, iqr, kv, sr[e], bf), mI)));
-      const T logl = dmx::log(lI);
+      T mI;
+      const T logl = dmx::log(index_lse(c, iqr, kv, sr, n, bf, mI));
       T kl = T(0);
       for (int64_t e = 0; e < n; ++e) {
-        T pk = T(0);
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t g = h / hpg, i = r * H + h;
-          const T s = fmul(score(q + i * Dq, kv, P, g * Dq, sr[e], Dq, bf), sc);
-          pk = fadd(pk, fdiv(dmx::exp(fsub(s, stats[i * 2 + 0])), stats[i * 2 + 1]));
-        }
-        const T p = fdiv(pk, static_cast<T>(H));
+        const T p = fdiv(head_prob_sum(c, q, kv, stats, r, sr[e], bf), static_cast<T>(H));
         if (p > T(0))
           kl = fadd(kl, fmul(p, fsub(dmx::log(p), fsub(fsub(index_score(c, iqr, kv, sr[e], bf), mI), logl))));
       }
@@ -892,24 +910,14 @@ void dsa_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
     const int64_t n = sel_count(sr, K, qpos[r], bad);
     const T* iqr = iq + r * Iw;
     const T* w = iqr + Hi * Di;
-    T mI = T(0);
-    for (int64_t e = 0; e < n; ++e) {
-      const T Ie = index_score(c, iqr, kv, sr[e], bf);
-      if (e == 0 || Ie > mI) mI = Ie;
-    }
-    T lI = T(0);
-    for (int64_t e = 0; e < n; ++e) lI = fadd(lI, dmx::exp(fsub(index_score(c, iqr, kv, sr[e], bf), mI)));
+    T mI;
+    const T lI = index_lse(c, iqr, kv, sr, n, bf, mI);
     T* dqi = diq + r * Iw;
     for (int64_t cc = 0; cc < Iw; ++cc) dqi[cc] = T(0);
     T* dw = dqi + Hi * Di;
     for (int64_t e = 0; e < n; ++e) {
       const int64_t j = sr[e];
-      T pk = T(0);
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t g = h / hpg, i = r * H + h;
-        const T s = fmul(score(q + i * Dq, kv, P, g * Dq, j, Dq, bf), sc);
-        pk = fadd(pk, fdiv(dmx::exp(fsub(s, stats[i * 2 + 0])), stats[i * 2 + 1]));
-      }
+      const T pk = head_prob_sum(c, q, kv, stats, r, j, bf);
       const T eI = dmx::exp(fsub(index_score(c, iqr, kv, j, bf), mI));
       const T dI = fmul(fsub(fdiv(eI, lI), fdiv(pk, static_cast<T>(H))), iscale);
       const T* kj = kv + j * P + ik;

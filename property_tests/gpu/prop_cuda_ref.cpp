@@ -127,6 +127,59 @@ void attention_core(Policy pol) {
   RC_ASSERT(same_bits(rounded(k1), rounded(k2)));
 }
 
+// DSA: selection (ties are frequent: the values are small integers scaled by powers of two), the sparse core with
+// the indexer's KL terms, and its backward, on random MLA shapes, indexer shapes, top-k and document starts.
+template <class T>
+void dsa_ops(Policy pol) {
+  Sets z;
+  CpuKernels<T> cpu(z.dev);
+  auto ref = gpu::make_ref_host_kernels<T>(z.dev);
+  const Stream s = z.dev.compute_stream();
+  model::CoreDims cd;
+  cd.G = 1;
+  cd.H = *rc::gen::inRange(1, 4);
+  cd.Dq = *rc::gen::inRange(1, 6);
+  cd.Dv = *rc::gen::inRange<int64_t>(1, cd.Dq + 1);
+  cd.Hi = *rc::gen::inRange(1, 4);
+  cd.Di = *rc::gen::inRange(1, 5);
+  cd.topk = *rc::gen::inRange(1, 7);
+  cd.ikey = cd.Dq;
+  cd.P = cd.Dq + cd.Di;
+  cd.scale = 0.5;
+  const int64_t S = *rc::gen::inRange(1, 14), Nq = *rc::gen::inRange(1, 10), Iw = cd.Hi * cd.Di + cd.Hi;
+  std::vector<int64_t> qpos(static_cast<size_t>(Nq)), qdoc(static_cast<size_t>(Nq));
+  for (size_t r = 0; r < qpos.size(); ++r) {
+    qpos[r] = *rc::gen::inRange<int64_t>(0, S);
+    qdoc[r] = *rc::gen::inRange<int64_t>(0, qpos[r] + 1);
+  }
+  const bool docs = *rc::gen::arbitrary<bool>();
+  const auto q = values<T>(Nq * cd.H * cd.Dq), iq = values<T>(Nq * Iw), kv = values<T>(S * cd.P),
+             dO = values<T>(Nq * cd.H * cd.Dv);
+  std::vector<int32_t> sel1(static_cast<size_t>(Nq * cd.topk)), sel2(sel1.size());
+  cpu.dsa_select(pol, cd, iq.data(), qpos.data(), docs ? qdoc.data() : nullptr, Nq, kv.data(), S, sel1.data(), s);
+  ref->dsa_select(pol, cd, iq.data(), qpos.data(), docs ? qdoc.data() : nullptr, Nq, kv.data(), S, sel2.data(), s);
+  RC_ASSERT(sel1 == sel2);
+  std::vector<T> o1(Nq * cd.H * cd.Dv), o2(o1.size()), st1(Nq * cd.H * 2), st2(st1.size()), kl1(Nq), kl2(Nq);
+  cpu.dsa_core_forward(pol, cd, q.data(), iq.data(), qpos.data(), Nq, kv.data(), S, sel1.data(), o1.data(), st1.data(),
+                       kl1.data(), s);
+  ref->dsa_core_forward(pol, cd, q.data(), iq.data(), qpos.data(), Nq, kv.data(), S, sel1.data(), o2.data(),
+                        st2.data(), kl2.data(), s);
+  RC_ASSERT(same_bits(o1, o2));
+  RC_ASSERT(same_bits(st1, st2));
+  RC_ASSERT(same_bits(kl1, kl2));
+  const auto qsegs = segments(Nq);
+  const T iscale = static_cast<T>(1) / static_cast<T>(*rc::gen::inRange(1, 100));
+  std::vector<T> dq1(q.size()), dq2(q.size()), di1(iq.size()), di2(iq.size());
+  std::vector<ExactAcc<T>> k1(kv.size()), k2(kv.size());
+  cpu.dsa_core_backward(pol, cd, q.data(), iq.data(), qpos.data(), Nq, kv.data(), S, sel1.data(), o1.data(),
+                        st1.data(), dO.data(), iscale, qsegs, dq1.data(), di1.data(), k1.data(), s);
+  ref->dsa_core_backward(pol, cd, q.data(), iq.data(), qpos.data(), Nq, kv.data(), S, sel1.data(), o1.data(),
+                         st1.data(), dO.data(), iscale, qsegs, dq2.data(), di2.data(), k2.data(), s);
+  RC_ASSERT(same_bits(dq1, dq2));
+  RC_ASSERT(same_bits(di1, di2));
+  RC_ASSERT(same_bits(rounded(k1), rounded(k2)));
+}
+
 template <class T>
 void loss_router_optimizer(Policy pol) {
   Sets z;
@@ -197,6 +250,11 @@ RC_GTEST_PROP(CudaRefHostProp, AttentionCoreBitwise, ()) {
   const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
   if (pol == Policy::fp64) attention_core<double>(pol);
   else attention_core<float>(pol);
+}
+RC_GTEST_PROP(CudaRefHostProp, DsaSelectionCoreAndBackwardBitwise, ()) {
+  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
+  if (pol == Policy::fp64) dsa_ops<double>(pol);
+  else dsa_ops<float>(pol);
 }
 RC_GTEST_PROP(CudaRefHostProp, LinearCeRouterAdamwBitwise, ()) {
   const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);

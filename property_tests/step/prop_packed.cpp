@@ -1,6 +1,7 @@
 // Property: packed sequences with random document lengths (documents shorter than a zig-zag chunk, documents
 // spanning CP ranks, length-1 documents, one document per sequence) on random meshes of up to 32 ranks, 1D or 2D CP,
-// give the single-rank reference's bits (docs/parallel.md section 2). Document lengths are drawn per sequence from
+// give the single-rank reference's bits (docs/parallel.md section 2), for MLA, GQA and DSA (a random top-k: the
+// selection then also crosses documents' and ranks' boundaries only where the mask allows). Document lengths are drawn per sequence from
 // a mix of 1, short (< one zig-zag chunk) and long lengths, cut at the sequence end; a failure logs the repro
 // command and the document starts.
 #include <gtest/gtest.h>
@@ -14,13 +15,14 @@ namespace trident {
 namespace {
 
 RC_GTEST_PROP(PackedProps, RandomDocumentLengthsBitwise, ()) {
-  const bool gqa = *rc::gen::arbitrary<bool>();
+  const std::string preset = *rc::gen::element<std::string>("tiny", "tiny-gqa", "tiny-dsa");
   const int64_t cp = int64_t{1} << *rc::gen::inRange(0, 4);  // 1..8
   const int64_t fsdp = *rc::gen::inRange(1, 3), d_rep = cp <= 4 ? *rc::gen::inRange(1, 3) : 1;
   const int64_t W = d_rep * fsdp * cp;
   emu::EmulateSpec s;
-  s.preset = gqa ? "tiny-gqa" : "tiny";
+  s.preset = preset;
   s.cfg = model::Config::preset(s.preset);
+  if (s.cfg.dsa()) s.cfg.dsa_topk = *rc::gen::inRange(1, 17);
   const int64_t ep = std::min<int64_t>(W, *rc::gen::element<int64_t>(1, 2, 4, 8));
   s.mesh = MeshShape{d_rep, fsdp, cp, W / ep, ep};
   if (cp >= 4 && *rc::gen::arbitrary<bool>()) s.mesh.cp_inner = *rc::gen::element<int64_t>(2, cp / 2);  // 2D CP
@@ -51,8 +53,10 @@ RC_GTEST_PROP(PackedProps, RandomDocumentLengthsBitwise, ()) {
   RC_CLASSIFY(spanning > 0, "documents spanning chunks");
   RC_CLASSIFY(shorter > 0, "documents shorter than a chunk");
   RC_CLASSIFY(s.mesh.cp_2d(), "2D CP");
+  RC_CLASSIFY(s.cfg.dsa(), "DSA");
   s.batches = {b};
-  RC_LOG() << "repro: " << s.repro() << " (document starts given explicitly; " << docs << " documents)\n";
+  RC_LOG() << "repro: " << s.repro() << " (document starts given explicitly; " << docs << " documents"
+           << (s.cfg.dsa() ? "; DSA top-k " + std::to_string(s.cfg.dsa_topk) : std::string()) << ")\n";
   const emu::EmulateResult<float> r = emu::emulate<float>(s);
   const emu::CheckReport rep = emu::check_reference<float>(s, r);
   RC_LOG() << rep.summary() << "\n";

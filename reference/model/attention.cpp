@@ -265,7 +265,7 @@ T index_score(const CoreDims& cd, const T* qr, const T* w, const T* kr, int64_t 
   for (int64_t t = 0; t < cd.Hi; ++t) {
     const T z = dot(qr + t * cd.Di, k, cd.Di);
     if (zs) zs[t] = z;
-    I = I + w[t] * (z > T(0) ? z : T(0));
+    I = I + w[t] * (z > T(0) || z != z ? z : T(0));  // relu, NaN passed through (reported, never hidden)
   }
   return I;
 }

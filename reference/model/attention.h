@@ -68,7 +68,7 @@ void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const in
 // iq (Nq, Hi*Di + Hi): per query the Hi indexer queries (Di each) then the Hi indexer weights; the indexer key of
 // position j is kv[j*P + ikey .. +Di). Index score of query r and key j:
 //   I(r, j) = +0 + w_0 relu(z_0) + ... + w_{Hi-1} relu(z_{Hi-1}),  z_t = dot(iq_t, k_j) ascending c from +0
-// (bf16: the dot operands rounded to bf16), relu(z) = z > 0 ? z : +0.
+// (bf16: the dot operands rounded to bf16), relu(z) = z > 0 ? z : +0 (NaN stays NaN, so it is reported).
 // dsa_select: sel (Nq, topk) int32 = the positions j in [qdoc[r] (0 without qdoc), qpos[r]] of the topk highest
 // I(r, j), ties to the lower position, listed ascending; a query with fewer candidates takes them all, then -1.
 // A NaN score is an error. The selection is saved for backward and never recomputed (full recompute reuses it).

@@ -121,6 +121,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
   const AdamWHyper h = adamw_hyper(run);
   StepStats st;
   st.loss = static_cast<double>(fr.loss);
+  st.indexer_loss = static_cast<double>(fr.indexer_loss);
   st.n_valid = fr.n_valid;
   st.grad_norm = std::sqrt(sq.round());
   st.clip = clip_coef(sq, h.max_grad_norm);

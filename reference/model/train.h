@@ -24,6 +24,7 @@ struct StepStats {
   int64_t n_valid = 0;
   double grad_norm = 0;   // sqrt(round(exact sum of squares))
   double clip = 1;        // clip coefficient applied
+  double indexer_loss = 0;  // DSA: the indexer's KL loss (ForwardResult::indexer_loss); 0 without DSA
 };
 
 // Everything the optimizer carries from one step to the next (docs/checkpoints.md): the master weights with the

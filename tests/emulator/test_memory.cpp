@@ -57,6 +57,7 @@ TEST(MemoryEstimate, EmulateBoundsEveryRanksDevicePeak) {
       {.preset = "tiny-gqa", .mesh = {1, 1, 4, 2, 2}, .seq_len = 64},
       {.mesh = {1, 2, 1, 1, 2}, .policy = "fp64"},
       {.mesh = {1, 1, 2, 1, 2}, .recompute = true, .seqs = 8, .seq_len = 128},
+      {.preset = "tiny-dsa", .mesh = {1, 2, 2, 2, 2}, .recompute = true, .seq_len = 64},
   };
   for (const EmuCase& c : cases) {
     const emu::EmulateSpec s = spec_of(c);
@@ -114,7 +115,8 @@ TEST(MemoryEstimate, TrainBoundsMeasuredResidentPeak) {
     bool recompute;
   };
   for (const C& c : {C{"tiny", "fp32", 4, 256, false}, C{"tiny", "fp32", 4, 256, true},
-                     C{"tiny-e64", "fp32", 2, 256, false}, C{"tiny", "fp64", 2, 128, false}}) {
+                     C{"tiny-e64", "fp32", 2, 256, false}, C{"tiny", "fp64", 2, 128, false},
+                     C{"tiny-dsa", "fp32", 4, 256, true}}) {
     model::Config cfg = model::Config::preset(c.preset);
     cfg.policy = parse_policy(c.policy);
     model::RunConfig rc;

@@ -89,6 +89,23 @@ bool is_packed_only(const std::string& op) {
   const auto& p = packed_only_ops();
   return std::find(p.begin(), p.end(), op) != p.end();
 }
+bool is_dsa_only(const std::string& op) {
+  const auto& p = dsa_only_ops();
+  return std::find(p.begin(), p.end(), op) != p.end();
+}
+// The ops a checked-in golden holds: every op but the variants its step does not run (document masks unless packed;
+// DSA's ops only with DSA, which runs them instead of the dense or masked core).
+std::set<std::string> expected_ops(const std::string& preset) {
+  std::set<std::string> want;
+  const bool dsa = preset == "tiny-dsa", packed = preset == "tiny-packed";
+  for (const std::string& op : kernel_ops()) {
+    if (is_dsa_only(op) && !dsa) continue;
+    if (is_packed_only(op) && (!packed || dsa)) continue;
+    if ((op == "attn_core_forward" || op == "attn_core_backward") && (dsa || packed)) continue;
+    want.insert(op);
+  }
+  return want;
+}
 
 KernelsFactory<float> cpu() {
   return [](Device& d) { return std::make_unique<CpuKernels<float>>(d); };
@@ -101,7 +118,7 @@ TEST(Primitives, EveryOpOnEveryRankIsCapturedAndRechecksBitwise) {
   ASSERT_EQ(ops.size(), 4u);
   for (const auto& [r, s] : ops)
     for (const std::string& op : kernel_ops())
-      EXPECT_TRUE(is_packed_only(op) || s.count(op)) << "rank " << r << " has no case of " << op;
+      EXPECT_TRUE(is_packed_only(op) || is_dsa_only(op) || s.count(op)) << "rank " << r << " has no case of " << op;
   const CheckSummary sum = check_primitives<float>(f, cpu(), {}, "golden");
   EXPECT_EQ(sum.cases, static_cast<int64_t>(f.cases.size()));
   EXPECT_EQ(sum.passed, sum.cases);
@@ -221,12 +238,12 @@ TEST(Primitives, CommTraceHashesAgreeAcrossAGroup) {
 }
 
 TEST(Primitives, CheckedInGoldensPassOnCpu) {
-  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64"}) {
+  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"}) {
     const std::string path = fmt::format("{}/primitives/{}/primitives.h5", TRIDENT_GOLDEN_DATA, preset);
     const PrimitivesFile f = read_primitives(path);
     std::set<std::string> ops;
     for (const PrimCase& c : f.cases) ops.insert(c.op);
-    EXPECT_EQ(ops.size(), kernel_ops().size() - packed_only_ops().size()) << preset;
+    EXPECT_EQ(ops, expected_ops(preset)) << preset;
     const CheckSummary sum = check_primitives<float>(f, cpu(), {}, path);
     EXPECT_EQ(sum.passed, static_cast<int64_t>(f.cases.size())) << preset;
     for (const auto& fl : sum.failures) ADD_FAILURE() << fl.message << "\n" << fl.repro;

@@ -1,6 +1,7 @@
 // Shared by the ref tier's tests (host and GPU): every op of the kernel set recomputed from every case of the
-// checked-in primitive goldens (golden/data/primitives: tiny, tiny-gqa, tiny-e64; fp32 and fp64 kernel sets) and
-// compared bitwise; each failing case is a test failure with its repro line. Returns the cases checked per op.
+// checked-in primitive goldens (golden/data/primitives: tiny, tiny-gqa, tiny-e64, tiny-dsa, tiny-packed; fp32 and
+// fp64 kernel sets) and compared bitwise; each failing case is a test failure with its repro line. Returns the
+// cases checked per op.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -18,7 +19,7 @@ inline std::map<std::string, int64_t> check_goldens_bitwise(const std::string& b
                                                             const golden::KernelsFactory<double>& f64,
                                                             Device* device = nullptr) {
   std::map<std::string, int64_t> cases;
-  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64"}) {
+  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"}) {
     const std::string dir = std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset;
     const golden::PrimitivesFile f = golden::read_primitives(dir + "/primitives.h5");
     for (const std::string& op : golden::kernel_ops()) {
@@ -34,15 +35,11 @@ inline std::map<std::string, int64_t> check_goldens_bitwise(const std::string& b
       }
     }
   }
-  // The checked-in goldens are of unpacked steps: the document-mask ops (golden::packed_only_ops) have no case there;
-  // the whole packed steps of test_cuda_ref_host check them on the host.
-  const auto& packed = golden::packed_only_ops();
+  // Between them the checked-in goldens hold every op (tiny-packed: the document-mask ops; tiny-dsa: DSA's).
   for (const std::string& op : golden::kernel_ops()) {
     std::printf("  %-26s %4lld golden cases bitwise (%s)\n", op.c_str(), static_cast<long long>(cases[op]),
                 backend.c_str());
-    if (std::find(packed.begin(), packed.end(), op) == packed.end()) {
-      EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
-    }
+    EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
   }
   return cases;
 }

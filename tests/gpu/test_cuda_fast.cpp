@@ -19,7 +19,7 @@ namespace {
 TEST(CudaFast, GoldensWithinTheGpuRows) {
   if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
   gpu::CudaDevice dev(0);
-  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64"}) {
+  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"}) {
     const std::string dir = std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset;
     const golden::PrimitivesFile f = golden::read_primitives(dir + "/primitives.h5");
     golden::CheckOptions o;

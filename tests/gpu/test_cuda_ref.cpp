@@ -1,5 +1,6 @@
 // The ref tier on a GPU (gpu/ref/cuda_kernels.h): every op recomputed on the device from every case of the
-// checked-in primitive goldens (golden/data/primitives: tiny, tiny-gqa, tiny-e64; fp32 and fp64 kernel sets),
+// checked-in primitive goldens (golden/data/primitives: tiny, tiny-gqa, tiny-e64, tiny-dsa, tiny-packed; fp32 and
+// fp64 kernel sets),
 // inputs uploaded and outputs downloaded through a CudaDevice, compared bitwise with the reference's outputs.
 // Skips with a message without a CUDA device.
 #include <gtest/gtest.h>

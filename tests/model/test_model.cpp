@@ -118,6 +118,7 @@ TEST(ModelGradAcc, StreamingEqualsFullBitwise) {
   streaming_case<float>("tiny", Policy::bf16);
   streaming_case<float>("tiny-gqa", Policy::fp32);
   streaming_case<float>("tiny-e64", Policy::fp32);
+  streaming_case<float>("tiny-dsa", Policy::fp32);
 }
 
 TEST(ModelGradAcc, StreamingMisuseIsAnError) {
@@ -159,6 +160,9 @@ TEST(ModelRecompute, BitwiseAllPolicies) {
   recompute_case<double>("tiny-gqa", Policy::fp64);
   recompute_case<float>("tiny-gqa", Policy::fp32);
   recompute_case<float>("tiny-gqa", Policy::bf16);
+  recompute_case<double>("tiny-dsa", Policy::fp64);
+  recompute_case<float>("tiny-dsa", Policy::fp32);
+  recompute_case<float>("tiny-dsa", Policy::bf16);
 }
 
 TEST(ModelDeterminism, RunsAndThreads) {

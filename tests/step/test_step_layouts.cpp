@@ -1,6 +1,7 @@
-// The source documents' remaining layouts on the emulated step (docs/parallel.md sections 2 and 5): packed sequences
-// (document masks under zig-zag CP) and 2D CP (the cp group split into NVLink domains), each bit-identical to the
-// single-rank reference; 2D CP also to 1D CP, with the planner's 2D-CP traffic equal to the emulator's recorded bytes.
+// The source documents' remaining layouts on the emulated step (docs/parallel.md sections 2, 5 and 10): packed
+// sequences (document masks under zig-zag CP), 2D CP (the cp group split into NVLink domains) and DSA (the indexer key
+// gathered with the latent KV, the selection kept for backward), each bit-identical to the single-rank reference; 2D
+// CP also to 1D CP, with the planner's 2D-CP traffic equal to the emulator's recorded bytes.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -174,6 +175,39 @@ TEST(Step2dCp, PlannerTrafficEqualsRecordedBytes) {
       EXPECT_EQ(wire("cp_inner", s.mesh.cp_inner), want.nvlink) << "rank " << rank << " " << s.repro();
     }
   }
+}
+
+// ---- DSA ----------------------------------------------------------------------------------------------------------
+// tiny-dsa selects 8 keys per query: with 32- and 64-token sequences most queries attend a strict subset, chosen from
+// the whole sequence's indexer keys, which CP gathers with the latent KV.
+TEST(StepDsa, Cp2Ep2) { run_case({.preset = "tiny-dsa", .mesh = M(1, 1, 2, 1, 2)}); }
+TEST(StepDsa, Fsdp2Cp4_Recompute_Chunks2) {
+  run_case({.preset = "tiny-dsa", .mesh = M(1, 2, 4, 2, 4), .chunks = 2, .recompute = true, .seq_len = 64});
+}
+TEST(StepDsa, DRep2Cp2_Bf16) { run_case({.preset = "tiny-dsa", .mesh = M(2, 1, 2, 2, 2), .policy = "bf16"}); }
+TEST(StepDsa, Fp64_Packed_Recompute) {
+  run_case({.preset = "tiny-dsa", .mesh = M(1, 1, 4, 2, 2), .recompute = true, .policy = "fp64", .seq_len = 64,
+            .docs_per_seq = 5});
+}
+TEST(StepDsa, TwoDimensionalCp_FakeNccl) {
+  run_case({.preset = "tiny-dsa", .mesh = M2(1, 2, 4, 2, 4, 2), .seq_len = 64, .steps = 2,
+            .comm = emu::CommBackend::nccl_fake});
+}
+TEST(StepDsa, DeferredDevice) {
+  emu::EmulateSpec s = make_spec({.preset = "tiny-dsa", .mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = true,
+                                  .steps = 2, .docs_per_seq = 3});
+  s.device.mode = emu::DeviceMode::deferred;
+  s.device.seed = 7;
+  expect_equal<float>(s);
+}
+// The indexer loss the step reports (every rank's KL terms, summed exactly over the world) is the reference's.
+TEST(StepDsa, IndexerLossIsTheReferences) {
+  const emu::EmulateSpec s = make_spec({.preset = "tiny-dsa", .mesh = M(2, 2, 2, 2, 4), .steps = 1});
+  const auto r = emu::emulate<float>(s);
+  model::Trainer<float> tr(s.cfg, s.run);
+  const auto ref = model::model_forward<float>(s.cfg, tr.params, model::synthetic_batch(s.cfg, s.run, 0), {});
+  ASSERT_GT(ref.indexer_loss, 0.0f);
+  EXPECT_EQ(static_cast<float>(r.steps[0].indexer_loss), ref.indexer_loss);
 }
 
 }  // namespace
