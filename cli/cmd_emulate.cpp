@@ -13,6 +13,8 @@
 #include "emulator/run_step.h"
 #include "golden/checkpoint.h"
 #include "reference/check.h"
+#include "gpu/fast/host_kernels.h"
+#include "gpu/fast/step_check.h"
 #include "gpu/ref/host_kernels.h"
 #include "reference/repro.h"
 #include "sim/collectives.h"
@@ -125,6 +127,9 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
   if (o.kernels == "cuda-ref-host")
     std::printf("kernels: cuda-ref-host (the CUDA ref tier's kernel bodies, gpu/ref/, run on the CPU)\n");
+  if (o.kernels == "cuda-fast-host")
+    std::printf("kernels: cuda-fast-host (the fast tier, gpu/fast/: split-K GEMMs, online-softmax attention, chunked "
+                "linear CE, on the CPU; compared with tolerances, not bits)\n");
   if (spec.device.mode == emu::DeviceMode::deferred)
     std::printf("deferred device (seed %llu): work queued per stream, run in a seeded legal order, stream hazards "
                 "checked\n",
@@ -227,6 +232,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   std::fflush(stdout);
   emu::KernelFactory<T> kernels;  // null: the CPU kernels
   if (o.kernels == "cuda-ref-host") kernels = [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); };
+  if (o.kernels == "cuda-fast-host") kernels = [](int, Device& dev) { return gpu::make_fast_host_kernels<T>(dev); };
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, kernels, resume.get());
   std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
@@ -369,6 +375,29 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
   }
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
   std::fflush(stdout);
+  if (o.kernels == "cuda-fast-host") {  // the fast tier: tolerances (the table's step rows), not bits
+    const gpu::fast::StepCheckReport rep = gpu::fast::check_step_tolerance<T>(spec, r, info.resume);
+    for (const auto& ch : rep.checks)
+      if (o.verbose || !ch.ok() || ch.what == "loss")
+        std::printf("  %s step %lld %-5s %-28s relative difference %.3g (bound %.3g)\n", ch.ok() ? "ok  " : "OVER",
+                    static_cast<long long>(ch.step + 1), ch.what.c_str(), ch.name.empty() ? "-" : ch.name.c_str(),
+                    ch.rel, ch.bound);
+    std::printf("%s\n", rep.summary().c_str());
+    if (!rep.ok() && spec.cfg.top_k < spec.cfg.experts)
+      std::printf("note: a MoE router or expert gradient far over its bound is usually a routing flip (a token's "
+                  "top-k changing under a tiny difference of its router input), which the step rows do not cover; "
+                  "a config with top_k = experts rules flips out (docs/gpu.md \"cuda-fast\")\n");
+    if (!o.json.empty()) {
+      nlohmann::json checks = nlohmann::json::array();
+      for (const auto& ch : rep.checks)
+        checks.push_back({{"step", ch.step + 1}, {"what", ch.what}, {"name", ch.name}, {"rel", ch.rel},
+                          {"bound", ch.bound}});
+      doc["check_reference"] = {{"within_tolerance", rep.ok()}, {"summary", rep.summary()}, {"checks", checks}};
+    }
+    write_json();
+    if (!rep.ok()) std::printf("repro: %s\n", repro.c_str());
+    return rep.ok() ? 0 : 1;
+  }
   const emu::CheckReport rep = emu::check_reference<T>(spec, r, info.resume);
   for (int64_t s = 0; s < spec.run.steps; ++s) {
     int64_t ng = 0, eg = 0, np = 0, ep = 0;
@@ -434,9 +463,11 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        ->check(CLI::IsMember({"emu", "nccl-fake"}))
                        ->capture_default_str();
                    sub.add_option("--kernels", o->kernels,
-                                  "kernel set of every rank: cpu (the reference's CPU kernels) or cuda-ref-host (the "
-                                  "CUDA ref tier's kernel bodies run on the CPU, gpu/ref/; bits unchanged)")
-                       ->check(CLI::IsMember({"cpu", "cuda-ref-host", "cuda-ref", "cuda-fast"}))
+                                  "kernel set of every rank: cpu (the reference's CPU kernels), cuda-ref-host (the "
+                                  "CUDA ref tier's kernel bodies run on the CPU, gpu/ref/; bits unchanged) or "
+                                  "cuda-fast-host (the fast tier on the CPU, gpu/fast/; --check-reference compares "
+                                  "with the tolerance table's step rows)")
+                       ->check(CLI::IsMember({"cpu", "cuda-ref-host", "cuda-fast-host", "cuda-ref", "cuda-fast"}))
                        ->capture_default_str();
                    sub.add_flag("--nccl-blocking", o->nccl_blocking,
                                 "with --comm nccl-fake: blocking NCCL communicators (default: non-blocking, "
@@ -584,13 +615,13 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        fail("--ranks-per-process needs --backend mpi");
                      if (o->kernels == "cuda-ref" || o->kernels == "cuda-fast")
                        fail("--kernels " + o->kernels + ": the step on a CUDA device is not written yet (docs/gpu.md); "
-                            "--kernels cuda-ref-host runs the ref tier's kernel bodies on the CPU, and `trident check "
-                            "GOLDEN --backend cuda-ref` checks every primitive on a GPU");
+                            "--kernels " + o->kernels + "-host runs the same kernel bodies on the CPU, and `trident "
+                            "check GOLDEN --backend " + o->kernels + "` checks every primitive on a GPU");
                      if (o->kernels != "cpu" && o->backend == "mpi")
                        fail("--kernels " + o->kernels + " needs --backend emulator (the MPI backend runs the CPU "
                             "kernels)");
-                     if (o->kernels == "cuda-ref-host" && o->check_hazards)
-                       fail("--check-hazards sees no accesses of the cuda-ref-host kernels (they declare none): drop "
+                     if ((o->kernels == "cuda-ref-host" || o->kernels == "cuda-fast-host") && o->check_hazards)
+                       fail("--check-hazards sees no accesses of the " + o->kernels + " kernels (they declare none): drop "
                             "--check-hazards or use --kernels cpu");
                      (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,
                                                   spec.vocab_slices);

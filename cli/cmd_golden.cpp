@@ -21,12 +21,15 @@
 #include "emulator/run_step.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
+#include "gpu/fast/check.h"
+#include "gpu/fast/host_kernels.h"
 #include "gpu/ref/host_kernels.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/gemm.h"
+#include "gpu/fast/cuda_kernels.h"
 #include "gpu/ref/cuda_kernels.h"
 #endif
 
@@ -212,33 +215,37 @@ Backend parse_backend(const std::string& s) {
   }
   // cuda-ref-host: the CUDA ref tier's kernel bodies run on the CPU (gpu/ref/host_kernels.h), on every machine.
   if (s == "cuda-ref-host") return {s, s, "", 0};
-  if (s == "cuda-ref") {
+  // cuda-fast-host: the fast tier's fused bodies on the CPU with Eigen GEMMs (gpu/fast/host_kernels.h).
+  if (s == "cuda-fast-host") return {s, s, "", 0};
+  if (s == "cuda-ref" || s == "cuda-fast") {
+    const std::string host = s + "-host";
 #ifdef TRIDENT_HAVE_CUDA
     if (gpu::device_count() > 0) return {s, s, "", 0};
     const char* why = "no CUDA device found on this machine";
 #else
     const char* why = "this trident binary has no CUDA kernel set built in (no nvcc at build time)";
 #endif
-    fail(fmt::format("backend 'cuda-ref' is not available: {}; --backend cuda-ref-host runs the same kernel bodies "
-                     "on the CPU (the CPU backends are cpu, cuda-ref-host and cpu-ulp:OP[:INDEX])",
-                     why));
+    fail(fmt::format("backend '{}' is not available: {}; --backend {} runs the same kernel bodies on the CPU (the "
+                     "CPU backends are cpu, cuda-ref-host, cuda-fast-host and cpu-ulp:OP[:INDEX])",
+                     s, why, host));
   }
-  if (s == "cuda-fast")
-    fail("backend 'cuda-fast' is not available: the fast CUDA tier is not written yet (docs/gpu.md); the CPU "
-         "backends are cpu, cuda-ref-host and cpu-ulp:OP[:INDEX]");
-  fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cpu-ulp:OP[:INDEX]; cuda-ref needs a CUDA build and a "
-                   "device)",
+  fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cuda-fast-host, cpu-ulp:OP[:INDEX]; cuda-ref and "
+                   "cuda-fast need a CUDA build and a device)",
                    s));
 }
+bool is_fast_backend(const Backend& b) { return b.name == "cuda-fast" || b.name == "cuda-fast-host"; }
 template <class T>
 std::unique_ptr<Kernels<T>> make_kernels(const Backend& b, Device& dev) {
   if (b.name == "cuda-ref-host") return gpu::make_ref_host_kernels<T>(dev);
-  if (b.name == "cuda-ref") {  // buffers must live on the GPU: only `check` sets that up
+  if (b.name == "cuda-fast-host") return gpu::make_fast_host_kernels<T>(dev);
+  if (b.name == "cuda-ref" || b.name == "cuda-fast") {  // buffers must live on the GPU: only `check` sets that up
 #ifdef TRIDENT_HAVE_CUDA
-    if (auto* cd = dynamic_cast<gpu::CudaDevice*>(&dev)) return gpu::make_cuda_ref_kernels<T>(*cd);
+    if (auto* cd = dynamic_cast<gpu::CudaDevice*>(&dev))
+      return b.name == "cuda-ref" ? gpu::make_cuda_ref_kernels<T>(*cd) : gpu::make_cuda_fast_kernels<T>(*cd);
 #endif
-    fail("backend 'cuda-ref' runs in `trident check` only (its buffers live on the GPU); use cuda-ref-host here "
-         "(the same kernel bodies on the CPU)");
+    fail(fmt::format("backend '{}' runs in `trident check` only (its buffers live on the GPU); use {}-host here "
+                     "(the same kernel bodies on the CPU)",
+                     b.name, b.name));
   }
   auto cpu = std::make_unique<CpuKernels<T>>(dev);
   if (b.name == "cpu") return cpu;
@@ -261,6 +268,65 @@ std::string primitives_path(const std::string& g) {
   return g;
 }
 
+// The fast tier: its own ops under the tolerance table's "gpu" rows (and the relative test vs fp64), every other op
+// bitwise (gpu/fast/check.h); a table of the largest |err| / bound per op.
+int run_check_fast(const CheckOpts& o, const Backend& be, const golden::PrimitivesFile& f, const std::string& path,
+                   golden::CheckOptions co, Device* device) {
+  co.backend = o.backend;
+  gpu::fast::FastCheckSummary all;
+  for (bool f64 : {false, true}) {
+    gpu::fast::FastCheckSummary part =
+        f64 ? gpu::fast::check_fast_primitives<double>(
+                  f, [&](Device& d) { return make_kernels<double>(be, d); }, co, o.golden, device)
+            : gpu::fast::check_fast_primitives<float>(
+                  f, [&](Device& d) { return make_kernels<float>(be, d); }, co, o.golden, device);
+    all.sum.cases += part.sum.cases;
+    all.sum.passed += part.sum.passed;
+    for (auto& x : part.sum.failures) all.sum.failures.push_back(std::move(x));
+    for (auto& x : part.sum.ops_checked)
+      if (std::find(all.sum.ops_checked.begin(), all.sum.ops_checked.end(), x) == all.sum.ops_checked.end())
+        all.sum.ops_checked.push_back(std::move(x));
+    for (const auto& [op, st] : part.ops) {
+      gpu::fast::OpStat& a = all.ops[op];
+      a.cases += st.cases, a.passed += st.passed, a.tolerance = st.tolerance, a.rel_outputs += st.rel_outputs;
+      a.max_err_over_bound = std::max(a.max_err_over_bound, st.max_err_over_bound);
+      a.max_rel = std::max(a.max_rel, st.max_rel);
+    }
+  }
+  const golden::CheckSummary& sum = all.sum;
+  if (sum.cases == 0) fail(fmt::format("{}: no primitive case matches the filters", path));
+  std::printf("%-24s %6s %10s %16s %16s\n", "op", "cases", "mode", "max |err|/bound", "max rel vs fp64");
+  for (const auto& [op, st] : all.ops) {
+    if (!st.tolerance) continue;
+    std::printf("%-24s %6lld %10s %16.3g %16s\n", op.c_str(), static_cast<long long>(st.cases), "tolerance",
+                st.max_err_over_bound, st.rel_outputs > 0 ? fmt::format("{:.3g}", st.max_rel).c_str() : "-");
+  }
+  int64_t nbit = 0, nbit_ops = 0;
+  for (const auto& [op, st] : all.ops)
+    if (!st.tolerance) nbit += st.cases, ++nbit_ops;
+  std::printf("%-24s %6lld %10s   (%lld ops running the ref tier's bodies)\n", "(other ops)",
+              static_cast<long long>(nbit), "bitwise", static_cast<long long>(nbit_ops));
+  for (const auto& fl : sum.failures) {
+    std::printf("FAIL %s\n", fl.message.c_str());
+    std::printf("  repro: %s\n", fl.repro.c_str());
+  }
+  std::printf("trident check %s --backend %s: %lld/%lld cases of %zu ops passed (fast ops: tolerance table, gpu "
+              "rows; other ops bitwise)\n",
+              path.c_str(), o.backend.c_str(), static_cast<long long>(sum.passed), static_cast<long long>(sum.cases),
+              sum.ops_checked.size());
+  if (!o.report.empty()) {
+    nlohmann::json j = all.to_json();
+    j["golden"] = path;
+    j["backend"] = o.backend;
+    j["mode"] = "tolerance (gpu rows) for the fast ops, bitwise for the others";
+    std::ofstream os(o.report);
+    if (!os) fail(fmt::format("--report '{}': cannot write", o.report));
+    os << j.dump(2) << "\n";
+    if (!os) fail(fmt::format("--report '{}': write failed", o.report));
+  }
+  return sum.failures.empty() ? 0 : 1;
+}
+
 int run_check(const CheckOpts& o) {
   const Backend be = parse_backend(o.backend);
   const std::string path = primitives_path(o.golden);
@@ -278,8 +344,9 @@ int run_check(const CheckOpts& o) {
   }
   std::unique_ptr<Device> device;  // cuda-ref: the cases' buffers on the GPU
 #ifdef TRIDENT_HAVE_CUDA
-  if (be.name == "cuda-ref") device = std::make_unique<gpu::CudaDevice>(0);
+  if (be.name == "cuda-ref" || be.name == "cuda-fast") device = std::make_unique<gpu::CudaDevice>(0);
 #endif
+  if (is_fast_backend(be)) return run_check_fast(o, be, f, path, co, device.get());
   golden::CheckSummary sum;
   for (bool f64 : {false, true}) {
     golden::CheckSummary part =
@@ -460,9 +527,10 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                    auto o = std::make_shared<CheckOpts>();
                    sub.add_option("golden", o->golden, "golden directory (or its primitives.h5)")->required();
                    sub.add_option("--backend", o->backend,
-                                  "cpu | cuda-ref-host | cuda-ref | cuda-fast | cpu-ulp:OP[:INDEX] (cuda-ref-host: "
-                                  "the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, needs a CUDA "
-                                  "build and a device; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
+                                  "cpu | cuda-ref-host | cuda-ref | cuda-fast-host | cuda-fast | cpu-ulp:OP[:INDEX] "
+                                  "(cuda-ref-host: the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, "
+                                  "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, checked "
+                                  "with the tolerance table's gpu rows; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
                                   "first output, a deliberately wrong backend)")
                        ->capture_default_str();
                    sub.add_option("--report", o->report, "write a JSON report here");
@@ -478,7 +546,7 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
 TRIDENT_COMMAND({"paired", "run two implementations on the same inputs: loss, grad, peak memory, time and ratios",
                  [](CLI::App& sub) -> trident::cli::Action {
                    auto o = std::make_shared<PairedOpts>();
-                   sub.add_option("A", o->a, "implementation A: cpu | cuda-ref-host | cpu-ulp:OP[:INDEX]")->required();
+                   sub.add_option("A", o->a, "implementation A: cpu | cuda-ref-host | cuda-fast-host | cpu-ulp:OP[:INDEX]")->required();
                    sub.add_option("B", o->b, "implementation B")->required();
                    add_run_options(sub, o->run);
                    sub.add_option("--golden", o->golden, "primitive mode: a golden directory (with --op)");

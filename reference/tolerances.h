@@ -92,6 +92,72 @@ inline constexpr Tolerance kTolerances[] = {
      "expert selected (no routing flips): each GEMM operand carries a relative error <= u_bf16 (2^-8) and the "
      "errors partly cancel norm-wise; measured worst 0.0076 (~2 u_bf16) on tiny/tiny-gqa; 8 u_bf16 = 0.031 "
      "leaves 4x margin while any misplaced rounding or operand stride gives O(1)"},
+    // ---- the fast GPU tier (gpu/fast, docs/gpu.md "cuda-fast"): fast vs the reference, direction "gpu" ---------
+    // bound = the two sides' error bounds added (|fast - ref| <= |fast - exact| + |ref - exact|); sum_abs and n_terms
+    // per output element are computed in fp64 from the case's inputs (gpu/fast/bounds.h); u is the accumulation
+    // type's (the bf16 policy uses the fp32 rows, plus the bf16 rows for the roundings to bf16 inside the op). The
+    // fast side may sum in any order, with FMA, and (tensor cores) with truncating accumulation: 2u per operation.
+    {"gemm", "fp32", "gpu", 2.0, 3.0,
+     "reference: in-order chain of K rounded products, gamma_K (1 per term); fast (cuBLAS / Eigen): any order, "
+     "truncating accumulation at worst 2u per add (2 per term); +2u for 1/(1-Ku) on both sides. n_terms = K, "
+     "sum_abs = sum_k |a*b| (bf16 policy: of the bf16 operands, identical on both sides)"},
+    {"gemm", "fp64", "gpu", 2.0, 3.0, "as gemm/fp32/gpu with fp64's u (cublasGemmEx CUBLAS_COMPUTE_64F, Eigen double)"},
+    {"tile_wgrad", "fp32", "gpu", 3.0, 3.0,
+     "per tile: the reference's in-order partial (1 per term) and the fast GEMM's partial (2 per term), added "
+     "exactly, each side rounded once (+u each); +u slack. n_terms = the longest tile, sum_abs = sum_r |x*dy|"},
+    {"tile_wgrad", "fp64", "gpu", 3.0, 3.0, "as tile_wgrad/fp32/gpu with fp64's u"},
+    {"attn_core", "fp32", "gpu", 16.0, 5.0,
+     "online softmax vs two-pass: per side, score errors (Dq+1)u*S_max shift p by at most twice that (softmax is "
+     "2-Lipschitz in max-norm), the sum chains of l and o (1 per key each), the rescales (one per block of 32 keys) "
+     "and ~8 single roundings (exp, division, scale); both sides: 4 per key + 4 per score term + 16. n_terms = keys "
+     "+ Dq + 1 (backward: + Dv, and for dkv twice the tile's (row, head) terms), sum_abs = (1 + S_max) * the output's "
+     "magnitude (forward: sum_j p_j |v_j|; backward: through |ds| and p bounds, gpu/fast/bounds.h)"},
+    {"attn_core", "fp64", "gpu", 16.0, 5.0, "as attn_core/fp32/gpu with fp64's u"},
+    {"attn_core", "bf16", "gpu", 2.0, 0.0,
+     "bf16 policy, added to the fp32 row: p (forward; the fast side rounds the unnormalised exp) and p, ds "
+     "(backward) are rounded to bf16 as value / key / query operands on both sides: <= u_bf16 relative each, "
+     "sum_abs = sum |p v| (o), sum |ds k| (dq), sum |ds q| + |p dO| (dkv)"},
+    {"linear_ce", "fp32", "gpu", 16.0, 6.0,
+     "per side: logit errors (2d u sum|h W|, fast: any order / truncating), the chunked logsumexp (4 + 3 per "
+     "column and 6 per chunk merge, the table's linear_ce_lse), dlogit's exp of a shifted argument; backward: the "
+     "dhidden chain over the columns (fast: GEMM per chunk, accumulating) and the dW tile chains. n_terms = d + "
+     "columns + 1 (forward: + 2 chunks; dW: longest tile + d + 1), sum_abs = the magnitudes of gpu/fast/bounds.h"},
+    {"linear_ce", "fp64", "gpu", 16.0, 6.0, "as linear_ce/fp32/gpu with fp64's u"},
+    {"linear_ce", "bf16", "gpu", 2.0, 0.0,
+     "bf16 policy, added to the fp32 row: dlogit is rounded to bf16 as a GEMM operand on both sides (<= u_bf16 "
+     "relative each); sum_abs = sum_j |dlogit*W| (dhidden), sum_r |h*dlogit| (dW); the forward has no bf16 rounding "
+     "beyond the operands (identical on both sides)"},
+    // The whole step with the fast tier vs the reference (gpu/fast/step_check.h; both from the same parameters each
+    // step): relative differences with sum_abs = 1, n_terms = the step's longest reduction (max of vocab, d_model, FFN
+    // widths, tile, seq_len). A budget over per-op bounds, not a proof: element-wise each fast op is within its row
+    // ((k_const + k_per_term n) u relative to its terms' magnitude, k_per_term <= 6); a gradient passes through the
+    // fast ops of its layer and of every later layer, and the differences propagate with the model's conditioning,
+    // which no row states. Routing flips (a token's top-k changing under a tiny difference of its router input) are
+    // not covered: the tiny presets' margins are reported by the check (docs/gpu.md "cuda-fast", measured).
+    {"step_grad", "fp32", "gpu", 0.0, 64.0,
+     "norm-wise ||g_fast - g_ref|| / ||g_ref|| per gradient tensor: 64 n u = the per-op per-term factor (<= 6) "
+     "times ~10 fast ops on a gradient's path in a 3-layer model, rounded up to a power of two"},
+    {"step_grad", "fp64", "gpu", 0.0, 64.0, "as step_grad/fp32/gpu with fp64's u"},
+    {"step_grad", "bf16", "gpu", 4.0, 0.0,
+     "bf16 policy, added to the fp32 row: the bf16 roundings of p, ds (attention) and dlogit (linear CE) happen at "
+     "slightly different values on the two sides: <= u_bf16 relative per rounded term and side, 2 u_bf16 per op "
+     "norm-wise, twice for the ops a gradient passes through: 4 u_bf16 = 0.0156 (< TE's 2.5e-2, < llm.c's 0.079)"},
+    {"step_loss", "fp32", "gpu", 0.0, 64.0,
+     "|loss_fast - loss_ref| / |loss_ref|: the forward's fast ops (attention, GEMMs, linear CE: <= 6 per term each) "
+     "over the layers, as step_grad"},
+    {"step_loss", "fp64", "gpu", 0.0, 64.0, "as step_loss/fp32/gpu with fp64's u"},
+    {"step_loss", "bf16", "gpu", 2.0, 0.0,
+     "bf16 policy, added to the fp32 row: the forward's bf16 roundings of p at different values on the two sides "
+     "(<= u_bf16 relative each)"},
+    {"fast_vs_fp64", "fp32", "gpu", 4.0, 2.0,
+     "the relative test: rms(fast - fp64 oracle) <= k_const * rms(reference - oracle) + floor per output, floor = "
+     "k_per_term * (u * rms(sum_abs) + u_bf16 * rms(sum_abs_bf16)) with the gpu rows' magnitudes (bf16 part: bf16 "
+     "policy only); the oracle is the reference op in fp64 on the same (bf16 policy: bf16-rounded) GEMM operands. "
+     "The fast side's worst-case bound is at most twice the reference's per term (truncating adds) plus the online "
+     "rescales: 4. The floor is two roundings of the terms' magnitude: below it the two errors are rounding noise "
+     "that no ratio orders (cancellation: an exact result of 0 with both sides at u * sum|terms|; a few bf16 "
+     "roundings per element that happen to cancel on the reference's side). fp64 kernel sets: the oracle would be "
+     "the reference itself; only the bound rows apply"},
 };
 
 inline double unit_roundoff(std::string_view dtype) {

@@ -28,6 +28,7 @@ class CudaExec {
   static constexpr bool kHost = false;
   static constexpr int kBlock = 256;
   explicit CudaExec(cudaStream_t s) : s_(s) {}
+  cudaStream_t stream() const { return s_; }  // the op's stream (the fast tier's cuBLAS calls run on it)
   ~CudaExec() {
     for (void* p : bufs_) (void)cudaFreeAsync(p, s_);
   }

@@ -3,7 +3,7 @@
 // or as one launch on a deferred device) or the CUDA executor (gpu/ref/cuda_kernels.cu: the kernels enqueued on the
 // op's stream). Closures capture by value, host metadata (tile segments, row lists) copied: a deferred launch runs
 // after the call returned. The model config and RoPE table are captured by reference, as CpuKernels does (the step
-// keeps them alive).
+// keeps them alive). The fast tier (gpu/fast/kernels_impl.h) derives from RefKernels and overrides only its own ops.
 #pragma once
 #include <cstdint>
 #include <source_location>
@@ -24,7 +24,7 @@ struct Held {
 inline Held held(std::span<const int64_t> s) { return Held{std::vector<int64_t>(s.begin(), s.end())}; }
 
 template <class T, class Launch>
-class RefKernels final : public Kernels<T> {
+class RefKernels : public Kernels<T> {
  public:
   using typename Kernels<T>::Config;
   using typename Kernels<T>::AttnW;
@@ -223,7 +223,7 @@ class RefKernels final : public Kernels<T> {
     launch_(s, "router_bias_update", loc, [=](auto& ex) { ref::router_bias_update<T>(ex, b, load, E, gamma); });
   }
 
- private:
+ protected:  // the fast tier (gpu/fast/kernels_impl.h) derives from this class and launches through it
   Launch launch_;
 };
 

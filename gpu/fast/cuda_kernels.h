@@ -1,0 +1,20 @@
+// The fast tier on a CUDA device (backend cuda-fast, docs/gpu.md "cuda-fast"): gpu/fast/kernels_impl.h with the
+// CUDA executor (gpu/ref/cuda_exec.cuh) and cuBLAS GEMMs (cublasGemmEx: bf16 operands on tensor cores with fp32
+// accumulation under the bf16 policy, fp32 without TF32, fp64). cuBLAS is loaded with dlopen on first use
+// (libcublas.so.13, then .12): the binaries carry no cuBLAS and start on a machine without one; a missing library
+// is one error naming what was tried. Built only with nvcc (the trident_gpu library).
+#pragma once
+#include <memory>
+
+#include "gpu/cuda_device.h"
+#include "parallel/step_kernels.h"
+
+namespace trident::gpu {
+
+template <class T>
+std::unique_ptr<Kernels<T>> make_cuda_fast_kernels(CudaDevice& dev);
+
+// Loads cuBLAS now (the check a caller can make before running anything); throws naming the libraries tried.
+void load_cublas();
+
+}  // namespace trident::gpu
