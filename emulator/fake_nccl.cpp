@@ -386,12 +386,19 @@ void fake_nccl_inject(nccl::Comm comm, FakeFault f) {
 
 std::unique_ptr<NcclCommunicator> FakeNcclWorld::world(RankContext& ctx) {
   const nccl::Api& api = fake_nccl();
-  const nccl::UniqueId id = ids_.exchange(ctx.rank(), ctx.world_size(), [&] {
-    nccl::UniqueId u;
-    const Result r = api.get_unique_id(&u);
-    TD_CHECK(r == nccl::kSuccess, "fake ncclGetUniqueId failed: {}", nccl::to_string(r));
-    return u;
-  });
+  // The first rank here makes the unique id and the others take it. No rank waits for another (a rank waiting
+  // for rank 0 outside the communicator would hold its worker thread, and rank 0 may be a fiber behind it).
+  nccl::UniqueId id;
+  {
+    std::lock_guard lk(id_mu_);
+    if (!id_) {
+      nccl::UniqueId u;
+      const Result r = api.get_unique_id(&u);
+      TD_CHECK(r == nccl::kSuccess, "fake ncclGetUniqueId failed: {}", nccl::to_string(r));
+      id_ = u;
+    }
+    id = *id_;
+  }
   return NcclCommunicator::init(api, id, ctx.world_size(), ctx.rank(), ctx.device(), "world", opts_);
 }
 
