@@ -38,6 +38,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 #ifdef TD_FIBER_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #if !defined(__x86_64__)
@@ -243,6 +244,11 @@ void release(Fiber* f) {
   if (f->ctx.tsan) __tsan_destroy_fiber(f->ctx.tsan);
   f->ctx.tsan = nullptr;
 #endif
+#ifdef TD_FIBER_ASAN
+  // Frames that never returned (the fiber's last switch) leave poisoned redzones in the shadow; memory mapped
+  // later at these addresses must not inherit them.
+  if (f->map) __asan_unpoison_memory_region(f->ctx.stack_bottom, f->ctx.stack_size);
+#endif
   if (f->map) munmap(f->map, f->map_bytes);
   f->map = nullptr;
 }
@@ -284,8 +290,11 @@ void Worker::loop() {
   }
 }
 
-Scheduler::Scheduler(int workers) {
+Scheduler::Scheduler(int workers, size_t fibers) {
   TD_CHECK(workers >= 1, "fiber scheduler: need at least one worker (got {})", workers);
+  nbuckets_ = 64;
+  while (nbuckets_ < 2 * fibers) nbuckets_ *= 2;
+  buckets_ = std::make_unique<Bucket[]>(nbuckets_);
   for (int i = 0; i < workers; ++i) {
     workers_.push_back(std::make_unique<Worker>());
     workers_.back()->s = this;
@@ -373,9 +382,6 @@ void Scheduler::stop_all() {
 
 void Scheduler::run() {
   if (fibers_.empty()) return;
-  nbuckets_ = 64;
-  while (nbuckets_ < 2 * fibers_.size()) nbuckets_ *= 2;
-  buckets_ = std::make_unique<Bucket[]>(nbuckets_);
   remaining_.store(static_cast<int64_t>(fibers_.size()));
   // Threads start behind a gate, so fibers of a worker whose thread could not start move to a started one first.
   std::atomic<uint32_t> gate{0};
@@ -416,10 +422,8 @@ Scheduler::Bucket& Scheduler::bucket(const void* addr) {
 
 void Scheduler::wait(std::atomic<uint32_t>& word, uint32_t old) {
   Fiber* f = t_current;
-  if (!f) {  // not on a fiber (cannot happen for rank code): sleep the thread
-    futex_wait_sys(word, old);
-    return;
-  }
+  // Only fibers sleep here (wake() never wakes a thread): a rank's communicator used from another thread fails.
+  if (!f) fail("emulator: a rank's communicator was used from a thread that is not one of the world's ranks");
   while (word.load(std::memory_order_acquire) == old) {
     Bucket& b = bucket(&word);
     {

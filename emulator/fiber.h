@@ -26,7 +26,7 @@ struct Worker;
 
 class Scheduler {
  public:
-  explicit Scheduler(int workers);
+  Scheduler(int workers, size_t fibers);  // fibers: how many will be added (sizes the futex table)
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -40,7 +40,8 @@ class Scheduler {
   // worker 0.
   void run();
 
-  // From a fiber of this scheduler: parks until word != old (spurious returns are possible: callers loop).
+  // From a fiber of this scheduler: parks until word != old (spurious returns are possible: callers loop). Throws
+  // Error on any other thread.
   void wait(std::atomic<uint32_t>& word, uint32_t old);
   // From anywhere: makes up to n fibers parked on word runnable.
   void wake(std::atomic<uint32_t>& word, int n);

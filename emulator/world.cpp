@@ -259,7 +259,9 @@ struct World {
     failures.reserve(static_cast<size_t>(n) + 1);  // recording a failure does not allocate (out of memory)
   }
   SpawnOptions opts;
-  fiber::Scheduler* sched = nullptr;  // RankExec::fibers: ranks wait by parking their fiber
+  // RankExec::fibers: ranks wait by parking their fiber. Made before the first fiber is added and kept as long as
+  // the world (the watchdog thread may wake fibers until it is joined).
+  std::unique_ptr<fiber::Scheduler> sched;
   // Sleeping on a word until it changes, and waking the sleepers: a kernel futex for rank threads, the fiber
   // scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers too).
   void wait_word(std::atomic<uint32_t>& w, uint32_t old) {
@@ -1117,23 +1119,16 @@ void run_fibers(World& w, std::vector<ThreadArg>& args, const SpawnOptions& opts
   int workers = opts.workers;
   if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers = std::min(workers, world_size);
-  fiber::Scheduler sched(workers);
+  w.sched = std::make_unique<fiber::Scheduler>(workers, static_cast<size_t>(world_size));
   const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
   for (int i = 0; i < world_size; ++i) {
-    const std::string err = sched.add(i % workers, stack, run_rank, &args[static_cast<size_t>(i)]);
+    const std::string err = w.sched->add(i % workers, stack, run_rank, &args[static_cast<size_t>(i)]);
     if (!err.empty()) {
       fail_unstarted(w, i, world_size, fmt::format("spawn: could not start rank fiber {} of {} ({})", i, world_size, err));
       break;
     }
   }
-  w.sched = &sched;
-  try {
-    sched.run();
-  } catch (...) {  // no worker thread started: no rank ran
-    w.sched = nullptr;
-    throw;
-  }
-  w.sched = nullptr;
+  w.sched->run();  // throws only if no worker thread started (then no rank ran)
 }
 
 }  // namespace
