@@ -41,11 +41,14 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
-#if !defined(__x86_64__)
+// The hand-written switch on x86-64; ucontext elsewhere (or with -DTD_FIBER_UCONTEXT, to test that path).
+#if defined(__x86_64__) && !defined(TD_FIBER_UCONTEXT)
+#define TD_FIBER_ASM 1
+#else
 #include <ucontext.h>
 #endif
 
-#if defined(__x86_64__)
+#if defined(TD_FIBER_ASM)
 // trident_fiber_switch(save, to): pushes the callee-saved registers and the FP control state on the current
 // stack, stores the stack pointer in *save, loads `to` and pops the same from there. trident_fiber_start: a new
 // fiber's first "return address": calls r13(r12); the fiber's entry never returns (ud2 after it), and the CFI
@@ -122,7 +125,7 @@ EhGlobals* eh_globals() { return reinterpret_cast<EhGlobals*>(abi::__cxa_get_glo
 }  // namespace
 
 struct Context {
-#if defined(__x86_64__)
+#if defined(TD_FIBER_ASM)
   void* sp = nullptr;
 #else
   ucontext_t uc{};
@@ -203,7 +206,7 @@ void switch_context(Context& from, Context& to, Context* prev_into, bool finishe
 #ifdef TD_FIBER_TSAN
   __tsan_switch_to_fiber(to.tsan, 0);
 #endif
-#if defined(__x86_64__)
+#if defined(TD_FIBER_ASM)
   trident_fiber_switch(&from.sp, to.sp);
 #else
   swapcontext(&from.uc, &to.uc);
@@ -233,7 +236,7 @@ void fiber_main(void* p) noexcept {
   __builtin_unreachable();
 }
 
-#if !defined(__x86_64__)
+#if !defined(TD_FIBER_ASM)
 void fiber_main_uc(unsigned lo, unsigned hi) {
   fiber_main(reinterpret_cast<void*>((static_cast<uintptr_t>(hi) << 32) | lo));
 }
@@ -327,7 +330,7 @@ std::string Scheduler::add(int worker, size_t stack_bytes, void (*fn)(void*), vo
   f->ctx.stack_bottom = static_cast<char*>(m) + page;
   f->ctx.stack_size = bytes - page;
   char* top = static_cast<char*>(m) + bytes;
-#if defined(__x86_64__)
+#if defined(TD_FIBER_ASM)
   // The frame trident_fiber_switch pops (see its push order), ending in a return into trident_fiber_start with
   // the stack 16-byte aligned; the FP control state is the creating thread's (as a new thread inherits it).
   auto* sp = reinterpret_cast<uint64_t*>(top - 88);
