@@ -44,6 +44,8 @@ struct Opts {
   bool nccl_blocking = false;
   std::string device = "eager";
   int64_t device_seed = 0;
+  std::string ranks_as = "fibers";
+  int64_t workers = 0;
   bool check_hazards = false;
   bool check = false;
   bool verbose = false;
@@ -73,6 +75,8 @@ struct Opts {
   std::string repro_flags() const {
     ReproLine r("");
     if (kernels != "cpu") r.opt_nonempty("--kernels", kernels);
+    if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
+    r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
     r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
     r.opt_nonempty("--timeline", timeline);
@@ -477,6 +481,16 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "run it in a seeded legal order, check stream hazards; bits unchanged)")
                        ->check(CLI::IsMember({"eager", "deferred"}))
                        ->capture_default_str();
+                   sub.add_option("--ranks-as", o->ranks_as,
+                                  "how emulated ranks execute: fibers (user-space fibers on a few worker threads) or "
+                                  "threads (one OS thread per rank); bits unchanged")
+                       ->check(CLI::IsMember({"fibers", "threads"}))
+                       ->capture_default_str();
+                   sub.add_option("--workers", o->workers,
+                                  "worker threads of --ranks-as fibers (0: one per hardware thread, at most one per "
+                                  "rank)")
+                       ->check(cli::int_at_least(0))
+                       ->capture_default_str();
                    sub.add_option("--device-seed", o->device_seed, "deferred device: the scheduler's seed")
                        ->check(cli::int_at_least(0))
                        ->capture_default_str();
@@ -609,6 +623,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        fail("--nccl-blocking needs --comm nccl-fake");
                      spec.nccl_blocking = o->nccl_blocking;
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
+                     spec.exec = o->ranks_as == "threads" ? emu::RankExec::threads : emu::RankExec::fibers;
+                     if (o->workers > 4096) fail("--workers: at most 4096 worker threads (got " + std::to_string(o->workers) + ")");
+                     spec.workers = static_cast<int>(o->workers);
                      spec.device.seed = static_cast<uint64_t>(o->device_seed);
                      spec.device.check_hazards = o->check_hazards;
                      if (o->backend != "mpi" && o->ranks_per_process != 1)

@@ -28,7 +28,15 @@ struct Binding {
   std::vector<FakeComm*> grouped;       // communicators whose emulator group is open
   std::string init_error;               // last error of a failed init (no communicator to hold it)
 };
-thread_local Binding* tl = nullptr;
+// The calling rank's binding, in its rank-local slot: with RankExec::fibers several ranks share a worker thread and
+// switch at blocking calls, so a thread_local would be another rank's after any collective. Outside a rank (no
+// slot) a thread_local stands in.
+void*& tl_slot() {
+  if (void** slot = rank_local_slot()) return *slot;
+  static thread_local void* outside = nullptr;
+  return outside;
+}
+Binding* tl() { return static_cast<Binding*>(tl_slot()); }
 
 struct FakeComm {
   Communicator* c = nullptr;                 // the emulated communicator (world: borrowed)
@@ -45,8 +53,8 @@ FakeComm* as_fake(nccl::Comm c) { return reinterpret_cast<FakeComm*>(c); }
 nccl::Comm as_handle(FakeComm* f) { return reinterpret_cast<nccl::Comm>(f); }
 
 std::source_location take_site() {
-  std::source_location s = tl && tl->site ? *tl->site : std::source_location::current();
-  if (tl) tl->site.reset();
+  std::source_location s = tl() && tl()->site ? *tl()->site : std::source_location::current();
+  if (tl()) tl()->site.reset();
   return s;
 }
 
@@ -74,7 +82,7 @@ bool to_op(nccl::RedOp op, ReduceOp* out) {
 template <class F>
 Result run(nccl::Comm h, F&& body) {
   FakeComm* f = as_fake(h);
-  if (!tl || !f) return nccl::kInvalidUsage;
+  if (!tl() || !f) return nccl::kInvalidUsage;
   if (f->aborted.load()) {
     f->last_error = "communicator was aborted";
     return nccl::kInvalidUsage;
@@ -98,10 +106,10 @@ Result run(nccl::Comm h, F&& body) {
 
 // Inside ncclGroupStart/End, the emulated communicator's own group is opened on first use.
 void enter_group(FakeComm& f, const std::source_location& loc) {
-  if (tl->group_depth > 0 && !f.group_open) {
+  if (tl()->group_depth > 0 && !f.group_open) {
     f.c->group_start(loc);
     f.group_open = true;
-    tl->grouped.push_back(&f);
+    tl()->grouped.push_back(&f);
   }
 }
 
@@ -115,15 +123,15 @@ Result get_unique_id(nccl::UniqueId* id) {
 }
 
 Result comm_init_rank(nccl::Comm* comm, int nranks, nccl::UniqueId id, int rank, int blocking) {
-  if (!tl) return nccl::kInvalidUsage;
+  if (!tl()) return nccl::kInvalidUsage;
   *comm = nullptr;
   if (std::memcmp(id.internal, kMagic, sizeof(kMagic)) != 0) {
-    tl->init_error = "the unique id was not made by the fake NCCL's ncclGetUniqueId";
+    tl()->init_error = "the unique id was not made by the fake NCCL's ncclGetUniqueId";
     return nccl::kInvalidArgument;
   }
-  RankContext& ctx = *tl->ctx;
+  RankContext& ctx = *tl()->ctx;
   if (nranks != ctx.world_size() || rank != ctx.rank()) {
-    tl->init_error = fmt::format("the fake NCCL initialises the whole emulated world only: rank {} of {} asked for "
+    tl()->init_error = fmt::format("the fake NCCL initialises the whole emulated world only: rank {} of {} asked for "
                                  "rank {} of {}",
                                  ctx.rank(), ctx.world_size(), rank, nranks);
     return nccl::kInvalidArgument;
@@ -132,15 +140,15 @@ Result comm_init_rank(nccl::Comm* comm, int nranks, nccl::UniqueId id, int rank,
   f->c = &ctx.world();
   f->blocking = blocking != 0;
   f->pending.store(!f->blocking);
-  tl->comms.push_back(f);
+  tl()->comms.push_back(f);
   *comm = as_handle(f);
   return f->blocking ? nccl::kSuccess : nccl::kInProgress;
 }
 
 Result comm_split(nccl::Comm h, int color, int key, nccl::Comm* out, int blocking) {
   *out = nullptr;
-  std::string name = tl && !tl->next_name.empty() ? tl->next_name : std::string("nccl-split");
-  if (tl) tl->next_name.clear();
+  std::string name = tl() && !tl()->next_name.empty() ? tl()->next_name : std::string("nccl-split");
+  if (tl()) tl()->next_name.clear();
   FakeComm* made = nullptr;
   const Result r = run(h, [&](FakeComm& f) {
     std::unique_ptr<Communicator> c = f.c->split(color, key, name, take_site());
@@ -150,7 +158,7 @@ Result comm_split(nccl::Comm h, int color, int key, nccl::Comm* out, int blockin
     made->c = made->owned.get();
     made->blocking = blocking != 0;
     made->pending.store(!made->blocking);
-    tl->comms.push_back(made);
+    tl()->comms.push_back(made);
   });
   if (made) *out = as_handle(made);
   // a non-blocking split settles on the child; with no child (no color) there is nothing to poll
@@ -162,9 +170,9 @@ Result comm_split(nccl::Comm h, int color, int key, nccl::Comm* out, int blockin
 }
 
 void forget(FakeComm* f) {
-  if (!tl) return;
-  std::erase(tl->comms, f);
-  std::erase(tl->grouped, f);
+  if (!tl()) return;
+  std::erase(tl()->comms, f);
+  std::erase(tl()->grouped, f);
 }
 
 Result comm_finalize(nccl::Comm h) {
@@ -228,7 +236,7 @@ const char* get_error_string(Result r) {
 }
 const char* get_last_error(nccl::Comm h) {
   if (FakeComm* f = as_fake(h)) return f->last_error.c_str();
-  return tl ? tl->init_error.c_str() : "";
+  return tl() ? tl()->init_error.c_str() : "";
 }
 
 Result bad_type(nccl::Comm h, int t) {
@@ -286,19 +294,19 @@ Result recv(void* b, size_t n, nccl::DType t, int peer, nccl::Comm h, nccl::Stre
   });
 }
 Result group_start() {
-  if (!tl) return nccl::kInvalidUsage;
-  ++tl->group_depth;
-  tl->site.reset();
+  if (!tl()) return nccl::kInvalidUsage;
+  ++tl()->group_depth;
+  tl()->site.reset();
   return nccl::kSuccess;
 }
 // Closes the emulated groups opened since the outermost ncclGroupStart; the first failure is returned (on the
 // communicator that failed, with its report).
 Result group_end() {
-  if (!tl || tl->group_depth == 0) return nccl::kInvalidUsage;
-  if (--tl->group_depth > 0) return nccl::kSuccess;
+  if (!tl() || tl()->group_depth == 0) return nccl::kInvalidUsage;
+  if (--tl()->group_depth > 0) return nccl::kSuccess;
   const std::source_location loc = take_site();
   std::vector<FakeComm*> open;
-  open.swap(tl->grouped);
+  open.swap(tl()->grouped);
   Result first = nccl::kSuccess;
   bool any_nonblocking = false;
   for (FakeComm* f : open) {
@@ -316,10 +324,10 @@ Result group_end() {
   return any_nonblocking ? nccl::kInProgress : nccl::kSuccess;
 }
 void set_next_comm_name(const char* name) {
-  if (tl) tl->next_name = name ? name : "";
+  if (tl()) tl()->next_name = name ? name : "";
 }
 void set_call_site(const std::source_location* loc) {
-  if (tl && loc) tl->site = *loc;
+  if (tl() && loc) tl()->site = *loc;
 }
 
 nccl::Api make_api() {
@@ -359,16 +367,16 @@ const nccl::Api& fake_nccl() {
 }
 
 FakeNcclScope::FakeNcclScope(RankContext& ctx) {
-  TD_CHECK(tl == nullptr, "FakeNcclScope: this thread is already bound to rank {}", tl ? tl->ctx->rank() : -1);
-  tl = new Binding;
-  tl->ctx = &ctx;
+  TD_CHECK(tl() == nullptr, "FakeNcclScope: this rank is already bound (to rank {})", tl() ? tl()->ctx->rank() : -1);
+  tl_slot() = new Binding;
+  tl()->ctx = &ctx;
 }
 FakeNcclScope::~FakeNcclScope() {
   // Communicators still here were aborted (or leaked by their owner): free them, newest first (splits before
   // their parents).
-  for (auto it = tl->comms.rbegin(); it != tl->comms.rend(); ++it) delete *it;
-  delete tl;
-  tl = nullptr;
+  for (auto it = tl()->comms.rbegin(); it != tl()->comms.rend(); ++it) delete *it;
+  delete tl();
+  tl_slot() = nullptr;
 }
 
 void fake_nccl_inject(nccl::Comm comm, FakeFault f) {
@@ -378,12 +386,19 @@ void fake_nccl_inject(nccl::Comm comm, FakeFault f) {
 
 std::unique_ptr<NcclCommunicator> FakeNcclWorld::world(RankContext& ctx) {
   const nccl::Api& api = fake_nccl();
-  const nccl::UniqueId id = ids_.exchange(ctx.rank(), ctx.world_size(), [&] {
-    nccl::UniqueId u;
-    const Result r = api.get_unique_id(&u);
-    TD_CHECK(r == nccl::kSuccess, "fake ncclGetUniqueId failed: {}", nccl::to_string(r));
-    return u;
-  });
+  // The first rank here makes the unique id and the others take it. No rank waits for another (a rank waiting
+  // for rank 0 outside the communicator would hold its worker thread, and rank 0 may be a fiber behind it).
+  nccl::UniqueId id;
+  {
+    std::lock_guard lk(id_mu_);
+    if (!id_) {
+      nccl::UniqueId u;
+      const Result r = api.get_unique_id(&u);
+      TD_CHECK(r == nccl::kSuccess, "fake ncclGetUniqueId failed: {}", nccl::to_string(r));
+      id_ = u;
+    }
+    id = *id_;
+  }
   return NcclCommunicator::init(api, id, ctx.world_size(), ctx.rank(), ctx.device(), "world", opts_);
 }
 

@@ -13,6 +13,8 @@
 // inside a group run at once (the step groups only send/recv).
 #pragma once
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "emulator/world.h"
 #include "gpu/nccl/nccl_api.h"
@@ -41,9 +43,10 @@ enum class FakeFault {
 };
 void fake_nccl_inject(nccl::Comm comm, FakeFault f);
 
-// The world communicator of every rank of one emulated run, as an NcclCommunicator over the fake NCCL: rank 0
-// makes the unique id and the in-process exchange hands it to the others. One object per run, shared by the
-// rank threads; world() is called once on each rank thread inside a FakeNcclScope.
+// The world communicator of every rank of one emulated run, as an NcclCommunicator over the fake NCCL: the first
+// rank to call world() makes the unique id and the others take it (no rank waits for another outside the
+// communicator: ranks may be fibers sharing a thread). One object per run, shared by the ranks; world() is
+// called once on each rank inside a FakeNcclScope.
 class FakeNcclWorld {
  public:
   explicit FakeNcclWorld(NcclOptions opts = {}) : opts_(opts) {}
@@ -51,7 +54,8 @@ class FakeNcclWorld {
 
  private:
   NcclOptions opts_;
-  nccl::InProcessExchange ids_;
+  std::mutex id_mu_;
+  std::optional<nccl::UniqueId> id_;
 };
 
 }  // namespace trident::emu

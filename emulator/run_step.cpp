@@ -126,6 +126,8 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
   so.lower_exact_sum = spec.lower_exact_sum;
+  so.exec = spec.exec;
+  so.workers = spec.workers;
   std::optional<FakeNcclWorld> fake_world;
   if (spec.comm == CommBackend::nccl_fake) {
     NcclOptions no;

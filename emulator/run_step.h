@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emulator/device.h"
+#include "emulator/world.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "parallel/step.h"
@@ -56,6 +57,8 @@ struct EmulateSpec {
   size_t eager_bytes = 0;         // emulator small-call protocol threshold (0: SpawnOptions' default); each rank
                                   // keeps two staging buffers of up to this size per communicator
   bool lower_exact_sum = false;   // SpawnOptions::lower_exact_sum: run every exact_sum through the i64 lowering
+  RankExec exec = RankExec::fibers;  // SpawnOptions::exec: ranks as fibers or threads (bits unchanged)
+  int workers = 0;                   // SpawnOptions::workers (fibers; 0: one per hardware thread)
   // The communicator the step runs on: the emulator's own, or NcclCommunicator (the CUDA path's communicator,
   // gpu/nccl/nccl_comm.h) over the fake NCCL (emulator/fake_nccl.h). Same bits.
   CommBackend comm = CommBackend::emu;

@@ -1,10 +1,15 @@
-// The emulator's world: rank threads, communicator groups, rendezvous, fault detection (docs/emulator.md).
+// The emulator's world: ranks (fibers or threads), communicator groups, rendezvous, fault detection
+// (docs/emulator.md).
 //
 // Concurrency design
+//  * Ranks run as user-space fibers on a few worker threads (emulator/fiber.h; RankExec::fibers) or as one OS
+//    thread each (RankExec::threads). Everything below holds for both: the only difference is how a rank sleeps
+//    on a word and is woken (World::wait_word / wake_word: the fiber scheduler's user-space futex, or the
+//    kernel's). No lock is held while a rank sleeps, so a fiber never blocks its worker on another fiber.
 //  * One world mutex guards every rendezvous state (arrivals, posted send/recv, blocked flags). Detection of
 //    mismatches and deadlocks needs one consistent view, and arrivals are short.
-//  * A rank that must wait marks itself blocked (under the mutex) and sleeps on its own futex word
-//    (std::atomic::wait); whoever completes its rendezvous, or fails it, clears the flag and wakes it.
+//  * A rank that must wait marks itself blocked (under the mutex) and sleeps on its own futex word; whoever
+//    completes its rendezvous, or fails it, clears the flag and wakes it.
 //    Because "blocked" is only cleared by the waker, "all live ranks blocked" means no rendezvous can ever
 //    complete: that is the deadlock test, run whenever a rank blocks or finishes.
 //  * Data moves outside the mutex: after a collective's arrival, each rank copies/reduces its own part
@@ -31,6 +36,7 @@
 #include <thread>
 
 #include "emulator/device.h"
+#include "emulator/fiber.h"
 #include "emulator/reduce.h"
 
 namespace trident::emu {
@@ -114,6 +120,7 @@ struct RankState {
   // --- futex word: bumped (release) by the waker
   std::atomic<uint32_t> wake{0};
   // --- owned by the rank thread
+  void* local_slot = nullptr;            // rank_local_slot()
   RankTrace trace;
   CommStats retired;                     // counters of destroyed communicators
   std::set<const Communicator*> live_comms;
@@ -252,6 +259,19 @@ struct World {
     failures.reserve(static_cast<size_t>(n) + 1);  // recording a failure does not allocate (out of memory)
   }
   SpawnOptions opts;
+  // RankExec::fibers: ranks wait by parking their fiber. Made before the first fiber is added and kept as long as
+  // the world (the watchdog thread may wake fibers until it is joined).
+  std::unique_ptr<fiber::Scheduler> sched;
+  // Sleeping on a word until it changes, and waking the sleepers: a kernel futex for rank threads, the fiber
+  // scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers too).
+  void wait_word(std::atomic<uint32_t>& w, uint32_t old) {
+    if (sched) sched->wait(w, old);
+    else futex_wait(w, old);
+  }
+  void wake_word(std::atomic<uint32_t>& w, int n) {
+    if (sched) sched->wake(w, n);
+    else futex_wake(w, n);
+  }
   std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;
   std::vector<std::weak_ptr<Group>> groups;  // every communicator group created (abort on rank failure)
@@ -285,7 +305,7 @@ struct World {
   // --- all under mu
   void wake(RankState& r) {
     mark_woken(r);
-    futex_wake(r.wake, 1);
+    wake_word(r.wake, 1);
   }
   // wake() without the futex call, which the caller makes after releasing the mutex (shorter hold time).
   void mark_woken(RankState& r) {
@@ -332,7 +352,7 @@ struct World {
       if (!me.blocked) continue;  // the deadlock check failed us (error set) or we were woken
       const uint32_t t = me.wake.load(std::memory_order_acquire);
       lk.unlock();
-      futex_wait(me.wake, t);
+      wait_word(me.wake, t);
       if (fast && fast->load(std::memory_order_acquire)) return;
       lk.lock();
     }
@@ -477,16 +497,16 @@ namespace {
 
 // Lock-free barrier over a group's ranks (no deadlock possible: every rank reaching it is already past the
 // rendezvous and only copies data before arriving).
-void group_barrier(Group& g) {
+void group_barrier(World& w, Group& g) {
   const int n = g.size();
   if (n == 1) return;
   const uint32_t gen = g.bar_gen.load(std::memory_order_acquire);
   if (g.bar_count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
     g.bar_count.store(0, std::memory_order_relaxed);
     g.bar_gen.fetch_add(1, std::memory_order_acq_rel);
-    futex_wake(g.bar_gen, INT_MAX);
+    w.wake_word(g.bar_gen, INT_MAX);
   } else {
-    futex_wait(g.bar_gen, gen);
+    w.wait_word(g.bar_gen, gen);
   }
 }
 
@@ -562,7 +582,7 @@ class EmuComm final : public Communicator {
       execute_eager(a, parity);
     } else {
       execute(a);
-      group_barrier(*g_);  // nobody reuses a buffer another rank may still read
+      group_barrier(w_, *g_);  // nobody reuses a buffer another rank may still read
     }
     const size_t bytes = (a.op == CollOp::all_gather || a.op == CollOp::reduce_scatter) ? n * a.count * es
                                                                                          : a.count * es;
@@ -674,7 +694,7 @@ class EmuComm final : public Communicator {
       auto result = std::make_pair(mine.split_group, mine.split_rank);
       lk.unlock();
       for (int m : g.members)  // RankStates live as long as the world
-        if (m != me_.rank) futex_wake(w_.ranks[static_cast<size_t>(m)]->wake, 1);
+        if (m != me_.rank) w_.wake_word(w_.ranks[static_cast<size_t>(m)]->wake, 1);
       return result;
     }
     return {mine.split_group, mine.split_rank};
@@ -783,7 +803,7 @@ class EmuComm final : public Communicator {
         srcs_.resize(static_cast<size_t>(n));
         for (int j = 0; j < n; ++j) srcs_[static_cast<size_t>(j)] = static_cast<const char*>(slot(j).send) + lo * es;
         reduce_into(a.dtype, a.redop, static_cast<char*>(a.recv) + lo * es, srcs_.data(), n, hi - lo);
-        group_barrier(*g_);
+        group_barrier(w_, *g_);
         for (int k = 1; k < n; ++k) {
           const int j = (r + k) % n;
           const size_t jlo = seg_lo(cnt, n, j), jhi = seg_lo(cnt, n, j + 1);
@@ -904,7 +924,7 @@ class EmuComm final : public Communicator {
         g.aborted = true;
         g.abort_reason = fmt::format("{} was aborted by an earlier failure:\n{}", g.label(), *mismatch);
       }
-      for (RankState* r : notify) futex_wake(r->wake, 1);
+      for (RankState* r : notify) w_.wake_word(r->wake, 1);
       retire_ops(g, ops, lk);
       throw Error(*mismatch);
     }
@@ -912,7 +932,7 @@ class EmuComm final : public Communicator {
       me_.waiting_group = &g;
       me_.pending_p2p = true;
       lk.unlock();
-      for (RankState* r : notify) futex_wake(r->wake, 1);
+      for (RankState* r : notify) w_.wake_word(r->wake, 1);
       lk.lock();
       try {
         w_.block_until(me_, lk, [&] { return me_.p2p_outstanding == 0; });
@@ -923,7 +943,7 @@ class EmuComm final : public Communicator {
     }
     me_.p2p_ops.clear();
     lk.unlock();
-    for (RankState* r : notify) futex_wake(r->wake, 1);  // (harmless if already woken above)
+    for (RankState* r : notify) w_.wake_word(r->wake, 1);  // (harmless if already woken above)
     if (in_helper()) return;  // all_to_all(v): one trace entry, from on_helper_done
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& d = ops[i].desc;
@@ -955,7 +975,7 @@ class EmuComm final : public Communicator {
     while (in_flight()) {
       const uint32_t t = me_.wake.load(std::memory_order_acquire);
       lk.unlock();
-      futex_wait(me_.wake, t);
+      w_.wait_word(me_.wake, t);
       lk.lock();
     }
     me_.draining = false;
@@ -1029,7 +1049,10 @@ struct ThreadArg {
 const std::string kOutOfMemory = "out of memory (std::bad_alloc) in the rank's host code";
 const std::string kUnknownException = "unknown exception (not derived from std::exception)";
 
-void* rank_main(void* p) {
+// The rank's thread (RankExec::threads); fibers find theirs through the scheduler's current argument.
+thread_local RankState* t_rank = nullptr;
+
+void run_rank(void* p) noexcept {
   auto* a = static_cast<ThreadArg*>(p);
   World& w = *a->w;
   RankState& r = *a->r;
@@ -1051,14 +1074,75 @@ void* rank_main(void* p) {
     w.on_rank_failed(r.rank, kUnknownException);
   }
   w.on_rank_finished(r);
+}
+
+void* rank_thread_main(void* p) {
+  t_rank = static_cast<ThreadArg*>(p)->r;
+  run_rank(p);
+  t_rank = nullptr;
   return nullptr;
+}
+
+// Ranks i..n-1 could not start: they count as failed right away, so the started ones get aborted, not hung.
+void fail_unstarted(World& w, int i, int n, const std::string& why) {
+  for (int k = i; k < n; ++k) {
+    w.on_rank_failed(k, why);
+    w.on_rank_finished(*w.ranks[static_cast<size_t>(k)]);
+  }
+}
+
+void run_threads(World& w, std::vector<ThreadArg>& args, const SpawnOptions& opts) {
+  const int world_size = w.size();
+  std::vector<pthread_t> threads;
+  threads.reserve(static_cast<size_t>(world_size));
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
+  pthread_attr_setstacksize(&attr, stack);
+  for (int i = 0; i < world_size; ++i) {
+    pthread_t t;
+    const int rc = pthread_create(&t, &attr, rank_thread_main, &args[static_cast<size_t>(i)]);
+    if (rc != 0) {
+      fail_unstarted(w, i, world_size,
+                     fmt::format("spawn: could not start rank thread {} of {} (pthread_create error {})", i,
+                                 world_size, rc));
+      break;
+    }
+    threads.push_back(t);
+  }
+  pthread_attr_destroy(&attr);
+  for (pthread_t t : threads) pthread_join(t, nullptr);
+}
+
+void run_fibers(World& w, std::vector<ThreadArg>& args, const SpawnOptions& opts) {
+  const int world_size = w.size();
+  int workers = opts.workers;
+  if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  workers = std::min(workers, world_size);
+  w.sched = std::make_unique<fiber::Scheduler>(workers, static_cast<size_t>(world_size));
+  const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
+  for (int i = 0; i < world_size; ++i) {
+    const std::string err = w.sched->add(i % workers, stack, run_rank, &args[static_cast<size_t>(i)]);
+    if (!err.empty()) {
+      fail_unstarted(w, i, world_size, fmt::format("spawn: could not start rank fiber {} of {} ({})", i, world_size, err));
+      break;
+    }
+  }
+  w.sched->run();  // throws only if no worker thread started (then no rank ran)
 }
 
 }  // namespace
 
+void** rank_local_slot() {
+  if (t_rank) return &t_rank->local_slot;
+  if (void* a = fiber::Scheduler::current_arg()) return &static_cast<ThreadArg*>(a)->r->local_slot;
+  return nullptr;
+}
+
 SpawnResult spawn(int world_size, const std::function<void(RankContext&)>& fn, const SpawnOptions& opts) {
   TD_CHECK(world_size >= 1, "spawn: world_size must be >= 1 (got {})", world_size);
   TD_CHECK(opts.watchdog.count() > 0, "spawn: watchdog must be positive (got {} ms)", opts.watchdog.count());
+  TD_CHECK(opts.workers >= 0, "spawn: workers must be >= 0 (0: one per hardware thread; got {})", opts.workers);
   World w(world_size, opts);
   {
     std::vector<int> all(static_cast<size_t>(world_size));
@@ -1066,38 +1150,24 @@ SpawnResult spawn(int world_size, const std::function<void(RankContext&)>& fn, c
     w.world_group = w.make_group("world", std::move(all));
   }
   std::vector<ThreadArg> args(static_cast<size_t>(world_size));
-  std::vector<pthread_t> threads;
-  threads.reserve(static_cast<size_t>(world_size));
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
-  pthread_attr_setstacksize(&attr, stack);
+  for (int i = 0; i < world_size; ++i) args[static_cast<size_t>(i)] = {&w, w.ranks[static_cast<size_t>(i)].get(), &fn};
   std::thread watchdog([&w] { w.watchdog_loop(); });
-  std::string start_error;
-  for (int i = 0; i < world_size; ++i) {
-    args[static_cast<size_t>(i)] = {&w, w.ranks[static_cast<size_t>(i)].get(), &fn};
-    pthread_t t;
-    const int rc = pthread_create(&t, &attr, rank_main, &args[static_cast<size_t>(i)]);
-    if (rc != 0) {
-      // Ranks that cannot start count as failed right away; the started ones get aborted, not hung.
-      start_error = fmt::format("spawn: could not start rank thread {} of {} (pthread_create error {})", i,
-                                world_size, rc);
-      for (int k = i; k < world_size; ++k) {
-        w.on_rank_failed(k, start_error);
-        w.on_rank_finished(*w.ranks[static_cast<size_t>(k)]);
-      }
-      break;
+  auto stop_watchdog = [&] {
+    {
+      std::lock_guard lk(w.mu);
+      w.finished = true;
+      w.watchdog_cv.notify_all();
     }
-    threads.push_back(t);
+    watchdog.join();
+  };
+  try {
+    if (opts.exec == RankExec::threads) run_threads(w, args, opts);
+    else run_fibers(w, args, opts);
+  } catch (...) {
+    stop_watchdog();
+    throw;
   }
-  pthread_attr_destroy(&attr);
-  for (pthread_t t : threads) pthread_join(t, nullptr);
-  {
-    std::lock_guard lk(w.mu);
-    w.finished = true;
-    w.watchdog_cv.notify_all();
-  }
-  watchdog.join();
+  stop_watchdog();
   if (!w.failures.empty()) {
     const auto& f = w.failures.front();
     throw RankError(f.rank, f.msg, static_cast<int>(w.failures.size()));

@@ -1,4 +1,4 @@
-// The emulator: a world of fake ranks (one thread each) in this process, with a Communicator and a Device per
+// The emulator: a world of fake ranks (user-space fibers on a few worker threads, or one thread each) in this process, with a Communicator and a Device per
 // rank. Collectives and send/recv execute eagerly on the calling rank's thread and copy directly between the
 // ranks' buffers; every call is checked against the other ranks' calls, and blocked states are watched so
 // that a mismatch or a deadlock fails every involved rank with one report instead of hanging (docs/emulator.md).
@@ -22,8 +22,16 @@
 
 namespace trident::emu {
 
+// How ranks execute (docs/emulator.md section 4). fibers: each rank is a user-space fiber pinned to one of a few
+// worker threads; a rank that blocks in a communicator call switches to the next runnable rank of its worker (no
+// system call), so a collective costs about a microsecond per rank instead of a kernel wake-up. A rank that
+// computes (or sleeps) holds its worker meanwhile. threads: one OS thread per rank, as before.
+enum class RankExec { fibers, threads };
+
 struct SpawnOptions {
-  size_t stack_bytes = 256 * 1024;  // per rank thread (raise it for deep recursion or sanitizers)
+  RankExec exec = RankExec::fibers;
+  int workers = 0;                  // fibers: worker threads (0: min(hardware threads, world size)); rank r runs on r % workers
+  size_t stack_bytes = 256 * 1024;  // per rank (thread or fiber; raise it for deep recursion or sanitizers)
   // A rank blocked in a communicator call while nothing anywhere made progress for this long fails, with a
   // report of every rank's state (covers a rank stuck in compute, which deadlock detection cannot see).
   std::chrono::milliseconds watchdog{60'000};
@@ -84,7 +92,13 @@ struct RankError : Error {
   int failed_ranks;      // how many ranks failed in total (the others usually as a consequence)
 };
 
-// Runs fn on world_size rank threads and joins them. Rethrows the first failure as RankError. Every call
+// A pointer slot that belongs to the calling rank (nullptr outside spawn's ranks), for state that rank code would
+// otherwise keep in a thread_local across communicator calls: with RankExec::fibers several ranks share a worker
+// thread and switch at every blocking call, so a thread_local set by one rank would be seen by the next one.
+// (The fake NCCL's per-rank binding lives here.)
+void** rank_local_slot();
+
+// Runs fn on world_size ranks (SpawnOptions::exec) and joins them. Rethrows the first failure as RankError. Every call
 // creates a fresh world; nothing is left behind after a failure.
 SpawnResult spawn(int world_size, const std::function<void(RankContext&)>& fn, const SpawnOptions& opts = {});
 

@@ -1,4 +1,5 @@
-// Property: for random valid meshes of up to 64 ranks, random EP chunk counts, vocabulary slices, recompute flags
+// Property: for random valid meshes of up to 64 ranks (TRIDENT_PROP_MAX_WORLD=n: up to n, with wider ranges of
+// d_rep, fsdp and cp when n > 64; the `long` configuration prop_step_long uses 256), random EP chunk counts, vocabulary slices, recompute flags
 // and devices (eager, or deferred with a random scheduler seed), the emulated step is bit-identical to the
 // single-rank reference (docs/parallel.md). Generated numbers are raw choices mapped onto a valid layout, so
 // shrinking moves toward small meshes; a failure logs the repro command.
@@ -6,6 +7,8 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 #include "emulator/run_step.h"
@@ -14,13 +17,21 @@
 namespace trident {
 namespace {
 
+int64_t max_world() {
+  const char* e = std::getenv("TRIDENT_PROP_MAX_WORLD");
+  return e ? std::clamp<int64_t>(std::atoll(e), 1, 1024) : 64;
+}
+
 emu::EmulateSpec random_spec() {
+  const int64_t max_w = max_world();
+  const bool big = max_w > 64;  // wider draws (the default draws are unchanged: same meshes for the fixed seed)
   const bool gqa = *rc::gen::arbitrary<bool>();
   const bool bf16 = *rc::gen::weightedElement<bool>({{4, false}, {1, true}});
-  const int64_t cp = int64_t{1} << *rc::gen::inRange(0, 4);  // 1..8
-  int64_t fsdp = *rc::gen::inRange(1, 5);
-  int64_t d_rep = *rc::gen::inRange(1, 4);
-  while (d_rep * fsdp * cp > 64) {
+  int64_t cp = int64_t{1} << *rc::gen::inRange(0, big ? 5 : 4);  // 1..8 (big: 1..16)
+  int64_t fsdp = *rc::gen::inRange(1, big ? 9 : 5);
+  int64_t d_rep = *rc::gen::inRange(1, big ? 5 : 4);
+  while (cp > max_w) cp /= 2;
+  while (d_rep * fsdp * cp > max_w) {
     if (d_rep > 1) --d_rep;
     else --fsdp;
   }

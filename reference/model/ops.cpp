@@ -58,7 +58,9 @@ std::vector<int64_t> TokenRows::segs_in(int64_t begin, int64_t end) const {
 namespace {
 std::atomic<bool> g_timer_on{false};
 std::atomic<long long> g_timer_ns{0};
-thread_local int g_timer_depth = 0;  // per thread: emulated ranks may run concurrently
+// Per thread: emulated ranks may run concurrently. Ranks that are fibers sharing a worker thread switch only at
+// communicator calls, and no section contains one, so a section always opens and closes on one rank.
+thread_local int g_timer_depth = 0;
 long long now_ns() {  // process CPU time: immune to other processes' load (run the bench single-threaded)
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
