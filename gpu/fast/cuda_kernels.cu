@@ -125,18 +125,6 @@ struct CublasGemm {
   }
 };
 
-struct CudaLaunch {
-  CudaDevice* dev;
-  template <class F>
-  void operator()(Stream s, const char* name, std::source_location loc, F&& f) const {
-    dev->launch(s, name, Accesses{}, 0, std::function<void()>([&] {
-                  ref::CudaExec ex(dev->stream(s));
-                  f(ex);
-                }),
-                loc);
-  }
-};
-
 }  // namespace
 
 void load_cublas() { (void)cublas(); }
@@ -144,7 +132,7 @@ void load_cublas() { (void)cublas(); }
 template <class T>
 std::unique_ptr<Kernels<T>> make_cuda_fast_kernels(CudaDevice& dev) {
   load_cublas();
-  return std::make_unique<fast::FastKernels<T, CudaLaunch, CublasGemm>>(CudaLaunch{&dev},
+  return std::make_unique<fast::FastKernels<T, ref::CudaLaunch, CublasGemm>>(ref::CudaLaunch{&dev},
                                                                          CublasGemm{std::make_shared<Handle>()});
 }
 template std::unique_ptr<Kernels<float>> make_cuda_fast_kernels<float>(CudaDevice&);

@@ -2,32 +2,13 @@
 #include "gpu/fast/host_kernels.h"
 
 #include <vector>
-#include <functional>
 
 #include "gpu/fast/kernels_impl.h"
+#include "gpu/ref/launch.h"
 
 namespace trident::gpu {
 
 namespace {
-
-// The host executor's launch (as gpu/ref/host_kernels.cpp): at once on an immediate device, else one closure on
-// the stream without declared accesses.
-struct HostLaunch {
-  Device* dev;
-  template <class F>
-  void operator()(Stream s, const char* name, std::source_location loc, F&& f) const {
-    if (dev->immediate()) {
-      ref::HostExec ex;
-      f(ex);
-      return;
-    }
-    dev->launch(s, name, Accesses{}, 0, std::function<void()>([f = std::forward<F>(f)] {
-                  ref::HostExec ex;
-                  f(ex);
-                }),
-                loc);
-  }
-};
 
 // The host GEMM: not the reference's chain. Each element sums its K products in four interleaved partial sums
 // (k mod 4, a vector unit's / split-K order) combined pairwise, ((s0 + s1) + (s2 + s3)), then added to C when
@@ -61,7 +42,7 @@ struct SplitKGemm {
 
 template <class T>
 std::unique_ptr<Kernels<T>> make_fast_host_kernels(Device& dev) {
-  return std::make_unique<fast::FastKernels<T, HostLaunch, SplitKGemm>>(HostLaunch{&dev}, SplitKGemm{});
+  return std::make_unique<fast::FastKernels<T, ref::HostLaunch, SplitKGemm>>(ref::HostLaunch{&dev}, SplitKGemm{});
 }
 template std::unique_ptr<Kernels<float>> make_fast_host_kernels<float>(Device&);
 template std::unique_ptr<Kernels<double>> make_fast_host_kernels<double>(Device&);

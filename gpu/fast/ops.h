@@ -269,16 +269,7 @@ void linear_ce_backward(Ex& ex, const Gemm& gemm, Policy pol, const T* hidden, c
                         const T* lse, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk,
                         T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
                         ExactAcc<T>* dW) {
-  TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
-           "linear_ce_backward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
-           token_chunk);
-  TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
-           "linear_ce_backward: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", j_begin, j_end, V);
-  TD_CHECK(j_begin % vocab_chunk == 0 && (j_end % vocab_chunk == 0 || j_end == V),
-           "linear_ce_backward: vocabulary columns [{}, {}) do not consist of whole vocab chunks of {}", j_begin, j_end,
-           vocab_chunk);
-  TD_CHECK(!segs.empty() && segs.front() == 0 && segs.back() == N,
-           "linear_ce_backward: segs must run from row 0 to row N = {}", N);
+  ref::check_linear_ce_backward(N, d, V, vocab_chunk, token_chunk, segs, j_begin, j_end);
   if constexpr (Ex::kHost) ref::check_targets("linear_ce_backward", targets, N, V);
   if (N == 0) return;
   const bool bf = bf16_operands<T>(pol);

@@ -6,10 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "gpu/cuda_device.h"
 #include "gpu/ref/exec.h"
 
 namespace trident::gpu::ref {
@@ -80,6 +83,20 @@ class CudaExec {
   cudaStream_t s_;
   std::vector<void*> bufs_;
   int* flag_ = nullptr;
+};
+
+// The CUDA executor's launch: CudaDevice::launch runs the closure at once (it enqueues the op's kernels on the
+// stream) and checks cudaGetLastError, naming the op and the caller's line.
+struct CudaLaunch {
+  CudaDevice* dev;
+  template <class F>
+  void operator()(Stream s, const char* name, std::source_location loc, F&& f) const {
+    dev->launch(s, name, Accesses{}, 0, std::function<void()>([&] {
+                  CudaExec ex(dev->stream(s));
+                  f(ex);
+                }),
+                loc);
+  }
 };
 
 }  // namespace trident::gpu::ref

@@ -1026,10 +1026,9 @@ void linear_ce_forward(Ex& ex, Policy pol, const T* hidden, const T* W, const in
   ex.check_flag("linear_ce_forward: a target out of range [0, V) (and not the ignore index -100)");
 }
 
-template <class T, class Ex>
-void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
-                        int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale,
-                        std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW) {
+// The arguments linear_ce_backward (this tier's and the fast tier's) accepts, with the reference's messages.
+inline void check_linear_ce_backward(int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk,
+                                     std::span<const int64_t> segs, int64_t j_begin, int64_t j_end) {
   TD_CHECK(N >= 0 && d > 0 && V > 0 && vocab_chunk > 0 && token_chunk > 0,
            "linear_ce_backward: N, d, V, vocab_chunk, token_chunk ({}, {}, {}, {}, {})", N, d, V, vocab_chunk,
            token_chunk);
@@ -1040,6 +1039,13 @@ void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const i
            vocab_chunk);
   TD_CHECK(!segs.empty() && segs.front() == 0 && segs.back() == N,
            "linear_ce_backward: segs must run from row 0 to row N = {}", N);
+}
+
+template <class T, class Ex>
+void linear_ce_backward(Ex& ex, Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
+                        int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale,
+                        std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW) {
+  check_linear_ce_backward(N, d, V, vocab_chunk, token_chunk, segs, j_begin, j_end);
   if constexpr (Ex::kHost) check_targets("linear_ce_backward", targets, N, V);
   if (N == 0) return;
   const bool bf = bf16_operands<T>(pol);

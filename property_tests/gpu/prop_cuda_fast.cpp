@@ -15,6 +15,7 @@
 #include "emulator/device.h"
 #include "gpu/fast/check.h"
 #include "gpu/fast/host_kernels.h"
+#include "property_tests/gpu/policies.h"
 
 namespace trident {
 namespace {
@@ -140,19 +141,13 @@ void linear_ce(Policy pol) {
 }
 
 RC_GTEST_PROP(CudaFastHostProp, GemmAndWgradWithinGpuRows, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) gemms<double>(pol);
-  else gemms<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { gemms<decltype(t)>(pol); });
 }
 RC_GTEST_PROP(CudaFastHostProp, AttentionCoreWithinGpuRows, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) attention<double>(pol);
-  else attention<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { attention<decltype(t)>(pol); });
 }
 RC_GTEST_PROP(CudaFastHostProp, LinearCeWithinGpuRows, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) linear_ce<double>(pol);
-  else linear_ce<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { linear_ce<decltype(t)>(pol); });
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "emulator/device.h"
 #include "gpu/ref/host_kernels.h"
+#include "property_tests/gpu/policies.h"
 
 namespace trident {
 namespace {
@@ -242,24 +243,16 @@ void loss_router_optimizer(Policy pol) {
 }
 
 RC_GTEST_PROP(CudaRefHostProp, GemmTileSumsAndNormsBitwise, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) gemm_like<double>(pol);
-  else gemm_like<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { gemm_like<decltype(t)>(pol); });
 }
 RC_GTEST_PROP(CudaRefHostProp, AttentionCoreBitwise, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) attention_core<double>(pol);
-  else attention_core<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { attention_core<decltype(t)>(pol); });
 }
 RC_GTEST_PROP(CudaRefHostProp, DsaSelectionCoreAndBackwardBitwise, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) dsa_ops<double>(pol);
-  else dsa_ops<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { dsa_ops<decltype(t)>(pol); });
 }
 RC_GTEST_PROP(CudaRefHostProp, LinearCeRouterAdamwBitwise, ()) {
-  const Policy pol = *rc::gen::element(Policy::fp32, Policy::bf16, Policy::fp64);
-  if (pol == Policy::fp64) loss_router_optimizer<double>(pol);
-  else loss_router_optimizer<float>(pol);
+  proptest::with_random_policy([](auto t, Policy pol) { loss_router_optimizer<decltype(t)>(pol); });
 }
 
 }  // namespace
