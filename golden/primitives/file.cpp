@@ -368,6 +368,16 @@ nlohmann::json CheckSummary::to_json() const {
   return j;
 }
 
+const NamedTensor* matching_output(const std::vector<NamedTensor>& got, const NamedTensor& want, const PrimCase& c,
+                                   CaseFailure& fl) {
+  fl.output = want.name;
+  auto it = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == want.name; });
+  if (it != got.end() && it->shape == want.shape && it->dtype == want.dtype) return &*it;
+  fl.message = fmt::format("{}/{} (rank {}): output '{}' missing or of another shape/dtype", c.op, c.name, c.rank,
+                           want.name);
+  return nullptr;
+}
+
 template <class T>
 CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& factory, const CheckOptions& opt,
                               const std::string& golden_path, Device* device) {
@@ -400,11 +410,8 @@ CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& 
     }
     bool ok = true;
     for (const NamedTensor& want : c.outputs) {
-      auto it = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == want.name; });
-      fl.output = want.name;
-      if (it == got.end() || it->shape != want.shape || it->dtype != want.dtype) {
-        fl.message = fmt::format("{}/{} (rank {}): output '{}' missing or of another shape/dtype", c.op, c.name,
-                                 c.rank, want.name);
+      const NamedTensor* it = matching_output(got, want, c, fl);
+      if (!it) {
         ok = false;
         break;
       }

@@ -139,6 +139,10 @@ struct CheckSummary {
   std::vector<std::string> ops_checked;
   nlohmann::json to_json() const;
 };
+// The output of `got` a golden output `want` is compared with: the one of the same name, shape and dtype. Null
+// when there is none, with fl.message saying so (fl.output set to want's name either way).
+const NamedTensor* matching_output(const std::vector<NamedTensor>& got, const NamedTensor& want, const PrimCase& c,
+                                   CaseFailure& fl);
 template <class T>
 using KernelsFactory = std::function<std::unique_ptr<Kernels<T>>(Device& dev)>;
 // Recomputes every case of `f` with the kernel sets `factory` makes and compares. The cases' buffers live on

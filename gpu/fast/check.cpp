@@ -203,11 +203,8 @@ FastCheckSummary check_fast_primitives(const golden::PrimitivesFile& f, const go
     }
     bool ok = true;
     for (const NamedTensor& want : c.outputs) {
-      auto it = std::find_if(got.begin(), got.end(), [&](const NamedTensor& t) { return t.name == want.name; });
-      fl.output = want.name;
-      if (it == got.end() || it->shape != want.shape || it->dtype != want.dtype) {
-        fl.message = fmt::format("{}/{} (rank {}): output '{}' missing or of another shape/dtype", c.op, c.name,
-                                 c.rank, want.name);
+      const NamedTensor* it = golden::matching_output(got, want, c, fl);
+      if (!it) {
         ok = false;
         break;
       }
