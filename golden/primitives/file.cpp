@@ -378,6 +378,42 @@ const NamedTensor* matching_output(const std::vector<NamedTensor>& got, const Na
   return nullptr;
 }
 
+bool case_selected(const PrimCase& c, const CheckOptions& opt, const std::string& want_dtype, CheckSummary& sum) {
+  if (c.dtype != want_dtype) return false;
+  if (!opt.only_op.empty() && c.op != opt.only_op) return false;
+  if (!opt.only_case.empty() && c.name != opt.only_case) return false;
+  if (opt.only_rank >= 0 && c.rank != opt.only_rank) return false;
+  ++sum.cases;
+  if (std::find(sum.ops_checked.begin(), sum.ops_checked.end(), c.op) == sum.ops_checked.end())
+    sum.ops_checked.push_back(c.op);
+  return true;
+}
+
+CaseFailure case_failure(const PrimCase& c, const CheckOptions& opt, const std::string& golden_path) {
+  CaseFailure fl;
+  fl.op = c.op, fl.name = c.name, fl.rank = c.rank;
+  fl.repro = fmt::format("trident check {} --backend {} --op {} --case {}{}", golden_path, opt.backend, c.op, c.name,
+                         c.rank > 0 ? fmt::format(" --rank {}", c.rank) : std::string());
+  return fl;
+}
+
+template <class T>
+bool run_checked(const PrimCase& c, Kernels<T>& k, Device& dev, CaseFailure& fl, CheckSummary& sum,
+                 std::vector<NamedTensor>& got) {
+  try {
+    got = run_case<T>(c, k, dev);
+    return true;
+  } catch (const Error& e) {
+    fl.message = fmt::format("{}/{} (rank {}): the backend failed: {}", c.op, c.name, c.rank, e.what());
+    sum.failures.push_back(fl);
+    return false;
+  }
+}
+template bool run_checked<float>(const PrimCase&, Kernels<float>&, Device&, CaseFailure&, CheckSummary&,
+                                 std::vector<NamedTensor>&);
+template bool run_checked<double>(const PrimCase&, Kernels<double>&, Device&, CaseFailure&, CheckSummary&,
+                                  std::vector<NamedTensor>&);
+
 template <class T>
 CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& factory, const CheckOptions& opt,
                               const std::string& golden_path, Device* device) {
@@ -388,26 +424,10 @@ CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& 
   std::unique_ptr<Kernels<T>> k = factory(dev);
   const std::string want_dtype = sizeof(T) == 8 ? "f64" : "f32";
   for (const PrimCase& c : f.cases) {
-    if (c.dtype != want_dtype) continue;
-    if (!opt.only_op.empty() && c.op != opt.only_op) continue;
-    if (!opt.only_case.empty() && c.name != opt.only_case) continue;
-    if (opt.only_rank >= 0 && c.rank != opt.only_rank) continue;
-    ++sum.cases;
-    if (std::find(sum.ops_checked.begin(), sum.ops_checked.end(), c.op) == sum.ops_checked.end())
-      sum.ops_checked.push_back(c.op);
-    const std::string repro = fmt::format("trident check {} --backend {} --op {} --case {}{}", golden_path,
-                                          opt.backend, c.op, c.name,
-                                          c.rank > 0 ? fmt::format(" --rank {}", c.rank) : std::string());
-    CaseFailure fl;
-    fl.op = c.op, fl.name = c.name, fl.rank = c.rank, fl.repro = repro;
+    if (!case_selected(c, opt, want_dtype, sum)) continue;
+    CaseFailure fl = case_failure(c, opt, golden_path);
     std::vector<NamedTensor> got;
-    try {
-      got = run_case<T>(c, *k, dev);
-    } catch (const Error& e) {
-      fl.message = fmt::format("{}/{} (rank {}): the backend failed: {}", c.op, c.name, c.rank, e.what());
-      sum.failures.push_back(fl);
-      continue;
-    }
+    if (!run_checked<T>(c, *k, dev, fl, sum, got)) continue;
     bool ok = true;
     for (const NamedTensor& want : c.outputs) {
       const NamedTensor* it = matching_output(got, want, c, fl);

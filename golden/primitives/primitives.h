@@ -139,6 +139,15 @@ struct CheckSummary {
   std::vector<std::string> ops_checked;
   nlohmann::json to_json() const;
 };
+// The steps every checker (check_primitives, the fast tier's gpu/fast/check.h) takes per case, one way:
+// case_selected: the case has T's dtype (want_dtype) and passes opt's filters; it is then counted in sum (cases,
+// ops_checked). case_failure: its failure record, with the `trident check` line that reruns just it.
+// run_checked: its outputs from the backend, or false with the backend's error recorded in sum.
+bool case_selected(const PrimCase& c, const CheckOptions& opt, const std::string& want_dtype, CheckSummary& sum);
+CaseFailure case_failure(const PrimCase& c, const CheckOptions& opt, const std::string& golden_path);
+template <class T>
+bool run_checked(const PrimCase& c, Kernels<T>& k, Device& dev, CaseFailure& fl, CheckSummary& sum,
+                 std::vector<NamedTensor>& got);
 // The output of `got` a golden output `want` is compared with: the one of the same name, shape and dtype. Null
 // when there is none, with fl.message saying so (fl.output set to want's name either way).
 const NamedTensor* matching_output(const std::vector<NamedTensor>& got, const NamedTensor& want, const PrimCase& c,

@@ -173,28 +173,13 @@ FastCheckSummary check_fast_primitives(const golden::PrimitivesFile& f, const go
   const std::string want_dtype = sizeof(T) == 8 ? "f64" : "f32", acc = sizeof(T) == 8 ? "fp64" : "fp32";
   const Tolerance& rel = tolerance("fast_vs_fp64", "fp32", "gpu");
   for (const PrimCase& c : f.cases) {
-    if (c.dtype != want_dtype) continue;
-    if (!opt.only_op.empty() && c.op != opt.only_op) continue;
-    if (!opt.only_case.empty() && c.name != opt.only_case) continue;
-    if (opt.only_rank >= 0 && c.rank != opt.only_rank) continue;
-    ++sum.cases;
-    if (std::find(sum.ops_checked.begin(), sum.ops_checked.end(), c.op) == sum.ops_checked.end())
-      sum.ops_checked.push_back(c.op);
+    if (!golden::case_selected(c, opt, want_dtype, sum)) continue;
     OpStat& st = out.ops[c.op];
     ++st.cases;
     st.tolerance = is_fast_op(c.op);
-    golden::CaseFailure fl;
-    fl.op = c.op, fl.name = c.name, fl.rank = c.rank;
-    fl.repro = fmt::format("trident check {} --backend {} --op {} --case {}{}", golden_path, opt.backend, c.op,
-                           c.name, c.rank > 0 ? fmt::format(" --rank {}", c.rank) : std::string());
+    golden::CaseFailure fl = golden::case_failure(c, opt, golden_path);
     std::vector<NamedTensor> got;
-    try {
-      got = golden::run_case<T>(c, *k, dev);
-    } catch (const Error& e) {
-      fl.message = fmt::format("{}/{} (rank {}): the backend failed: {}", c.op, c.name, c.rank, e.what());
-      sum.failures.push_back(fl);
-      continue;
-    }
+    if (!golden::run_checked<T>(c, *k, dev, fl, sum, got)) continue;
     std::map<std::string, ElemBounds> bounds;
     std::vector<NamedTensor> oracle;
     if (st.tolerance) {
