@@ -623,6 +623,25 @@ void attn_core_forward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
 // scratch (Nq, H, S), and dq[c] = +0 + dsc_0 k_0[c] + dsc_1 k_1[c] + ..., keys ascending. Key side, one body per
 // payload element (key j, column c): per query tile, the in-tile partial over (row, head) in order, the K term and
 // then the V term of each (they share columns under MLA), added exactly.
+// One key's query-side terms of the backward (attn_doc_core_backward and dsa_core_backward): p = exp(s - m) / l
+// recomputed from the stats, dp = dO . v, ds = (p (dp - D)) scale; dq += ds k (keys in the caller's order). Returns
+// p and ds as the key side uses them (bf16: rounded).
+template <class T>
+struct KeyTerms {
+  T p, ds;
+};
+template <class T>
+TD_REF inline KeyTerms<T> key_terms(const T* qh, const T* doh, const T* kv, int64_t P, int64_t kbase, int64_t vbase,
+                                    int64_t Dq, int64_t Dv, T sc, bool bf, int64_t j, T m, T l, T D, T* dqh) {
+  const T s = fmul(score(qh, kv, P, kbase, j, Dq, bf), sc);
+  const T p = fdiv(dmx::exp(fsub(s, m)), l);
+  const T dp = score(doh, kv, P, vbase, j, Dv, bf);
+  const T ds = operand(fmul(fmul(p, fsub(dp, D)), sc), bf);
+  const T* k = kv + j * P + kbase;
+  for (int64_t c = 0; c < Dq; ++c) dqh[c] = fadd(dqh[c], fmul(ds, operand(k[c], bf)));
+  return {operand(p, bf), ds};
+}
+
 // qdoc (nullable): keys [qdoc[r], qpos[r]] only (attn_doc_core_backward); masked pairs add nothing.
 template <class T, class Ex>
 void attn_doc_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos,
@@ -650,14 +669,9 @@ void attn_doc_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const
     T* dqh = dq + i * Dq;
     for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
     for (int64_t j = j0; j < np; ++j) {
-      const T s = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
-      const T p = fdiv(dmx::exp(fsub(s, m)), l);
-      const T dp = score(doh, kv, P, vb + g * Dv, j, Dv, bf);
-      const T ds = operand(fmul(fmul(p, fsub(dp, D)), sc), bf);
-      pbuf[i * S + j] = operand(p, bf);
-      dsbuf[i * S + j] = ds;
-      const T* k = kv + j * P + g * Dq;
-      for (int64_t c = 0; c < Dq; ++c) dqh[c] = fadd(dqh[c], fmul(ds, operand(k[c], bf)));
+      const KeyTerms<T> kt = key_terms(qh, doh, kv, P, g * Dq, vb + g * Dv, Dq, Dv, sc, bf, j, m, l, D, dqh);
+      pbuf[i * S + j] = kt.p;
+      dsbuf[i * S + j] = kt.ds;
     }
   });
   const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
@@ -894,14 +908,9 @@ void dsa_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q
     for (int64_t cc = 0; cc < Dq; ++cc) dqh[cc] = T(0);
     for (int64_t e = 0; e < n; ++e) {
       const int64_t j = sr[e];
-      const T s = fmul(score(qh, kv, P, g * Dq, j, Dq, bf), sc);
-      const T p = fdiv(dmx::exp(fsub(s, m)), l);
-      const T dp = score(doh, kv, P, vb + g * Dv, j, Dv, bf);
-      const T ds = operand(fmul(fmul(p, fsub(dp, D)), sc), bf);
-      pbuf[(r * K + e) * H + h] = operand(p, bf);
-      dsbuf[(r * K + e) * H + h] = ds;
-      const T* k = kv + j * P + g * Dq;
-      for (int64_t cc = 0; cc < Dq; ++cc) dqh[cc] = fadd(dqh[cc], fmul(ds, operand(k[cc], bf)));
+      const KeyTerms<T> kt = key_terms(qh, doh, kv, P, g * Dq, vb + g * Dv, Dq, Dv, sc, bf, j, m, l, D, dqh);
+      pbuf[(r * K + e) * H + h] = kt.p;
+      dsbuf[(r * K + e) * H + h] = kt.ds;
     }
   });
   ex.for_each(Nq, [=] TD_REF_LAMBDA(int64_t r) {
