@@ -763,8 +763,10 @@ TD_REF inline T head_prob_sum(const model::CoreDims& cd, const T* q, const T* kv
   return pk;
 }
 
-// Selection, one body per query: the k-th best candidate by (score descending, position ascending) found by k
-// passes, then the candidates not after it listed in ascending positions (the reference's set, in its order).
+// Selection. One body per (query, key) computes the index scores of the query's candidates once into scratch
+// (Nq, S); then one body per query finds the k-th best candidate by (score descending, position ascending) in k
+// passes over its scores and lists the candidates not after it in ascending positions (the reference's set, in its
+// order).
 template <class T, class Ex>
 void dsa_select(Ex& ex, Policy pol, const model::CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc,
                 int64_t Nq, const T* kv, int64_t S, int32_t* sel) {
@@ -772,18 +774,24 @@ void dsa_select(Ex& ex, Policy pol, const model::CoreDims& cd, const T* iq, cons
     TD_CHECK(cd.topk > 0 && cd.Hi > 0 && cd.Di > 0, "dsa_select: not a DSA configuration");
     check_query_positions<Ex>(qpos, Nq, S, qdoc);
   }
+  if (Nq <= 0 || S <= 0) return;
   const int64_t K = cd.topk, Iw = cd.Hi * cd.Di + cd.Hi;
   const bool bf = bf16_operands<T>(pol);
   const model::CoreDims c = cd;
+  T* score_buf = ex.template scratch<T>(Nq * S);
   int* bad = ex.flag();
+  ex.for_each(Nq * S, [=] TD_REF_LAMBDA(int64_t e) {
+    const int64_t r = e / S, j = e % S;
+    if (j <= qpos[r] && (!qdoc || j >= qdoc[r])) score_buf[e] = index_score(c, iq + r * Iw, kv, j, bf);
+  });
   ex.for_each(Nq, [=] TD_REF_LAMBDA(int64_t r) {
     int32_t* out = sel + r * K;
     for (int64_t i = 0; i < K; ++i) out[i] = -1;
     if (bad_position(qpos[r], S, bad)) return;
     const int64_t j0 = first_key(qdoc, r, qpos[r], bad), j1 = qpos[r] + 1;
-    const T* iqr = iq + r * Iw;
+    const T* I = score_buf + r * S;
     for (int64_t j = j0; j < j1; ++j)
-      if (index_score(c, iqr, kv, j, bf) != index_score(c, iqr, kv, j, bf)) {  // NaN
+      if (I[j] != I[j]) {  // NaN
         *bad = 1;
         return;
       }
@@ -794,21 +802,20 @@ void dsa_select(Ex& ex, Policy pol, const model::CoreDims& cd, const T* iq, cons
         int64_t best = -1;
         T bs = T(0);
         for (int64_t j = j0; j < j1; ++j) {
-          const T sj = index_score(c, iqr, kv, j, bf);
-          if (kth >= 0 && !index_before(ks, kth, sj, j)) continue;  // already among the best
-          if (best < 0 || index_before(sj, j, bs, best)) best = j, bs = sj;
+          if (kth >= 0 && !index_before(ks, kth, I[j], j)) continue;  // already among the best
+          if (best < 0 || index_before(I[j], j, bs, best)) best = j, bs = I[j];
         }
         kth = best, ks = bs;
       }
     int64_t n = 0;
     for (int64_t j = j0; j < j1 && n < K; ++j)
-      if (kth < 0 || !index_before(ks, kth, index_score(c, iqr, kv, j, bf), j)) out[n++] = static_cast<int32_t>(j);
+      if (kth < 0 || !index_before(ks, kth, I[j], j)) out[n++] = static_cast<int32_t>(j);
   });
-  if constexpr (Ex::kHost)
+  if constexpr (Ex::kHost)  // the reference's message for the first NaN score (the scratch is host memory here)
     for (int64_t r = 0; r < Nq; ++r)
       for (int64_t j = qdoc ? qdoc[r] : 0; j <= qpos[r]; ++j)
-        TD_CHECK(!std::isnan(index_score(cd, iq + r * Iw, kv, j, bf)),
-                 "dsa_select: the index score of query {} (position {}) for key {} is NaN", r, qpos[r], j);
+        TD_CHECK(!std::isnan(score_buf[r * S + j]), "dsa_select: the index score of query {} (position {}) for key {} "
+                 "is NaN", r, qpos[r], j);
   ex.check_flag("dsa_select: a NaN index score, or a query position / document start out of range");
 }
 

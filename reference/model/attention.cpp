@@ -291,6 +291,13 @@ int64_t selected(const CoreDims& cd, const int32_t* sel, const int64_t* qpos, in
     TD_CHECK(sr[i] == -1, "{}: selection of query {} has entry {} = {} after its end (-1)", op, r, i, sr[i]);
   return n;
 }
+// The entries of a selection already checked (dsa_check_selection): up to the first -1. The ops' parallel loops use
+// this, so nothing in them can throw.
+int64_t n_selected(const int32_t* sr, int64_t topk) {
+  int64_t n = 0;
+  while (n < topk && sr[n] >= 0) ++n;
+  return n;
+}
 
 // The indexer's softmax over one query's n selected scores I: eI[i] = exp(I[i] - mI), returns lI = +0 + eI[0] + ...
 // (ascending); mI = the first largest score (forward and backward share it).
@@ -380,7 +387,7 @@ void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, c
 #pragma omp for schedule(dynamic, 4)
   for (int64_t r = 0; r < Nq; ++r) {
     const int32_t* sr = sel + r * K;
-    const int64_t n = selected(cd, sel, qpos, r, "dsa_core_forward");
+    const int64_t n = n_selected(sr, K);
     std::fill(pk.begin(), pk.end(), T(0));
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / hpg;
@@ -453,7 +460,7 @@ void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t* sr = sel + r * K;
-      const int64_t n = selected(cd, sel, qpos, r, "dsa_core_backward");
+      const int64_t n = n_selected(sr, K);
       std::fill(pk.begin(), pk.end(), T(0));
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / hpg;
@@ -501,7 +508,7 @@ void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, 
     // exact add per element. Keys no row of the tile selected receive nothing.
     int64_t k0 = S, k1 = 0;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = selected(cd, sel, qpos, r, "dsa_core_backward");
+      const int64_t n = n_selected(sel + r * K, K);
       k0 = std::min<int64_t>(k0, sel[r * K]);
       k1 = std::max<int64_t>(k1, sel[r * K + n - 1] + 1);
     }
