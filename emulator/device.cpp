@@ -40,8 +40,18 @@ EmuDevice::~EmuDevice() {
     } catch (...) {
     }
   }
-  for (auto& [p, a] : allocs_) ::operator delete(reinterpret_cast<void*>(p));
-  for (void* p : unreleased_) ::operator delete(p);
+  for (auto& [p, a] : allocs_) raw_release(reinterpret_cast<void*>(p));
+  for (void* p : unreleased_) raw_release(p);
+}
+
+void* EmuDevice::raw_allocate(size_t n) const {
+  if (opt_.memory) return opt_.memory->allocate(n);
+  return ::operator new(n, std::nothrow);
+}
+
+void EmuDevice::raw_release(void* p) const noexcept {
+  if (opt_.memory) opt_.memory->release(p);
+  else ::operator delete(p);
 }
 
 Stream EmuDevice::create_stream(std::string name) {
@@ -306,14 +316,13 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
   const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
   void* p = nullptr;
   const bool over = opt_.max_bytes > 0 && bytes > opt_.max_bytes - mem_.cur;
-  try {
-    if (over) throw std::bad_alloc();
-    p = ::operator new(n);
-  } catch (const std::bad_alloc&) {
-    fail(fmt::format("rank {}: out of memory allocating {} bytes of emulated device memory ({} bytes in use{}) at {}:{}",
-                     rank_, bytes, mem_.cur, over ? fmt::format(", device limit {}", opt_.max_bytes) : "",
-                     base_name(loc.file_name()), loc.line()));
-  }
+  if (!over) p = raw_allocate(n);
+  if (p == nullptr)
+    fail(fmt::format("rank {}: out of memory allocating {} bytes of emulated device memory{} ({} bytes in use{}) at "
+                     "{}:{}",
+                     rank_, bytes, opt_.memory ? fmt::format(" ({})", opt_.memory->name) : "", mem_.cur,
+                     over ? fmt::format(", device limit {}", opt_.max_bytes) : "", base_name(loc.file_name()),
+                     loc.line()));
   if (deferred_) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
   allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
   mem_.cur += bytes;
@@ -363,7 +372,7 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
   issue(s, Op{Op::Kind::run,
               [this, p, bytes] {
                 unreleased_.erase(p);
-                ::operator delete(p);
+                raw_release(p);
                 mem_.cur -= bytes;
               },
               -1, 0});

@@ -31,6 +31,16 @@ namespace trident::emu {
 
 enum class DeviceMode : uint8_t { eager, deferred };
 
+// Where a rank's device memory comes from. The default is the host's global allocator. `emulate --kernels
+// cuda-ref|cuda-fast` gives CUDA managed memory (gpu/emu_cuda.h), which the host side of the emulator (collectives,
+// copies, uploads) and the rank's GPU kernels can both read and write. allocate returns nullptr when it cannot
+// (the device reports an out-of-memory error naming the rank, the size and the call site); release never throws.
+struct MemorySource {
+  const char* name = "host";
+  void* (*allocate)(size_t bytes) = nullptr;
+  void (*release)(void* p) = nullptr;
+};
+
 struct DeviceOptions {
   DeviceMode mode = DeviceMode::eager;
   uint64_t seed = 0;             // deferred: the scheduler's choices
@@ -40,6 +50,8 @@ struct DeviceOptions {
   // Device memory of the rank, in bytes (0: no limit but the host's): an allocation past it fails like an
   // out-of-memory allocation (one error naming the rank, the size and the call site). A test hook for OOM handling.
   int64_t max_bytes = 0;
+  // nullptr: host memory (::operator new). Must outlive every device that uses it.
+  const MemorySource* memory = nullptr;
 };
 
 class EmuDevice final : public Device {
@@ -112,6 +124,8 @@ class EmuDevice final : public Device {
   };
 
   void free_impl(void* p, Stream s, loc_t loc);
+  void* raw_allocate(size_t n) const;  // from opt_.memory, or the host; nullptr when out of memory
+  void raw_release(void* p) const noexcept;
   void issue(Stream s, Op&& op);  // eager: runs it now; deferred: queues it
   void run_until(int stream, int64_t count);
   bool runnable(int stream) const;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <type_traits>
 
 #include "emulator/world.h"
@@ -429,6 +430,33 @@ TEST(StepDeferred, EveryAccessIsDeviceMemory) {
     s.device.strict_memory = true;
     SCOPED_TRACE(s.repro());
     expect_equal<float>(s);
+  }
+}
+
+// A device memory source (DeviceOptions::memory: how `emulate --kernels cuda-ref|cuda-fast` puts every rank's
+// device memory in CUDA managed memory): every allocation of the step, eager and deferred, comes from it and goes
+// back to it; the bits do not change.
+std::atomic<int64_t> g_source_live{0}, g_source_calls{0};
+void* counting_allocate(size_t n) {
+  ++g_source_calls, ++g_source_live;
+  return ::operator new(n, std::nothrow);
+}
+void counting_release(void* p) {
+  --g_source_live;
+  ::operator delete(p);
+}
+TEST(StepDeferred, MemorySourceServesEveryAllocation) {
+  static const emu::MemorySource source{"counting", counting_allocate, counting_release};
+  for (const emu::DeviceMode mode : {emu::DeviceMode::eager, emu::DeviceMode::deferred}) {
+    emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .steps = 2});
+    s.device.mode = mode;
+    s.device.strict_memory = true;
+    s.device.memory = &source;
+    SCOPED_TRACE(s.repro());
+    g_source_calls = 0;
+    expect_equal<float>(s);
+    EXPECT_GT(g_source_calls.load(), 100);
+    EXPECT_EQ(g_source_live.load(), 0) << "allocations not returned to the source";
   }
 }
 
