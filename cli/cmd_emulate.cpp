@@ -24,6 +24,10 @@
 #ifdef TRIDENT_HAVE_MPI
 #include "mpi/run.h"
 #endif
+#ifdef TRIDENT_HAVE_CUDA
+#include "gpu/emu_cuda.h"
+#include "gpu/nccl_run.h"
+#endif
 
 namespace {
 
@@ -41,6 +45,7 @@ struct Opts {
   bool lower_exact_sum = false;
   std::string comm = "emu";
   std::string kernels = "cpu";
+  std::string gpu_name;  // --kernels cuda-ref|cuda-fast: the device, for the header
   bool nccl_blocking = false;
   std::string device = "eager";
   int64_t device_seed = 0;
@@ -134,6 +139,11 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
   if (o.kernels == "cuda-fast-host")
     std::printf("kernels: cuda-fast-host (the fast tier, gpu/fast/: split-K GEMMs, online-softmax attention, chunked "
                 "linear CE, on the CPU; compared with tolerances, not bits)\n");
+  if (o.kernels == "cuda-ref" || o.kernels == "cuda-fast")
+    std::printf("kernels: %s on one GPU (%s): every rank's kernels on its own CUDA stream, its device memory CUDA "
+                "managed memory, collectives emulated on the host%s\n",
+                o.kernels.c_str(), o.gpu_name.c_str(),
+                o.kernels == "cuda-ref" ? "; bitwise the reference" : "; compared with tolerances, not bits");
   if (spec.device.mode == emu::DeviceMode::deferred)
     std::printf("deferred device (seed %llu): work queued per stream, run in a seeded legal order, stream hazards "
                 "checked\n",
@@ -156,6 +166,41 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
 
 template <class T>
 int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult<T>& r, const RunInfo<T>& info);
+
+// --backend nccl: this process is one rank on one GPU (gpu/nccl_run.h); rank 0 prints.
+template <class T>
+int run_nccl_backend(const Opts& o, const emu::EmulateSpec& spec) {
+#ifdef TRIDENT_HAVE_CUDA
+  int rank = -1;
+  gpu::NcclRunOptions no;
+  no.kernels = o.kernels;
+  no.check = o.check;
+  no.blocking = o.nccl_blocking;
+  no.on_start = [&](const gpu::ProcessPlace& p, const std::string& gpu) {
+    rank = p.rank;
+    if (rank != 0) return;
+    (void)print_header<T>(o, spec);
+    std::printf("NCCL backend: %d process(es), one rank and one GPU each (rank 0: %s); kernels %s\n", p.world,
+                gpu.c_str(), o.kernels.c_str());
+    std::fflush(stdout);
+  };
+  no.progress = [&](int64_t s, const RankStepStats& st) {
+    if (rank == 0) spec.progress(s, st);
+  };
+  const emu::RankRunResult r = gpu::run_nccl_process<T>(spec, no);
+  if (rank == 0) {
+    std::printf("rank 0: device peak %s, step buffers peak %s, %.3f s for %zu steps\n",
+                mib(r.device_peak_bytes).c_str(), mib(r.peak_bytes).c_str(), r.seconds, r.steps.size());
+    if (o.check) std::printf("%s\n", r.summary().c_str());
+  } else if (!r.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, r.summary().c_str());
+  }
+  return r.ok() ? 0 : 1;
+#else
+  (void)o, (void)spec;
+  fail("--backend nccl: this trident was built without CUDA (nvcc not found at configure time)");
+#endif
+}
 
 template <class T>
 int run(const Opts& o, emu::EmulateSpec spec) {
@@ -190,6 +235,10 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   spec.record_trace = o.simulate();
   if (o.backend == "mpi" && o.simulate())
     fail("--trace, --timeline and --hardware need --backend emulator (the MPI backend does not gather traces)");
+  if (o.backend == "nccl") {
+    if (o.simulate()) fail("--trace, --timeline and --hardware need --backend emulator");
+    return run_nccl_backend<T>(o, spec);
+  }
   if (o.no_fixed_costs && !o.simulate()) fail("--no-fixed-costs needs --hardware (or --trace, --timeline)");
   if (o.simulate()) (void)sim::hardware_model(o.hardware_name());  // an unknown --hardware fails before the run
   for (const auto& [path, flag] : {std::pair{o.json, "--json"}, {o.trace, "--trace"}, {o.timeline, "--timeline"}})
@@ -237,9 +286,31 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   emu::KernelFactory<T> kernels;  // null: the CPU kernels
   if (o.kernels == "cuda-ref-host") kernels = [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); };
   if (o.kernels == "cuda-fast-host") kernels = [](int, Device& dev) { return gpu::make_fast_host_kernels<T>(dev); };
+#ifdef TRIDENT_HAVE_CUDA
+  if (o.kernels == "cuda-ref") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_ref_kernels<T>(dev); };
+  if (o.kernels == "cuda-fast") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_fast_kernels<T>(dev); };
+#endif
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, kernels, resume.get());
   std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
+}
+
+// --kernels cuda-ref|cuda-fast: W ranks on GPU 0 (gpu/emu_cuda.h), checked before anything is allocated.
+void use_gpu(Opts& o, emu::EmulateSpec& spec) {
+#ifdef TRIDENT_HAVE_CUDA
+  const gpu::EmuGpuInfo gi = gpu::check_emu_gpu();
+  o.gpu_name = fmt::format("{}, sm_{}{}", gi.name, gi.major, gi.minor);
+  spec.device.memory = &gpu::cuda_managed_memory();
+  if (!gi.concurrent) {  // the host may not touch managed memory while a kernel runs: one worker at a time
+    spec.exec = emu::RankExec::fibers;
+    spec.workers = 1;
+    o.gpu_name += "; no concurrent managed access: the ranks run on one worker";
+  }
+#else
+  (void)spec;
+  fail("--kernels " + o.kernels + ": this trident was built without CUDA (nvcc not found at configure time); "
+       "--kernels " + o.kernels + "-host runs the same kernel bodies on the CPU");
+#endif
 }
 
 // The compute dtype of the hardware model for a precision policy.
@@ -379,7 +450,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
   }
   std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
   std::fflush(stdout);
-  if (o.kernels == "cuda-fast-host") {  // the fast tier: tolerances (the table's step rows), not bits
+  if (o.kernels == "cuda-fast-host" || o.kernels == "cuda-fast") {  // the fast tier: the step rows, not bits
     const gpu::fast::StepCheckReport rep = gpu::fast::check_step_tolerance<T>(spec, r, info.resume);
     for (const auto& ch : rep.checks)
       if (o.verbose || !ch.ok() || ch.what == "loss")
@@ -470,7 +541,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "kernel set of every rank: cpu (the reference's CPU kernels), cuda-ref-host (the "
                                   "CUDA ref tier's kernel bodies run on the CPU, gpu/ref/; bits unchanged) or "
                                   "cuda-fast-host (the fast tier on the CPU, gpu/fast/; --check-reference compares "
-                                  "with the tolerance table's step rows)")
+                                  "with the tolerance table's step rows); cuda-ref and cuda-fast run the same tiers "
+                                  "as CUDA kernels, every rank on GPU 0 (built with CUDA; docs/gpu.md)")
                        ->check(CLI::IsMember({"cpu", "cuda-ref-host", "cuda-fast-host", "cuda-ref", "cuda-fast"}))
                        ->capture_default_str();
                    sub.add_flag("--nccl-blocking", o->nccl_blocking,
@@ -547,8 +619,10 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "one) or `train` (same model, batch, optimizer and data flags), bit for bit");
                    sub.add_option("--backend", o->backend,
                                   "emulator: every rank a thread of this process; mpi: run under mpirun, "
-                                  "--ranks-per-process ranks per MPI process (docs/mpi.md)")
-                       ->check(CLI::IsMember({"emulator", "mpi"}))
+                                  "--ranks-per-process ranks per MPI process (docs/mpi.md); nccl: one process per "
+                                  "GPU with the real NCCL, started by `trident launch` or torchrun (needs --kernels "
+                                  "cuda-ref or cuda-fast; docs/gpu.md)")
+                       ->check(CLI::IsMember({"emulator", "mpi", "nccl"}))
                        ->capture_default_str();
                    sub.add_option("--ranks-per-process", o->ranks_per_process,
                                   "--backend mpi: emulated ranks per MPI process (threads); the mesh must have "
@@ -619,8 +693,8 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
                      spec.comm = o->comm == "nccl-fake" ? emu::CommBackend::nccl_fake : emu::CommBackend::emu;
-                     if (o->nccl_blocking && spec.comm != emu::CommBackend::nccl_fake)
-                       fail("--nccl-blocking needs --comm nccl-fake");
+                     if (o->nccl_blocking && spec.comm != emu::CommBackend::nccl_fake && o->backend != "nccl")
+                       fail("--nccl-blocking needs --comm nccl-fake or --backend nccl");
                      spec.nccl_blocking = o->nccl_blocking;
                      spec.device.mode = o->device == "deferred" ? emu::DeviceMode::deferred : emu::DeviceMode::eager;
                      spec.exec = o->ranks_as == "threads" ? emu::RankExec::threads : emu::RankExec::fibers;
@@ -630,14 +704,20 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.device.check_hazards = o->check_hazards;
                      if (o->backend != "mpi" && o->ranks_per_process != 1)
                        fail("--ranks-per-process needs --backend mpi");
-                     if (o->kernels == "cuda-ref" || o->kernels == "cuda-fast")
-                       fail("--kernels " + o->kernels + ": the step on a CUDA device is not written yet (docs/gpu.md); "
-                            "--kernels " + o->kernels + "-host runs the same kernel bodies on the CPU, and `trident "
-                            "check GOLDEN --backend " + o->kernels + "` checks every primitive on a GPU");
                      if (o->kernels != "cpu" && o->backend == "mpi")
                        fail("--kernels " + o->kernels + " needs --backend emulator (the MPI backend runs the CPU "
                             "kernels)");
-                     if ((o->kernels == "cuda-ref-host" || o->kernels == "cuda-fast-host") && o->check_hazards)
+                     if (o->backend == "nccl") {  // one process per GPU: the CUDA kernels, NCCL's communicator
+                       if (o->kernels != "cuda-ref" && o->kernels != "cuda-fast")
+                         fail("--backend nccl runs the CUDA kernels: add --kernels cuda-ref (bitwise) or cuda-fast");
+                       if (o->comm != "emu" || spec.device.mode != emu::DeviceMode::eager || o->check_hazards ||
+                           o->lower_exact_sum || !o->save.empty() || !o->resume.empty())
+                         fail("--backend nccl: --comm, --device deferred, --check-hazards, --lower-exact-sum, --save "
+                              "and --resume need --backend emulator (NCCL's communicator always lowers exact sums)");
+                     } else if (o->kernels == "cuda-ref" || o->kernels == "cuda-fast") {
+                       use_gpu(*o, spec);
+                     }
+                     if (o->kernels != "cpu" && o->check_hazards)
                        fail("--check-hazards sees no accesses of the " + o->kernels + " kernels (they declare none): drop "
                             "--check-hazards or use --kernels cpu");
                      (void)vocab_slices(spec.cfg.vocab, spec.cfg.vocab_chunk, spec.mesh.fsdp * spec.mesh.cp,

@@ -74,17 +74,13 @@ CommStats EmulateResult<T>::total() const {
 }
 
 template <class T>
-EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels, const md::TrainState<T>* resume) {
-  if (spec.mesh.world() > kMaxEmulatedRanks)
-    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
-                     spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
+StepShared<T> step_shared(const EmulateSpec& spec, const md::ParamSet<T>& init, const md::TrainState<T>* resume) {
   StepShared<T> sh;
   sh.cfg = spec.cfg;
   sh.run = spec.run;
   sh.mesh = spec.mesh;
   sh.ep_chunks = spec.ep_chunks;
   sh.vocab_slices = spec.vocab_slices;
-  const md::ParamSet<T> init = resume ? md::ParamSet<T>() : spec_init<T>(spec);
   sh.init = resume ? &resume->params : &init;
   if (resume) {
     const std::vector<md::ParamInfo> info = md::param_layout(spec.cfg);
@@ -102,6 +98,20 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   sh.fault = spec.fault;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
+  return sh;
+}
+template StepShared<float> step_shared<float>(const EmulateSpec&, const md::ParamSet<float>&,
+                                              const md::TrainState<float>*);
+template StepShared<double> step_shared<double>(const EmulateSpec&, const md::ParamSet<double>&,
+                                                const md::TrainState<double>*);
+
+template <class T>
+EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels, const md::TrainState<T>* resume) {
+  if (spec.mesh.world() > kMaxEmulatedRanks)
+    fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
+                     spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
+  const md::ParamSet<T> init = resume ? md::ParamSet<T>() : spec_init<T>(spec);
+  const StepShared<T> sh = step_shared<T>(spec, init, resume);
   const std::vector<md::Batch> batches = spec_batches(spec);
   for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
 

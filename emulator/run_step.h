@@ -95,6 +95,12 @@ template <class T>
 EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernels = nullptr,
                          const model::TrainState<T>* resume = nullptr);
 
+// What every rank of a spec shares (parallel/step.h): `init` the initial parameters (spec_init; ignored when
+// resuming), kept alive by the caller as long as the steps run.
+template <class T>
+StepShared<T> step_shared(const EmulateSpec& spec, const model::ParamSet<T>& init,
+                          const model::TrainState<T>* resume = nullptr);
+
 // Bitwise comparison with the single-rank reference (Trainer<T> on the same batches).
 struct TensorCheck {
   int64_t step = 0;

@@ -618,6 +618,7 @@ class EmuComm final : public Communicator {
   }
 
   bool native_exact_sum() const override { return !w_.opts.lower_exact_sum; }
+  Device* lowering_device() override { return &dev_; }
 
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override {
     check_no_open_group(loc);

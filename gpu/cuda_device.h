@@ -44,6 +44,11 @@ class CudaDevice final : public Device {
   void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) override;
   void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) override;
   DeviceMemory memory() const override;
+  // The i64 lowering of exact_sum as CUDA kernels on s (gpu/exact_lowering.cu).
+  void exact_pack(DataType t, const void* acc, size_t count, int64_t* out, Stream s,
+                  loc_t loc = loc_t::current()) override;
+  void exact_unpack(DataType t, const int64_t* in, size_t count, void* acc, Stream s,
+                    loc_t loc = loc_t::current()) override;
 
  private:
   void check(cudaError_t e, const char* call, loc_t loc) const;

@@ -177,16 +177,8 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     fail(fmt::format("mesh {} has {} ranks but mpirun started {} process(es) x --ranks-per-process {} = {} ranks",
                      spec.mesh.str(), spec.mesh.world(), fabric.processes(), fabric.ranks_per_process(), W));
 
-  StepShared<T> sh;
-  sh.cfg = spec.cfg;
-  sh.run = spec.run;
-  sh.mesh = spec.mesh;
-  sh.ep_chunks = spec.ep_chunks;
-  sh.vocab_slices = spec.vocab_slices;
   const md::ParamSet<T> init = emu::spec_init<T>(spec);
-  sh.init = &init;
-  sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
-  sh.validate();
+  const StepShared<T> sh = emu::step_shared<T>(spec, init);
   const std::vector<md::Batch> batches = emu::spec_batches(spec);
   for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
   const int64_t steps = spec.run.steps;

@@ -146,6 +146,11 @@ class Communicator {
   // (NCCL, MPI). Non-reducing calls with exact dtypes (all_gather, broadcast, send/recv, all_to_all(v)) still
   // reach the backend and move the accumulator bytes unchanged (dtype_size(t) opaque bytes per element).
   virtual bool native_exact_sum() const { return false; }
+  // The device whose streams this communicator's operations run on, for the lowering's pack and unpack
+  // (Device::exact_pack / exact_unpack, stream-ordered with the collective). nullptr: the lowering packs and unpacks
+  // on the host at issue, which is right only when every earlier write to the buffers has already happened (an
+  // eager host backend: MPI).
+  virtual Device* lowering_device() { return nullptr; }
   // Called after all_to_all / all_to_allv completed (count: all_to_all's count, all_to_allv's total send
   // elements; bytes: what this rank sent). Lets a backend record the helper as one operation.
   virtual void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) {

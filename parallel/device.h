@@ -30,6 +30,8 @@
 
 namespace trident {
 
+enum class DataType : uint8_t;  // parallel/comm.h
+
 // A stream of one rank: an ordered queue of work. Handle only; the Device that created it gives it meaning.
 // Stream{} is the rank's default (compute) stream.
 struct Stream {
@@ -111,6 +113,16 @@ class Device {
   // device -> host on s; the host reads `dst` only after synchronize(s).
   virtual void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) = 0;
   virtual DeviceMemory memory() const = 0;
+
+  // The i64 lowering of exact_sum (parallel/exact_lowering.h) as work on s, ordered with the collective that sums
+  // the words: pack `count` accumulators of exact dtype t into `out` (exact_lowering::words_per_element(t) words
+  // each), and unpack word sums into canonical accumulators. The defaults launch the host functions (device memory
+  // the host can read: the emulator's, eager or deferred); a CUDA device runs them as kernels
+  // (gpu/exact_lowering.cu). Defined in parallel/exact_lowering.cpp.
+  virtual void exact_pack(DataType t, const void* acc, size_t count, int64_t* out, Stream s,
+                          loc_t loc = loc_t::current());
+  virtual void exact_unpack(DataType t, const int64_t* in, size_t count, void* acc, Stream s,
+                            loc_t loc = loc_t::current());
 
   // A named host sync point: copies n elements to the host and waits for s.
   template <class T>

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "reference/check.h"
+#include "parallel/exact_lowering_impl.h"
 #include "reference/exact_acc.h"
 
 namespace trident {
@@ -13,85 +14,49 @@ namespace exact_lowering {
 #ifndef TRIDENT_PLAIN_ACC
 namespace {
 
-constexpr int64_t kDigit = int64_t{1} << 32;
-constexpr int kFlagBits = 21;
-constexpr int64_t kFlagMask = (int64_t{1} << kFlagBits) - 1;
-// Bounds of the words of a sum of at most kMaxContributions packed elements (checked on unpack; any larger
-// magnitude means the buffer is not such a sum).
-constexpr int64_t kDigitSumMax = kMaxContributions * (kDigit - 1);  // < 2^53
-constexpr int64_t kTopSumMax = kMaxContributions * (kDigit / 2);    // < 2^52
-
-// The flag bits of ExactAccCore (1 NaN, 2 +Inf, 4 -Inf) and their counter fields.
-constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
-
 template <class T>
 constexpr size_t words() {
-  return static_cast<size_t>(ExactAcc<T>::kLimbs) + 2;
+  return static_cast<size_t>(elem::words<T>());
 }
 
 template <class T>
 void pack_typed(const ExactAcc<T>* acc, size_t count, int64_t* out) {
-  constexpr int L = ExactAcc<T>::kLimbs;
-  for (size_t e = 0; e < count; ++e, out += words<T>()) {
-    ExactAcc<T> a = acc[e];
-    a.normalize();  // limbs 0..L-2 in [0, 2^32), the top limb signed
-    for (int i = 0; i < L - 1; ++i) out[i] = a.limb(i);
-    const int64_t top = a.limb(L - 1);
-    out[L - 1] = top & (kDigit - 1);  // t mod 2^32
-    out[L] = top >> 32;               // floor(t / 2^32): arithmetic shift
-    const uint32_t f = a.flags();
-    out[L + 1] = ((f & kNaN) ? 1 : 0) | ((f & kPosInf) ? int64_t{1} << kFlagBits : 0) |
-                 ((f & kNegInf) ? int64_t{1} << (2 * kFlagBits) : 0);
-  }
+  for (size_t e = 0; e < count; ++e, out += words<T>()) elem::pack(acc[e], out);
 }
 
+}  // namespace
+
+// The one error line of a bad word sum (also for a CUDA device's unpack, which finds it on the device).
+[[noreturn]] void unpack_failed(int bad, int64_t element, int word, int64_t value) {
+  using namespace elem;
+  if (bad == kDigitRange)
+    fail(fmt::format("exact_sum lowering: word {} of element {} is {}, outside [0, {}]: not a sum of at most {} "
+                     "packed accumulators",
+                     word, element, value, kDigitSumMax, kMaxContributions));
+  if (bad == kTopRange)
+    fail(fmt::format("exact_sum lowering: word {} of element {} is {}, outside [-{}, {}]: not a sum of at most {} "
+                     "packed accumulators",
+                     word, element, value, kTopSumMax, kTopSumMax, kMaxContributions));
+  if (bad == kOverflow)
+    fail(fmt::format("exact_sum lowering: element {}: the exact sum leaves the accumulator's range (its top limb "
+                     "would be beyond int64; top word sum {})",
+                     element, value));
+  fail(fmt::format("exact_sum lowering: flag word of element {} is {}: not a sum of at most {} packed accumulators",
+                   element, value, kMaxContributions));
+}
+
+namespace {
 template <class T>
 void unpack_typed(const int64_t* in, size_t count, ExactAcc<T>* acc) {
-  constexpr int L = ExactAcc<T>::kLimbs;
-  // The wire format of exact_acc_impl.h: limb[L] (int64), count (uint32), flags (uint32), no padding.
-  static_assert(sizeof(ExactAcc<T>) == static_cast<size_t>(L) * 8 + 8);
-  struct Image {
-    int64_t limb[L];
-    uint32_t count;
-    uint32_t flags;
-  };
-  static_assert(sizeof(Image) == sizeof(ExactAcc<T>));
+  static_assert(sizeof(elem::Image<T>) == sizeof(ExactAcc<T>));
   for (size_t e = 0; e < count; ++e, in += words<T>()) {
-    Image im;
-    int64_t c = 0;  // carry into digit i, in [0, 2^22)
-    for (int i = 0; i < L; ++i) {
-      const int64_t d = in[i];
-      if (d < 0 || d > kDigitSumMax)
-        fail(fmt::format("exact_sum lowering: word {} of element {} is {}, outside [0, {}]: not a sum of at most {} "
-                         "packed accumulators",
-                         i, e, d, kDigitSumMax, kMaxContributions));
-      const int64_t t = d + c;
-      im.limb[i] = t & (kDigit - 1);
-      c = t >> 32;
-    }
-    const int64_t hs = in[L];
-    if (hs < -kTopSumMax || hs > kTopSumMax)
-      fail(fmt::format("exact_sum lowering: word {} of element {} is {}, outside [-{}, {}]: not a sum of at most {} "
-                       "packed accumulators",
-                       L, e, hs, kTopSumMax, kTopSumMax, kMaxContributions));
-    const int64_t hi = hs + c;  // top limb = hi * 2^32 + (t mod 2^32)
-    if (hi < -(kDigit / 2) || hi >= kDigit / 2)
-      fail(fmt::format("exact_sum lowering: element {}: the exact sum leaves the accumulator's range (its top limb "
-                       "would be {} * 2^32 + {}, beyond int64)",
-                       e, hi, im.limb[L - 1]));
-    im.limb[L - 1] += static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
-    const int64_t f = in[L + 1];
-    if (f < 0)  // three 21-bit fields fill bits 0..62
-      fail(fmt::format("exact_sum lowering: flag word of element {} is {}: not a sum of at most {} packed "
-                       "accumulators",
-                       e, f, kMaxContributions));
-    im.flags = ((f & kFlagMask) ? kNaN : 0) | (((f >> kFlagBits) & kFlagMask) ? kPosInf : 0) |
-               (((f >> (2 * kFlagBits)) & kFlagMask) ? kNegInf : 0);
-    im.count = 1;  // what normalize() leaves
+    elem::Image<T> im;
+    int word = 0;
+    if (const int bad = elem::unpack<T>(in, im, word))
+      unpack_failed(bad, static_cast<int64_t>(e), word, in[word]);
     exact_deserialize(reinterpret_cast<const std::byte*>(&im), 1, acc + e);
   }
 }
-
 }  // namespace
 
 size_t words_per_element(DataType t) {
@@ -120,6 +85,7 @@ void unpack(DataType t, const int64_t* in, size_t count, void* acc) {
 size_t words_per_element(DataType) { no_lowering(); }
 void pack(DataType, const void*, size_t, int64_t*) { no_lowering(); }
 void unpack(DataType, const int64_t*, size_t, void*) { no_lowering(); }
+void unpack_failed(int, int64_t, int, int64_t) { no_lowering(); }
 
 #endif
 
@@ -135,13 +101,37 @@ size_t Communicator::lower_exact_sum(CollOp op, const void* send, void* recv, si
            to_string(op), name(), loc.file_name(), loc.line(), n, exact_lowering::kMaxContributions);
   const size_t W = exact_lowering::words_per_element(t);
   const size_t elems = op == CollOp::reduce_scatter ? static_cast<size_t>(n) * count_ : count_;
+  const size_t mine_at = op == CollOp::reduce_scatter ? static_cast<size_t>(r) * count_ * W : 0;
+  const bool unpack = op != CollOp::reduce || r == root;
   // One scratch buffer: packed in place, summed in place (NCCL in-place forms), unpacked from this rank's part.
-  auto buf = std::make_unique_for_overwrite<int64_t[]>(elems * W);
+  if (Device* dev = lowering_device()) {  // device work on s, in order with the collective (and with what
+                                          // produced `send`: a deferred or GPU stream has not run it yet)
+    DeviceBuffer<int64_t> buf(*dev, static_cast<int64_t>(elems * W), s, loc);
+    dev->exact_pack(t, send, elems, buf.data(), s, loc);
+    do_collective({op, buf.data(), buf.data() + mine_at, count_ * W, DataType::i64, ReduceOp::sum, root}, s, loc);
+    if (unpack) dev->exact_unpack(t, buf.data() + mine_at, count_, recv, s, loc);
+    return elems * W * sizeof(int64_t);  // buf is freed on s, after the unpack
+  }
+  auto buf = std::make_unique_for_overwrite<int64_t[]>(elems * W);  // host memory, at once (eager backends)
   exact_lowering::pack(t, send, elems, buf.get());
-  int64_t* mine = buf.get() + (op == CollOp::reduce_scatter ? static_cast<size_t>(r) * count_ * W : 0);
-  do_collective({op, buf.get(), mine, count_ * W, DataType::i64, ReduceOp::sum, root}, s, loc);
-  if (op != CollOp::reduce || r == root) exact_lowering::unpack(t, mine, count_, recv);
+  do_collective({op, buf.get(), buf.get() + mine_at, count_ * W, DataType::i64, ReduceOp::sum, root}, s, loc);
+  if (unpack) exact_lowering::unpack(t, buf.get() + mine_at, count_, recv);
   return elems * W * sizeof(int64_t);
+}
+
+// ---- Device: the lowering's pack and unpack as host work on a stream ---------------------------------------------
+void Device::exact_pack(DataType t, const void* acc, size_t count, int64_t* out, Stream s, loc_t loc) {
+  const auto W = static_cast<int64_t>(exact_lowering::words_per_element(t));
+  const auto n = static_cast<int64_t>(count);
+  launch(s, "exact_pack", {Access{acc, n * static_cast<int64_t>(dtype_size(t)), false}, writes(out, n * W)}, 0,
+         [=] { exact_lowering::pack(t, acc, count, out); }, loc);
+}
+
+void Device::exact_unpack(DataType t, const int64_t* in, size_t count, void* acc, Stream s, loc_t loc) {
+  const auto W = static_cast<int64_t>(exact_lowering::words_per_element(t));
+  const auto n = static_cast<int64_t>(count);
+  launch(s, "exact_unpack", {reads(in, n * W), Access{acc, n * static_cast<int64_t>(dtype_size(t)), true}}, 0,
+         [=] { exact_lowering::unpack(t, in, count, acc); }, loc);
 }
 
 }  // namespace trident

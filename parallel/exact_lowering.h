@@ -39,4 +39,8 @@ void pack(DataType t, const void* acc, size_t count, int64_t* out);
 // range such a sum can have. in and acc must not overlap.
 void unpack(DataType t, const int64_t* in, size_t count, void* acc);
 
+// The error of a word sum that unpack() refuses (bad: exact_lowering_impl.h elem::Bad; value: the bad word), for a
+// backend that finds it elsewhere (a CUDA device's unpack kernel).
+[[noreturn]] void unpack_failed(int bad, int64_t element, int word, int64_t value);
+
 }  // namespace trident::exact_lowering

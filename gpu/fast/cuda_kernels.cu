@@ -8,6 +8,8 @@
 #define devdm devdm_fast
 #include "gpu/fast/cuda_kernels.h"
 
+#include "gpu/emu_cuda.h"
+
 #include <cublas_v2.h>
 #include <dlfcn.h>
 
@@ -132,10 +134,21 @@ void load_cublas() { (void)cublas(); }
 template <class T>
 std::unique_ptr<Kernels<T>> make_cuda_fast_kernels(CudaDevice& dev) {
   load_cublas();
-  return std::make_unique<fast::FastKernels<T, ref::CudaLaunch, CublasGemm>>(ref::CudaLaunch{&dev},
+  return std::make_unique<fast::FastKernels<T, ref::CudaLaunch, CublasGemm>>(ref::CudaLaunch{&dev, nullptr, nullptr},
                                                                          CublasGemm{std::make_shared<Handle>()});
 }
 template std::unique_ptr<Kernels<float>> make_cuda_fast_kernels<float>(CudaDevice&);
 template std::unique_ptr<Kernels<double>> make_cuda_fast_kernels<double>(CudaDevice&);
+
+// An emulated rank on the GPU (gpu/emu_cuda.h): the same class, the same bodies; its own CUDA stream and cuBLAS
+// handle.
+template <class T>
+std::unique_ptr<Kernels<T>> make_emu_cuda_fast_kernels(Device& dev) {
+  load_cublas();
+  return std::make_unique<fast::FastKernels<T, ref::CudaLaunch, CublasGemm>>(
+      ref::CudaLaunch{nullptr, &dev, std::make_shared<RankStream>()}, CublasGemm{std::make_shared<Handle>()});
+}
+template std::unique_ptr<Kernels<float>> make_emu_cuda_fast_kernels<float>(Device&);
+template std::unique_ptr<Kernels<double>> make_emu_cuda_fast_kernels<double>(Device&);
 
 }  // namespace trident::gpu

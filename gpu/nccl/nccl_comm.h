@@ -56,6 +56,8 @@ class NcclCommunicator final : public Communicator {
   void do_group_start(loc_t loc) override;
   void do_group_end(loc_t loc) override;
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override;
+  // The lowering of exact_sum packs and unpacks on dev's streams (kernels on a CUDA device).
+  Device* lowering_device() override { return &dev_; }
 
  private:
   friend struct NcclWatchdog;

@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <source_location>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "gpu/cuda_device.h"
+#include "gpu/emu_cuda.h"
 #include "gpu/ref/exec.h"
 
 namespace trident::gpu::ref {
@@ -85,15 +87,34 @@ class CudaExec {
   int* flag_ = nullptr;
 };
 
-// The CUDA executor's launch: CudaDevice::launch runs the closure at once (it enqueues the op's kernels on the
-// stream) and checks cudaGetLastError, naming the op and the caller's line.
+// How the CUDA executor's op runs, in one of two settings:
+//  - on a CudaDevice (`dev`; one GPU per rank): CudaDevice::launch runs the closure at once (it enqueues the op's
+//    kernels on the device's stream s) and checks cudaGetLastError, naming the op and the caller's line;
+//  - on an emulated rank (`emu`, `rank`; W ranks on one GPU, `emulate --kernels cuda-ref|cuda-fast`): the closure
+//    is the emulator device's launch (traced, ordered with the rank's other streams, deferred or eager); it enqueues
+//    the op's kernels on the rank's CUDA stream and waits for them, so that the op is complete when the closure
+//    returns, as the emulator's host-side collectives and copies expect of device memory (CUDA managed memory).
+// Both settings instantiate the same bodies once.
 struct CudaLaunch {
-  CudaDevice* dev;
+  CudaDevice* dev = nullptr;
+  Device* emu = nullptr;
+  std::shared_ptr<RankStream> rank;
   template <class F>
   void operator()(Stream s, const char* name, std::source_location loc, F&& f) const {
-    dev->launch(s, name, Accesses{}, 0, std::function<void()>([&] {
-                  CudaExec ex(dev->stream(s));
-                  f(ex);
+    if (dev) {
+      dev->launch(s, name, Accesses{}, 0, std::function<void()>([&] {
+                    CudaExec ex(dev->stream(s));
+                    f(ex);
+                  }),
+                  loc);
+      return;
+    }
+    emu->launch(s, name, Accesses{}, 0, std::function<void()>([f = std::forward<F>(f), r = rank, name, loc] {
+                  {
+                    CudaExec ex(r->get());
+                    f(ex);
+                  }  // the scratch's frees are enqueued: wait for them too
+                  r->finish(name, loc);
                 }),
                 loc);
   }

@@ -2,7 +2,9 @@
 // machine has them). Skips with a message without a CUDA device or without libnccl.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "gpu/nccl/nccl_bootstrap.h"
 #include "gpu/nccl/nccl_comm.h"
 #include "reference/check.h"
+#include "parallel/exact_lowering.h"
 #include "reference/exact_acc.h"
 
 namespace trident {
@@ -45,6 +48,52 @@ TEST_F(Cuda, MemoryCopiesEventsAndPeak) {
   for (size_t i = 512; i < 1024; ++i) ASSERT_EQ(got_t[i], 0.f);
   EXPECT_EQ(dev.memory().cur, 3 * 4096);
   EXPECT_GE(dev.memory().peak, 3 * 4096);
+}
+
+// The i64 lowering of exact_sum as CUDA kernels (CudaDevice::exact_pack / exact_unpack, gpu/exact_lowering.cu): the
+// same words and accumulator bytes as the host's functions, for exact_f32 and exact_f64, with Inf/NaN flags; a word
+// sum that no sum of packed accumulators can be is the host's error line.
+template <class T>
+void lowering_matches_host(gpu::CudaDevice& dev, DataType t) {
+  const Stream s = dev.compute_stream();
+  const size_t n = 1000, W = exact_lowering::words_per_element(t);
+  std::vector<ExactAcc<T>> acc(n);
+  uint64_t x = 12345;
+  for (size_t i = 0; i < n; ++i)
+    for (int k = 0; k < 1 + static_cast<int>(i % 7); ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const double mag = std::ldexp(static_cast<double>(x >> 11) / 9007199254740992.0, static_cast<int>(i % 90) - 45);
+      acc[i].add(static_cast<T>((x & 1) ? -mag : mag));
+    }
+  acc[3].add(std::numeric_limits<T>::infinity());
+  acc[4].add(std::numeric_limits<T>::quiet_NaN());
+  std::vector<int64_t> want(n * W);
+  exact_lowering::pack(t, acc.data(), n, want.data());
+  DeviceBuffer<ExactAcc<T>> d_acc(dev, static_cast<int64_t>(n), s);
+  DeviceBuffer<int64_t> d_w(dev, static_cast<int64_t>(n * W), s);
+  dev.upload(d_acc.data(), acc.data(), static_cast<int64_t>(n * sizeof(ExactAcc<T>)), s);
+  dev.exact_pack(t, d_acc.data(), n, d_w.data(), s);
+  EXPECT_EQ(dev.fetch(d_w.data(), static_cast<int64_t>(n * W), s), want);
+  std::vector<ExactAcc<T>> back(n);
+  exact_lowering::unpack(t, want.data(), n, back.data());
+  dev.memset(d_acc.data(), 0, static_cast<int64_t>(n * sizeof(ExactAcc<T>)), s);
+  dev.exact_unpack(t, d_w.data(), n, d_acc.data(), s);
+  const std::vector<ExactAcc<T>> got = dev.fetch(d_acc.data(), static_cast<int64_t>(n), s);
+  EXPECT_EQ(std::memcmp(got.data(), back.data(), n * sizeof(ExactAcc<T>)), 0);
+  std::vector<int64_t> bad = want;
+  bad[5 * W] = -1;  // a digit word below zero
+  dev.upload(d_w.data(), bad.data(), static_cast<int64_t>(bad.size() * 8), s);
+  try {
+    dev.exact_unpack(t, d_w.data(), n, d_acc.data(), s);
+    ADD_FAILURE() << "a negative digit word was unpacked";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("word 0 of element 5 is -1"), std::string::npos) << e.what();
+  }
+}
+TEST_F(Cuda, ExactLoweringKernelsMatchTheHost) {
+  gpu::CudaDevice dev(0);
+  lowering_matches_host<float>(dev, DataType::exact_f32);
+  lowering_matches_host<double>(dev, DataType::exact_f64);
 }
 
 TEST_F(Cuda, ErrorsNameTheCall) {

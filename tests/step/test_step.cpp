@@ -100,6 +100,19 @@ TEST(StepExactLowering, DRep2Cp2_EFsdp2Ep2) { lowered_case<float>({.mesh = M(2, 
 TEST(StepExactLowering, Fp64_Fsdp2Cp2_Recompute_Chunks2) {
   lowered_case<double>({.mesh = M(1, 2, 2, 2, 2), .chunks = 2, .recompute = true, .policy = "fp64", .steps = 2});
 }
+// The lowering on the deferred device: pack and unpack are stream work ordered with the collective and with the
+// queued kernels that wrote the accumulators, and their declared accesses pass the hazard checker.
+TEST(StepExactLowering, DeferredDevice) {
+  for (const uint64_t seed : {0u, 7u}) {
+    emu::EmulateSpec s = make_spec({.mesh = M(2, 1, 2, 2, 2), .chunks = 2, .recompute = true, .steps = 2});
+    s.lower_exact_sum = true;
+    s.device.mode = emu::DeviceMode::deferred;
+    s.device.seed = seed;
+    s.device.strict_memory = true;
+    SCOPED_TRACE(s.repro());
+    expect_equal<float>(s);
+  }
+}
 TEST(StepExactLowering, Bf16_Cp4_Chunks2) {
   lowered_case<float>({.mesh = M(1, 1, 4, 2, 2), .chunks = 2, .policy = "bf16", .seq_len = 64, .steps = 2});
 }
