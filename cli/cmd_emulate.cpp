@@ -80,6 +80,7 @@ struct Opts {
   std::string repro_flags() const {
     ReproLine r("");
     if (kernels != "cpu") r.opt_nonempty("--kernels", kernels);
+    if (backend == "nccl") r.opt("--backend", backend);
     if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
     r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
@@ -139,7 +140,7 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
   if (o.kernels == "cuda-fast-host")
     std::printf("kernels: cuda-fast-host (the fast tier, gpu/fast/: split-K GEMMs, online-softmax attention, chunked "
                 "linear CE, on the CPU; compared with tolerances, not bits)\n");
-  if (o.kernels == "cuda-ref" || o.kernels == "cuda-fast")
+  if ((o.kernels == "cuda-ref" || o.kernels == "cuda-fast") && o.backend != "nccl")
     std::printf("kernels: %s on one GPU (%s): every rank's kernels on its own CUDA stream, its device memory CUDA "
                 "managed memory, collectives emulated on the host%s\n",
                 o.kernels.c_str(), o.gpu_name.c_str(),
@@ -179,9 +180,11 @@ int run_nccl_backend(const Opts& o, const emu::EmulateSpec& spec) {
   no.on_start = [&](const gpu::ProcessPlace& p, const std::string& gpu) {
     rank = p.rank;
     if (rank != 0) return;
-    (void)print_header<T>(o, spec);
-    std::printf("NCCL backend: %d process(es), one rank and one GPU each (rank 0: %s); kernels %s\n", p.world,
-                gpu.c_str(), o.kernels.c_str());
+    const std::string repro = print_header<T>(o, spec);
+    std::printf("NCCL backend: %d process(es), one rank and one GPU each (rank 0: %s); kernels %s; started by "
+                "`trident launch --nproc %d -- %s` or torchrun\n",
+                p.world, gpu.c_str(), o.kernels.c_str(), p.world,
+                repro.substr(repro.starts_with("trident ") ? 8 : 0).c_str());
     std::fflush(stdout);
   };
   no.progress = [&](int64_t s, const RankStepStats& st) {

@@ -29,6 +29,7 @@ namespace {
 // ---- cuBLAS through dlopen: the entry points the fast tier calls, typed from cublas_v2.h ----------------------
 struct Cublas {
   decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   // (cublasGemmEx is overloaded in C++ (a cudaDataType/computeType form): the C entry point's type, spelled out)
@@ -60,6 +61,7 @@ const Cublas& cublas() {
       if (!f && error.empty()) error = fmt::format("cuda-fast: cuBLAS has no symbol {}", n);
     };
     sym(api.create, "cublasCreate_v2");
+    sym(api.destroy, "cublasDestroy_v2");
     sym(api.set_stream, "cublasSetStream_v2");
     sym(api.set_math_mode, "cublasSetMathMode");
     sym(api.gemm_ex, "cublasGemmEx");
@@ -76,8 +78,14 @@ void check_cublas(cublasStatus_t st, const char* call) {
 
 // One cuBLAS handle per kernel set (created on first use, never destroyed: process lifetime, as cuBLAS's own
 // handles usually are; destroying it at exit races the driver's teardown).
-struct Handle {
+struct Handle {  // one per kernel set (per emulated rank on one GPU), destroyed with it
   cublasHandle_t h = nullptr;
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() {
+    if (h) (void)cublas().destroy(h);
+  }
   cublasHandle_t get() {
     if (!h) {
       check_cublas(cublas().create(&h), "cublasCreate");
