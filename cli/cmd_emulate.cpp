@@ -201,7 +201,7 @@ int run_nccl_backend(const Opts& o, const emu::EmulateSpec& spec) {
   return r.ok() ? 0 : 1;
 #else
   (void)o, (void)spec;
-  fail("--backend nccl: this trident was built without CUDA (nvcc not found at configure time)");
+  fail("--backend nccl: this trident was built without CUDA (no nvcc at configure time, or a sanitizer build)");
 #endif
 }
 
@@ -311,7 +311,7 @@ void use_gpu(Opts& o, emu::EmulateSpec& spec) {
   }
 #else
   (void)spec;
-  fail("--kernels " + o.kernels + ": this trident was built without CUDA (nvcc not found at configure time); "
+  fail("--kernels " + o.kernels + ": this trident was built without CUDA (no nvcc at configure time, or a sanitizer build); "
        "--kernels " + o.kernels + "-host runs the same kernel bodies on the CPU");
 #endif
 }
