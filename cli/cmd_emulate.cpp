@@ -714,9 +714,11 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                        if (o->kernels != "cuda-ref" && o->kernels != "cuda-fast")
                          fail("--backend nccl runs the CUDA kernels: add --kernels cuda-ref (bitwise) or cuda-fast");
                        if (o->comm != "emu" || spec.device.mode != emu::DeviceMode::eager || o->check_hazards ||
-                           o->lower_exact_sum || !o->save.empty() || !o->resume.empty())
-                         fail("--backend nccl: --comm, --device deferred, --check-hazards, --lower-exact-sum, --save "
-                              "and --resume need --backend emulator (NCCL's communicator always lowers exact sums)");
+                           o->lower_exact_sum || !o->save.empty() || !o->resume.empty() || !o->json.empty() ||
+                           !o->max_memory.empty() || o->ranks_as != "fibers" || o->workers != 0)
+                         fail("--backend nccl: --comm, --device deferred, --check-hazards, --lower-exact-sum, --save, "
+                              "--resume, --json, --max-memory, --ranks-as and --workers need --backend emulator (one "
+                              "rank per process; NCCL's communicator always lowers exact sums)");
                      } else if (o->kernels == "cuda-ref" || o->kernels == "cuda-fast") {
                        use_gpu(*o, spec);
                      }
