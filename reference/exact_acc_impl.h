@@ -21,6 +21,14 @@
 
 #include "reference/hd.h"
 
+// Full unrolling of the short fixed-length carry loops of round() (GCC leaves them rolled at -O2); the same
+// operations in the same order, so the same bits. Not for nvcc or clang, whose pragmas differ.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define TD_EXACT_UNROLL _Pragma("GCC unroll 16")
+#else
+#define TD_EXACT_UNROLL
+#endif
+
 namespace trident {
 namespace detail {
 
@@ -163,6 +171,7 @@ class ExactAccCore {
     // Normalise: digits d[0..n-2] in [0, 2^32), d[n-1] signed (normalize()'s carries, on a copy).
     int64_t d[kLimbs];
     int64_t c = 0;
+    TD_EXACT_UNROLL
     for (int i = 0; i < kLimbs - 1; ++i) {
       const int64_t u = limb_[i] + c;
       d[i] = u & kLo;
@@ -174,6 +183,7 @@ class ExactAccCore {
     uint64_t m[kLimbs];
     uint32_t nz = 0;  // bit i: digit i of |V| is nonzero
     int64_t cy = s & 1;
+    TD_EXACT_UNROLL
     for (int i = 0; i < kLimbs - 1; ++i) {
       const int64_t u = (d[i] ^ (s & kLo)) + cy;
       m[i] = static_cast<uint64_t>(u & kLo);
