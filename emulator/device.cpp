@@ -40,7 +40,7 @@ EmuDevice::~EmuDevice() {
     } catch (...) {
     }
   }
-  for (auto& [p, a] : allocs_) raw_release(reinterpret_cast<void*>(p));
+  for (auto& [p, bytes] : sizes_) raw_release(reinterpret_cast<void*>(p));
   for (void* p : unreleased_) raw_release(p);
 }
 
@@ -324,7 +324,8 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
                      over ? fmt::format(", device limit {}", opt_.max_bytes) : "", base_name(loc.file_name()),
                      loc.line()));
   if (deferred_) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
-  allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
+  sizes_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  if (checking_) allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
   mem_.cur += bytes;
   mem_.peak = std::max(mem_.peak, mem_.cur);
   if (checking_) {
@@ -351,14 +352,14 @@ void EmuDevice::free(void* p, Stream s, loc_t loc) {
 }
 
 void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
-  auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
-  if (it == allocs_.end() || s.id < 0 || static_cast<size_t>(s.id) >= streams_.size()) {
+  auto it = sizes_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == sizes_.end() || s.id < 0 || static_cast<size_t>(s.id) >= streams_.size()) {
     if (pending_error_.empty())
       pending_error_ = fmt::format("rank {}: free of {} that no allocate returned (or freed twice) at {}:{}", rank_,
                                    p, base_name(loc.file_name()), loc.line());
     return;
   }
-  const int64_t bytes = it->second.bytes;
+  const int64_t bytes = it->second;
   if (checking_) {
     try {
       tick(s.id + 1);
@@ -367,8 +368,17 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
       if (pending_error_.empty()) pending_error_ = e.what();
     }
   }
-  unreleased_.insert(p);
-  allocs_.erase(it);  // checker state goes with it; the bytes are released when the free runs
+  sizes_.erase(it);
+  if (checking_) allocs_.erase(reinterpret_cast<uintptr_t>(p));  // checker state goes with it
+  if (!deferred_) {  // eager: the free is an op of s that runs now (what issue() would do, without the closure)
+    StreamQ& q = streams_[static_cast<size_t>(s.id)];
+    ++q.issued;
+    ++q.done;
+    raw_release(p);
+    mem_.cur -= bytes;
+    return;
+  }
+  unreleased_.insert(p);  // deferred: the bytes are released when the free runs
   issue(s, Op{Op::Kind::run,
               [this, p, bytes] {
                 unreleased_.erase(p);

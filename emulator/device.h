@@ -22,6 +22,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/device.h"
@@ -150,6 +151,10 @@ class EmuDevice final : public Device {
   std::vector<StreamQ> streams_;
   std::vector<Ev> events_;
   std::vector<Clock> clocks_;  // per agent
+  // Every live allocation's bytes, found by address in O(1): the step allocates and frees a buffer per tensor and
+  // layer, and an ordered tree of a rank's allocations, cold in the cache after the other ranks ran, cost more
+  // than the allocation itself. allocs_ (address-ordered, with the access records) is kept only while checking.
+  std::unordered_map<uintptr_t, int64_t> sizes_;
   std::map<uintptr_t, Alloc> allocs_;
   std::set<void*> unreleased_;  // freed, the free not run yet (deferred)
   DeviceMemory mem_;

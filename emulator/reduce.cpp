@@ -81,16 +81,23 @@ void reduce_exact(void* dst, const void* const* srcs, int n, size_t count) {
   using A = ExactAcc<T>;
   // Block of accumulators kept in L1 while every source is merged into it in rank order (per element the same
   // merge sequence as an exact_merge per source, so the same bytes); merge() is inlined here, no call per block.
-  // The next source's block is prefetched while one is merged (the loads from the other ranks' buffers miss).
-  constexpr size_t B = 64;
+  // The source two ahead is prefetched while one is merged (the loads from the other ranks' buffers miss; one
+  // ahead left most of the latency exposed), and blocks of 256 (22 KiB) keep each source's run long enough for the
+  // hardware prefetcher.
+  constexpr size_t B = 256;
+  constexpr int kAhead = 2;
   A acc[B];
   for (size_t b0 = 0; b0 < count; b0 += B) {
     const size_t len = count - b0 < B ? count - b0 : B;
+    for (int j = 1; j <= kAhead && j < n; ++j) {
+      const char* nx = reinterpret_cast<const char*>(static_cast<const A*>(srcs[j]) + b0);
+      for (size_t off = 0; off < len * sizeof(A); off += 64) __builtin_prefetch(nx + off);
+    }
     std::memcpy(static_cast<void*>(acc), static_cast<const A*>(srcs[0]) + b0, len * sizeof(A));
     for (int j = 1; j < n; ++j) {
       const A* s = static_cast<const A*>(srcs[j]) + b0;
-      if (j + 1 < n) {
-        const char* nx = reinterpret_cast<const char*>(static_cast<const A*>(srcs[j + 1]) + b0);
+      if (j + kAhead < n) {
+        const char* nx = reinterpret_cast<const char*>(static_cast<const A*>(srcs[j + kAhead]) + b0);
         for (size_t off = 0; off < len * sizeof(A); off += 64) __builtin_prefetch(nx + off);
       }
       for (size_t i = 0; i < len; ++i) acc[i].merge(s[i]);

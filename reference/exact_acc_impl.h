@@ -21,6 +21,14 @@
 
 #include "reference/hd.h"
 
+// Full unrolling of the short fixed-length carry loops of round() (GCC leaves them rolled at -O2); the same
+// operations in the same order, so the same bits. Not for nvcc or clang, whose pragmas differ.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define TD_EXACT_UNROLL _Pragma("GCC unroll 16")
+#else
+#define TD_EXACT_UNROLL
+#endif
+
 namespace trident {
 namespace detail {
 
@@ -76,6 +84,7 @@ class ExactAccCore {
         return std::numeric_limits<T>::quiet_NaN();
       return (flags_ & kPosInf) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
     }
+    if constexpr (kLimbs <= 32) return round_small();
     ExactAccCore t = *this;
     t.normalize();
     const bool neg = t.limb_[kLimbs - 1] < 0;
@@ -150,6 +159,70 @@ class ExactAccCore {
   TD_HD int64_t limb(int i) const { return limb_[i]; }
 
  protected:
+  // round() for finite sums of the narrow accumulator (float: 10 limbs), with its branches taken out: the magnitude
+  // comes from one normalisation and a two's-complement negation selected by a mask (not a second normalisation
+  // behind a sign branch that gradients take at random), and a bit mask of the nonzero digits gives the leading
+  // digit and the sticky bit (no scans). The magnitude's digits are the same canonical digits as in round()'s
+  // general path (the normalised form is unique), so the bits are the same.
+  TD_HD T round_small() const {
+    constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
+    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
+    constexpr int64_t kLo = 0xffffffffll;
+    // Normalise: digits d[0..n-2] in [0, 2^32), d[n-1] signed (normalize()'s carries, on a copy).
+    int64_t d[kLimbs];
+    int64_t c = 0;
+    TD_EXACT_UNROLL
+    for (int i = 0; i < kLimbs - 1; ++i) {
+      const int64_t u = limb_[i] + c;
+      d[i] = u & kLo;
+      c = u >> 32;  // arithmetic shift (floor)
+    }
+    d[kLimbs - 1] = limb_[kLimbs - 1] + c;
+    // |V|: V itself, or -V = ~V + 1 (each low digit 2^32-1-d, the top ~d, then +1 carried up), by the sign mask.
+    const int64_t s = d[kLimbs - 1] >> 63;  // 0, or -1 when V < 0
+    uint64_t m[kLimbs];
+    uint32_t nz = 0;  // bit i: digit i of |V| is nonzero
+    int64_t cy = s & 1;
+    TD_EXACT_UNROLL
+    for (int i = 0; i < kLimbs - 1; ++i) {
+      const int64_t u = (d[i] ^ (s & kLo)) + cy;
+      m[i] = static_cast<uint64_t>(u & kLo);
+      cy = u >> 32;
+      nz |= static_cast<uint32_t>(m[i] != 0) << i;
+    }
+    m[kLimbs - 1] = static_cast<uint64_t>((d[kLimbs - 1] ^ s) + cy);
+    nz |= static_cast<uint32_t>(m[kLimbs - 1] != 0) << (kLimbs - 1);
+    const bool neg = s != 0;
+    if (nz == 0) return T(0);  // exact zero -> +0
+    const T inf = neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+    const int top = 31 - std::countl_zero(nz);
+    if (top == kLimbs - 1 && m[top] >> 32 != 0) return inf;
+    const int P = 32 * top + (63 - std::countl_zero(m[top]));  // position of the leading one
+    auto dig = [&](int j) -> uint64_t { return j < kLimbs ? m[j] : 0; };
+    auto window = [&](int pos) -> uint64_t {  // 64 bits of |V| from bit pos
+      const int i = pos >> 5, sh = pos & 31;
+      uint64_t w = (dig(i) | (dig(i + 1) << 32)) >> sh;
+      if (sh != 0) w |= dig(i + 2) << (64 - sh);
+      return w;
+    };
+    Bits bits;
+    if (P < Tr::kMant) {
+      bits = static_cast<Bits>(window(0));  // exactly representable: the integer is the bit pattern
+    } else {
+      const int shift = P - (Tr::kMant - 1);  // >= 1
+      if (shift >= (1 << Tr::kExpBits)) return inf;
+      uint64_t q = window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
+      const int hpos = shift - 1, hi = hpos >> 5, hb = hpos & 31;
+      const bool half = (m[hi] >> hb) & 1;
+      const bool sticky = (m[hi] & ((uint64_t{1} << hb) - 1)) != 0 || (nz & ((1u << hi) - 1)) != 0;
+      q += (half && (sticky || (q & 1))) ? 1 : 0;
+      const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
+      if (b >= kInfBits) return inf;
+      bits = static_cast<Bits>(b);
+    }
+    if (neg) bits |= kSign;
+    return std::bit_cast<T>(bits);
+  }
   TD_HD bool round_is_nan() const {
     return (flags_ & kNaN) || (flags_ & (kPosInf | kNegInf)) == (kPosInf | kNegInf);
   }

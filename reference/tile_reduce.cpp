@@ -103,10 +103,58 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
 template <class T>
 void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                 std::span<const int64_t> segs, T* dW) {
+  tile_wgrad<T>(X, ldx, dY, ldy, K, M, segs, dW, M);
+}
+
+// The sums of tile_wgrad_acc formed and rounded block by block: a block's accumulators live in a thread-local
+// buffer (kKB x kMB, in L2) and each row is zeroed by the first tile group and rounded by the last while it is in
+// L1, so no accumulator of the whole (K, M) matrix is ever written to memory. One rounding of the same exact sum:
+// the bits of zeroed accumulators + tile_wgrad_acc + exact_round.
+template <class T>
+void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                std::span<const int64_t> segs, T* dW, int64_t ld_dw) {
+  check_segs(segs);
   if (K <= 0 || M <= 0) return;
-  std::vector<ExactAcc<T>> acc(static_cast<size_t>(K * M));
-  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc.data());
-  exact_round<T>(acc.data(), dW, K * M);
+  TD_CHECK_GE(ld_dw, M, "tile_wgrad: output row stride below the block width");
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
+  const int64_t n_blocks = bk * bm;
+  const int64_t n_groups = std::max<int64_t>(1, (n_tiles + kTB - 1) / kTB);  // one (empty) group without tiles
+  const bool par = n_blocks > 1 && std::max<int64_t>(segs.back() - segs.front(), 1) * K * M >= 262144;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
+    const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
+    static thread_local std::vector<T> pbuf;
+    static thread_local std::vector<ExactAcc<T>> abuf;
+    pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
+    abuf.resize(static_cast<size_t>(kKB * kMB));
+    T* P = pbuf.data();
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const int64_t t0 = g * kTB;
+      int64_t n_live = 0;
+      for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
+        const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
+        if (len == 0) continue;  // an empty tile contributes nothing
+        gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false,
+                       P + n_live * kb * mb, mb, false);
+        ++n_live;
+      }
+      for (int64_t i = 0; i < kb; ++i) {
+        ExactAcc<T>* a = abuf.data() + i * kMB;
+        if (g == 0) std::fill_n(a, mb, ExactAcc<T>());
+        for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
+        for (int64_t u = 0; u < n_live; ++u) {
+          const T* p = P + (u * kb + i) * mb;
+          for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
+        }
+        if (g == n_groups - 1) {
+          T* out = dW + (k0 + i) * ld_dw + m0;
+          for (int64_t j = 0; j < mb; ++j) out[j] = a[j].round();
+        }
+      }
+    }
+  }
 }
 
 std::vector<int64_t> uniform_segments(int64_t n, int64_t tile) {
@@ -133,5 +181,9 @@ template void tile_wgrad<float>(const float*, int64_t, const float*, int64_t, in
                                 std::span<const int64_t>, float*);
 template void tile_wgrad<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
                                  std::span<const int64_t>, double*);
+template void tile_wgrad<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                std::span<const int64_t>, float*, int64_t);
+template void tile_wgrad<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
+                                 std::span<const int64_t>, double*, int64_t);
 
 }  // namespace trident

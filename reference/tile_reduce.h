@@ -36,10 +36,15 @@ template <class T>
 void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                     std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc, bool parallel = true);
 
-// Convenience: zeroed accumulators, tile_wgrad_acc, round into dW (K, M).
+// dW (K, M) = round(zeroed accumulators + tile_wgrad_acc): the same bits, but each block's accumulators are formed
+// and rounded in cache (no (K, M) accumulator array in memory). The sum of a tensor's only contribution.
 template <class T>
 void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                 std::span<const int64_t> segs, T* dW);
+// Same, into a (K, M) block of a wider matrix whose rows have stride ld_dw.
+template <class T>
+void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                std::span<const int64_t> segs, T* dW, int64_t ld_dw);
 
 // Segments of `n` rows cut into tiles of `tile` consecutive rows (the last may be shorter):
 // {0, tile, 2*tile, ..., n}. Rows of several sequences: call per sequence, or use tile ids directly.

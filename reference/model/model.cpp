@@ -166,6 +166,11 @@ class ExpertSlicesOf final : public ExpertGradBlocks<T> {
     return {g_.ptr(wg_), g_.ptr(wu_), g_.ptr(wd_)};
   }
   void close() override { g_.close(); }
+  typename ExpertGradBlocks<T>::Direct direct(int64_t e) override {
+    const std::vector<T*> d = g_.direct({{wg_, e * n_, n_}, {wu_, e * n_, n_}, {wd_, e * n_, n_}});
+    if (d.size() != 3) return {};
+    return {d[0], d[1], d[2]};
+  }
 
  private:
   GradAcc<T>& g_;

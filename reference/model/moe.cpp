@@ -109,7 +109,11 @@ void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>
     const std::vector<int64_t> tk = slots_of(R, K);
     moe_combine_backward<T>(dout, A.gates.data(), A.yk.data(), tk.data(), n, d, K, dgates.data(), dy.data());
     expert_backward_dgrad<T>(pol, cfg, W, e, n, X, dy.data(), dug.data(), duu.data(), dx.data());
-    if (G.experts) {  // expert e's accumulators only while its contributions arrive (same bits)
+    const auto dr = G.experts ? G.experts->direct(e) : typename ExpertGradBlocks<T>::Direct{};
+    if (dr.wg) {  // expert e's gradients rounded where they are formed (same bits)
+      swiglu_backward_wgrad_round<T>(pol, X.x.data(), X.h.data(), dy.data(), dug.data(), duu.data(), d, F, R.segs,
+                                     dr.wg, dr.wu, dr.wd);
+    } else if (G.experts) {  // expert e's accumulators only while its contributions arrive (same bits)
       const auto sl = G.experts->open(e);
       MoeG<T> Ge;
       Ge.wg = sl.wg;

@@ -32,6 +32,14 @@ struct ExpertGradBlocks {
   };
   virtual Slices open(int64_t e) = 0;
   virtual void close() = 0;
+  // Instead of open/close: where expert e's rounded gradients go (its slices of wg, wu, wd), for a caller whose
+  // one wgrad per tensor is the expert's whole contribution; all null (the default): not offered. Rounding each
+  // exact sum where it is formed (wgrad_round) gives the bits of open, accumulate, close without streaming the
+  // 88-byte accumulators through memory.
+  struct Direct {
+    T *wg = nullptr, *wu = nullptr, *wd = nullptr;
+  };
+  virtual Direct direct(int64_t /*e*/) { return {}; }
 };
 
 template <class T>

@@ -132,6 +132,28 @@ void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t l
 }
 
 template <class T>
+void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                 std::span<const int64_t> segs, T* dW) {
+  if (K <= 0 || M <= 0) return;
+  if (segs.empty() || segs.back() == segs.front()) {  // no rows: the exact sum is zero
+    std::fill_n(dW, K * M, T(0));
+    return;
+  }
+  ReductionSection timer;
+  if constexpr (std::is_same_v<T, float>) {
+    if (pol == Policy::bf16) {
+      const int64_t rows = segs.back();
+      std::vector<float> x, dy;
+      copy_round(X, ldx, rows, K, x);
+      copy_round(dY, ldy, rows, M, dy);
+      tile_wgrad<float>(x.data(), K, dy.data(), M, K, M, segs, dW);
+      return;
+    }
+  }
+  tile_wgrad<T>(X, ldx, dY, ldy, K, M, segs, dW);
+}
+
+template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc) {
   if (J <= 0 || segs.empty() || segs.back() == segs.front()) return;
   ReductionSection timer;
@@ -313,6 +335,14 @@ void swiglu_backward_wgrad(Policy pol, const T* x, const T* h, const T* dy, cons
   wgrad_acc<T>(pol, h, F, dy, d, F, d, segs, dwd);
 }
 
+template <class T>
+void swiglu_backward_wgrad_round(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu,
+                                 int64_t d, int64_t F, std::span<const int64_t> segs, T* dwg, T* dwu, T* dwd) {
+  wgrad_round<T>(pol, x, d, dug, F, d, F, segs, dwg);
+  wgrad_round<T>(pol, x, d, duu, F, d, F, segs, dwu);
+  wgrad_round<T>(pol, h, F, dy, d, F, d, segs, dwd);
+}
+
 // ---- router -------------------------------------------------------------------------------------------------
 template <class T>
 void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E, int64_t K,
@@ -374,6 +404,8 @@ void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64
                              std::span<const int64_t>, ExactAcc<T>*);                                              \
   template void wgrad_acc_block<T>(Policy, const T*, int64_t, const T*, int64_t, int64_t, int64_t,                 \
                                    std::span<const int64_t>, ExactAcc<T>*, int64_t);                               \
+  template void wgrad_round<T>(Policy, const T*, int64_t, const T*, int64_t, int64_t, int64_t,                     \
+                               std::span<const int64_t>, T*);                                                      \
   template void sum_acc<T>(const T*, int64_t, std::span<const int64_t>, ExactAcc<T>*);                             \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t);                     \
   template void embedding_backward<T>(ExactAcc<T>*, const int32_t*, const T*, int64_t, int64_t,                    \
@@ -391,6 +423,8 @@ void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64
   template void swiglu_backward_wgrad<T>(Policy, const T*, const T*, const T*, const T*, const T*, int64_t,        \
                                          int64_t, std::span<const int64_t>, ExactAcc<T>*, ExactAcc<T>*,            \
                                          ExactAcc<T>*);                                                            \
+  template void swiglu_backward_wgrad_round<T>(Policy, const T*, const T*, const T*, const T*, const T*, int64_t,  \
+                                               int64_t, std::span<const int64_t>, T*, T*, T*);                     \
   template void router_forward<T>(Policy, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,        \
                                   double, T*, T*, int32_t*, T*);                                                   \
   template void router_backward<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, double, T*);

@@ -53,6 +53,12 @@ void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, in
 template <class T>
 void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                      std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc);
+// dW (K,M) = round(exact sum of the tile partials of X^T dY): the bits of zeroed accumulators, wgrad_acc and one
+// rounding, for a tensor whose only contribution this is; the accumulators are formed and rounded in cache
+// (tile_wgrad). No rows: dW = +0.
+template <class T>
+void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                 std::span<const int64_t> segs, T* dW);
 // acc (J) += sum over rows of x (rows, J) (tile partials, exact merge).
 template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);
@@ -127,6 +133,10 @@ template <class T>
 void swiglu_backward_wgrad(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu,
                            int64_t d, int64_t F, std::span<const int64_t> segs, ExactAcc<T>* dwg,
                            ExactAcc<T>* dwu, ExactAcc<T>* dwd);
+// The same three sums rounded into gradients (wgrad_round): dwg = x^T dug, dwu = x^T duu, dwd = h^T dy.
+template <class T>
+void swiglu_backward_wgrad_round(Policy pol, const T* x, const T* h, const T* dy, const T* dug, const T* duu,
+                                 int64_t d, int64_t F, std::span<const int64_t> segs, T* dwg, T* dwu, T* dwd);
 
 // ---- router ---------------------------------------------------------------------------------------------
 // logits = a Wr (N,E); s = sigmoid(logits); select K experts by s + b (descending; ties to the lower index),

@@ -279,6 +279,28 @@ void GradAcc<T>::close() {
 }
 
 template <class T>
+std::vector<T*> GradAcc<T>::direct(const std::vector<Slice>& slices) {
+  if (!streaming_) return {};
+  TD_CHECK(sink != nullptr, "GradAcc::direct: no sink ParamSet set (streaming accumulators)");
+  for (const Slice& s : slices) {
+    TD_CHECK(s.p < numel_.size(), "GradAcc::direct: parameter {} out of range", s.p);
+    if (numel_[s.p] == 0) return {};
+    TD_CHECK(s.begin >= 0 && s.count > 0 && s.begin <= numel_[s.p] - s.count,
+             "GradAcc::direct: slice [{}, +{}) of parameter {} outside its {} elements", s.begin, s.count, s.p,
+             numel_[s.p]);
+    TD_CHECK(!is_open(s.p), "GradAcc::direct: parameter {} is open", s.p);
+    TD_CHECK(done_[s.p] <= numel_[s.p] - s.count, "GradAcc::direct: parameter {} was already closed this step", s.p);
+    TD_CHECK_EQ(sink->t[s.p].size(), numel_[s.p], "GradAcc::direct: size of {}", sink->info[s.p].name);
+  }
+  std::vector<T*> out;
+  for (const Slice& s : slices) {
+    done_[s.p] += s.count;
+    out.push_back(sink->t[s.p].ptr() + s.begin);
+  }
+  return out;
+}
+
+template <class T>
 void GradAcc<T>::finalize(ParamSet<T>& grads) const {
   TD_CHECK_EQ(grads.size(), numel_.size(), "GradAcc::finalize: layout mismatch");
   for (size_t p = 0; p < numel_.size(); ++p) {

@@ -96,6 +96,11 @@ struct GradAcc {
   // Streaming: closes the top block: sink->t[p][begin + i] = round(acc[i]) for each of its slices, accumulators
   // reset. Full: no-op.
   void close();
+  // Streaming: the gradients' destinations (in sink) of these slices, counted as closed now: the caller writes each
+  // slice's rounded sum itself (a slice whose sum is formed and rounded in one place, model/ops.h wgrad_round),
+  // instead of open, accumulate, close. Same checks as open_slices. Empty when not offered: full accumulators, or a
+  // slice of a parameter that is not trainable.
+  std::vector<T*> direct(const std::vector<Slice>& slices);
   // Full: grads.t[p] = round(acc[p]) for trainable p; zero for buffers. Streaming: checks that every trainable
   // parameter was closed since clear() and zeroes the buffers. grads must have the same layout.
   void finalize(ParamSet<T>& grads) const;

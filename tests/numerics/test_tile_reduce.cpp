@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -91,6 +92,42 @@ TYPED_TEST(TileTest, WgradMatchesOracle) {
     double norm = 0;
     for (T v : dW) norm += double(v) * double(v);
     EXPECT_GT(norm, 0.0);
+  }
+}
+
+// tile_wgrad forms and rounds each block's sums in cache: the bits of zeroed accumulators + tile_wgrad_acc +
+// exact_round, for shapes off the block sizes, 0 tiles, only empty tiles, one and several tile groups, special
+// values, and a wider output matrix whose other columns stay untouched.
+TYPED_TEST(TileTest, WgradEqualsAccumulateThenRound) {
+  using T = TypeParam;
+  const uint64_t seed = 111;
+  std::mt19937_64 rng(seed);
+  struct Case { int64_t N, K, M, max_tile; int64_t pad; bool specials; };
+  const Case cases[] = {{0, 3, 5, 4, 0, false},     {9, 7, 3, 0, 2, false},     {40, 49, 129, 8, 0, false},
+                        {300, 97, 131, 16, 3, false}, {200, 50, 260, 300, 1, true}, {1000, 20, 30, 12, 0, true}};
+  for (const Case& c : cases) {
+    auto X = random_matrix<T>(c.N * c.K, rng);
+    auto dY = random_matrix<T>(c.N * c.M, rng);
+    if (c.specials && c.N > 3) {
+      X[1] = std::numeric_limits<T>::infinity();
+      dY[c.M + 2] = std::numeric_limits<T>::quiet_NaN();
+      X[2 * c.K + 3] = -std::numeric_limits<T>::infinity();
+    }
+    std::vector<int64_t> segs = c.max_tile == 0 ? std::vector<int64_t>{0, 0, 0} : random_segments(c.N, c.max_tile, rng);
+    std::vector<ExactAcc<T>> acc(c.K * c.M);
+    tile_wgrad_acc<T>(X.data(), c.K, dY.data(), c.M, c.K, c.M, segs, acc.data());
+    std::vector<T> want(c.K * c.M);
+    exact_round<T>(acc.data(), want.data(), c.K * c.M);
+    const int64_t ld = c.M + c.pad;
+    std::vector<T> wide(c.K * ld, T(7));
+    tile_wgrad<T>(X.data(), c.K, dY.data(), c.M, c.K, c.M, segs, wide.data(), ld);
+    std::vector<T> got(c.K * c.M);
+    for (int64_t k = 0; k < c.K; ++k) {
+      for (int64_t m = 0; m < c.M; ++m) got[k * c.M + m] = wide[k * ld + m];
+      for (int64_t m = c.M; m < ld; ++m) ASSERT_EQ(wide[k * ld + m], T(7)) << "column outside the block written";
+    }
+    ASSERT_TRUE(same_bits(got, want)) << "repro: seed=" << seed << " N=" << c.N << " K=" << c.K << " M=" << c.M
+                                      << " tiles=" << segs.size() - 1;
   }
 }
 
