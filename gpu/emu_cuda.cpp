@@ -38,7 +38,7 @@ EmuGpuInfo check_emu_gpu() {
   e = cudaGetDeviceProperties(&prop, 0);
   if (e != cudaSuccess) fail(fmt::format("cudaGetDeviceProperties(0) failed: {}", cudaGetErrorString(e)));
   EmuGpuInfo info{prop.name, prop.major, prop.minor, true};
-  if (prop.major != 9)
+  if (prop.major < 9)  // sm_90 code and compute_90 PTX: runs on 9.x, JIT-compiled for newer devices
     fail(fmt::format("CUDA device 0 ({}) has compute capability {}.{}: this trident's GPU code is built for sm_90 "
                      "(reconfigure with -DTRIDENT_CUDA_ARCHITECTURES=<arch>)",
                      info.name, prop.major, prop.minor));

@@ -16,10 +16,10 @@
 
 namespace trident::gpu {
 
-// What the emulated step needs of the GPU, checked once before any rank starts: a device (ordinal 0) that can
-// run the kernels (sm_90 code: compute capability 9.x) and managed memory. `concurrent` is false when the host
-// must not touch managed memory while any kernel runs (cudaDevAttrConcurrentManagedAccess 0): the caller then runs
-// the ranks on one worker. Throws one error line naming what is missing.
+// What the emulated step needs of the GPU, checked once before any rank starts: a device (ordinal 0) that can run
+// the kernels (sm_90 code and compute_90 PTX: compute capability 9.0 or newer) and managed memory. `concurrent` is
+// false when the host must not touch managed memory while any kernel runs (cudaDevAttrConcurrentManagedAccess 0):
+// the caller then runs the ranks on one worker. Throws one error line naming what is missing.
 struct EmuGpuInfo {
   std::string name;
   int major = 0, minor = 0;
