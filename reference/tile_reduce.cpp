@@ -29,6 +29,34 @@ constexpr int64_t kMB = 128;
 constexpr int64_t kJB = 256;
 constexpr int64_t kTB = 8;   // tiles whose partials are buffered before the exact adds
 
+// The partials of the non-empty tiles of group [t0, t0 + kTB) for the (kb x mb) block at (k0, m0), into P (one kb x mb
+// matrix per tile): P[u][i, j] = in-order sum over the u-th tile's rows of round(X[r, k0+i] * dY[r, m0+j]), from +0.
+// Returns how many tiles were not empty.
+template <class T>
+int64_t group_partials(const T* X, int64_t ldx, const T* dY, int64_t ldy, std::span<const int64_t> segs, int64_t t0,
+                       int64_t k0, int64_t m0, int64_t kb, int64_t mb, T* P) {
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  int64_t n_live = 0;
+  for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
+    const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
+    if (len == 0) continue;  // an empty tile contributes nothing
+    gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false, P + n_live * kb * mb, mb,
+                   false);
+    ++n_live;
+  }
+  return n_live;
+}
+
+// Row i of the block's n_live partials added exactly into its mb accumulators `a` (which stay in L1 meanwhile).
+template <class T>
+void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i) {
+  for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
+  for (int64_t u = 0; u < n_live; ++u) {
+    const T* p = P + (u * kb + i) * mb;
+    for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -79,23 +107,8 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
     pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
     T* P = pbuf.data();
     for (int64_t t0 = 0; t0 < n_tiles; t0 += kTB) {
-      int64_t n_live = 0;
-      for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
-        const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
-        if (len == 0) continue;  // an empty tile contributes nothing
-        // P[i, j] = in-order sum over the tile's rows of round(X[r, k0+i] * dY[r, m0+j]), from +0.
-        gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false,
-                       P + n_live * kb * mb, mb, false);
-        ++n_live;
-      }
-      for (int64_t i = 0; i < kb; ++i) {
-        ExactAcc<T>* a = acc + (k0 + i) * ld_acc + m0;
-        for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
-        for (int64_t u = 0; u < n_live; ++u) {
-          const T* p = P + (u * kb + i) * mb;
-          for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
-        }
-      }
+      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
+      for (int64_t i = 0; i < kb; ++i) add_partials<T>(acc + (k0 + i) * ld_acc + m0, P, n_live, kb, mb, i);
     }
   }
 }
@@ -132,22 +145,11 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
     T* P = pbuf.data();
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t t0 = g * kTB;
-      int64_t n_live = 0;
-      for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
-        const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
-        if (len == 0) continue;  // an empty tile contributes nothing
-        gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false,
-                       P + n_live * kb * mb, mb, false);
-        ++n_live;
-      }
+      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
       for (int64_t i = 0; i < kb; ++i) {
         ExactAcc<T>* a = abuf.data() + i * kMB;
         if (g == 0) std::fill_n(a, mb, ExactAcc<T>());
-        for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
-        for (int64_t u = 0; u < n_live; ++u) {
-          const T* p = P + (u * kb + i) * mb;
-          for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
-        }
+        add_partials<T>(a, P, n_live, kb, mb, i);
         if (g == n_groups - 1) {
           T* out = dW + (k0 + i) * ld_dw + m0;
           for (int64_t j = 0; j < mb; ++j) out[j] = a[j].round();

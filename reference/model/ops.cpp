@@ -88,6 +88,24 @@ void copy_round(const float* src, int64_t ld, int64_t rows, int64_t cols, std::v
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) dst[static_cast<size_t>(i * cols + j)] = round_bf16(src[i * ld + j]);
 }
+
+// A weight gradient's operands as the policy computes them: under bf16 (float storage) X and dY rounded to bf16
+// into dense copies (ld K and M), else as given; f(x, ldx, dy, ldy).
+template <class T, class F>
+void with_wgrad_operands(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                         std::span<const int64_t> segs, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (pol == Policy::bf16) {
+      const int64_t rows = segs.back();
+      std::vector<float> x, dy;
+      copy_round(X, ldx, rows, K, x);
+      copy_round(dY, ldy, rows, M, dy);
+      f(x.data(), K, dy.data(), M);
+      return;
+    }
+  }
+  f(X, ldx, dY, ldy);
+}
 }  // namespace
 
 template <class T>
@@ -118,17 +136,9 @@ void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t l
                      std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
   if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
   ReductionSection timer;
-  if constexpr (std::is_same_v<T, float>) {
-    if (pol == Policy::bf16) {
-      const int64_t rows = segs.back();
-      std::vector<float> x, dy;
-      copy_round(X, ldx, rows, K, x);
-      copy_round(dY, ldy, rows, M, dy);
-      tile_wgrad_acc<float>(x.data(), K, dy.data(), M, K, M, segs, acc, ld_acc);
-      return;
-    }
-  }
-  tile_wgrad_acc<T>(X, ldx, dY, ldy, K, M, segs, acc, ld_acc);
+  with_wgrad_operands<T>(pol, X, ldx, dY, ldy, K, M, segs, [&](const T* x, int64_t lx, const T* dy, int64_t ly) {
+    tile_wgrad_acc<T>(x, lx, dy, ly, K, M, segs, acc, ld_acc);
+  });
 }
 
 template <class T>
@@ -140,17 +150,9 @@ void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, 
     return;
   }
   ReductionSection timer;
-  if constexpr (std::is_same_v<T, float>) {
-    if (pol == Policy::bf16) {
-      const int64_t rows = segs.back();
-      std::vector<float> x, dy;
-      copy_round(X, ldx, rows, K, x);
-      copy_round(dY, ldy, rows, M, dy);
-      tile_wgrad<float>(x.data(), K, dy.data(), M, K, M, segs, dW);
-      return;
-    }
-  }
-  tile_wgrad<T>(X, ldx, dY, ldy, K, M, segs, dW);
+  with_wgrad_operands<T>(pol, X, ldx, dY, ldy, K, M, segs, [&](const T* x, int64_t lx, const T* dy, int64_t ly) {
+    tile_wgrad<T>(x, lx, dy, ly, K, M, segs, dW);
+  });
 }
 
 template <class T>
