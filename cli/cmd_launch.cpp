@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,11 @@ namespace {
 
 using namespace trident;
 using Clock = std::chrono::steady_clock;
+
+// SIGTERM, SIGINT or SIGHUP to the launcher (a scheduler's timeout, Ctrl-C): the job is stopped like a failed one,
+// with no grace, so no process outlives the launcher.
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_signal = sig; }
 
 struct Opts {
   int64_t nproc = 1;
@@ -96,6 +102,12 @@ int launch(const Opts& o) {
     rank_of[pid] = r;
   }
 
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
   const auto t0 = Clock::now();
   std::string first_failure;
   Clock::time_point failed_at{};
@@ -120,6 +132,11 @@ int launch(const Opts& o) {
     }
     if (pid < 0 && errno != EINTR) break;
     const auto now = Clock::now();
+    if (g_signal != 0 && first_failure.empty()) {
+      first_failure = fmt::format("the launcher got signal {} ({})", static_cast<int>(g_signal),
+                                  strsignal(static_cast<int>(g_signal)));
+      failed_at = now - secs(o.grace);  // no grace: stop everyone now
+    }
     if (o.timeout > 0 && first_failure.empty() && now - t0 > secs(o.timeout)) {
       first_failure = fmt::format("the job timed out after {} s (--timeout)", o.timeout);
       failed_at = now - secs(o.grace);  // no grace: stop everyone now
@@ -138,7 +155,7 @@ int launch(const Opts& o) {
   if (!first_failure.empty()) {
     std::string also;
     if (!stopped.empty()) {
-      also = "; stopped after the grace period: rank";
+      also = "; stopped by the launcher: rank";
       for (const std::string& r : stopped) also += " " + r;
     }
     fail(fmt::format("launch: {} after {:.1f} s{}", first_failure, el, also));
