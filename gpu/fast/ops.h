@@ -160,8 +160,7 @@ template <class T, class Ex>
 void attn_doc_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos,
                             const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
                             const T* dO, std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
-  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
-           "attn_core_backward: query segments must cover rows [0, {})", Nq);
+  ref::check_query_segments("attn_core_backward", qsegs, Nq);
   ref::check_query_positions<Ex>(qpos, Nq, S, qdoc);
   if (Nq <= 0 || S <= 0) return;
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;

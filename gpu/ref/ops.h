@@ -566,6 +566,11 @@ void check_query_positions(const int64_t* qpos, int64_t Nq, int64_t S, const int
                  "outside [0, {}]", qdoc[r], qpos[r], qpos[r]);
     }
 }
+// A backward's query tiles must cover the rows [0, Nq) (the reference's message, naming the op).
+inline void check_query_segments(const char* op, std::span<const int64_t> qsegs, int64_t Nq) {
+  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq, "{}: query segments must cover rows [0, {})",
+           op, Nq);
+}
 TD_REF inline bool bad_position(int64_t p, int64_t S, int* bad) {
   if (p >= 0 && p < S) return false;
   *bad = 1;
@@ -647,8 +652,7 @@ template <class T, class Ex>
 void attn_doc_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const int64_t* qpos,
                             const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
                             const T* dO, std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
-  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
-           "attn_core_backward: query segments must cover rows [0, {})", Nq);
+  check_query_segments("attn_core_backward", qsegs, Nq);
   check_query_positions<Ex>(qpos, Nq, S, qdoc);
   if (Nq <= 0 || S <= 0) return;
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
@@ -885,8 +889,7 @@ template <class T, class Ex>
 void dsa_core_backward(Ex& ex, Policy pol, const model::CoreDims& cd, const T* q, const T* iq, const int64_t* qpos,
                        int64_t Nq, const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats,
                        const T* dO, T iscale, std::span<const int64_t> qsegs, T* dq, T* diq, ExactAcc<T>* dkv) {
-  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
-           "dsa_core_backward: query segments must cover rows [0, {})", Nq);
+  check_query_segments("dsa_core_backward", qsegs, Nq);
   if constexpr (Ex::kHost) {
     check_query_positions<Ex>(qpos, Nq, S);
     model::dsa_check_selection(cd, sel, qpos, Nq, "dsa_core_backward");

@@ -84,14 +84,7 @@ template <class T>
 void attention(Policy pol) {
   Rig r;
   auto k = golden::make_recording_kernels<T>(std::make_unique<CpuKernels<T>>(r.dev), r.dev, 0, r.rec);
-  model::CoreDims cd;
-  const bool mla = *rc::gen::arbitrary<bool>();
-  cd.G = mla ? 1 : *rc::gen::inRange(1, 3);
-  cd.H = cd.G * *rc::gen::inRange(1, 3);
-  cd.Dq = *rc::gen::inRange(1, 12);
-  cd.Dv = mla ? *rc::gen::inRange<int64_t>(1, cd.Dq + 1) : *rc::gen::inRange<int64_t>(1, 9);
-  cd.P = mla ? cd.Dq : cd.G * (cd.Dq + cd.Dv);
-  cd.val_base = mla ? 0 : cd.G * cd.Dq;
+  model::CoreDims cd = proptest::random_core_dims(12, 9);
   cd.scale = *rc::gen::element(0.125, 0.3535533905932738, 1.0);
   const int64_t S = *rc::gen::inRange(1, 80), Nq = *rc::gen::inRange(1, 10);
   std::vector<int64_t> qpos(static_cast<size_t>(Nq)), qdoc(static_cast<size_t>(Nq));

@@ -99,14 +99,7 @@ void attention_core(Policy pol) {
   CpuKernels<T> cpu(z.dev);
   auto ref = gpu::make_ref_host_kernels<T>(z.dev);
   const Stream s = z.dev.compute_stream();
-  model::CoreDims cd;
-  const bool mla = *rc::gen::arbitrary<bool>();
-  cd.G = mla ? 1 : *rc::gen::inRange(1, 3);
-  cd.H = cd.G * *rc::gen::inRange(1, 3);
-  cd.Dq = *rc::gen::inRange(1, 6);
-  cd.Dv = mla ? *rc::gen::inRange<int64_t>(1, cd.Dq + 1) : *rc::gen::inRange<int64_t>(1, 5);
-  cd.P = mla ? cd.Dq : cd.G * (cd.Dq + cd.Dv);
-  cd.val_base = mla ? 0 : cd.G * cd.Dq;
+  model::CoreDims cd = proptest::random_core_dims(6, 5);
   cd.scale = 0.5;
   const int64_t S = *rc::gen::inRange(1, 12), Nq = *rc::gen::inRange(1, 10);
   std::vector<int64_t> qpos(static_cast<size_t>(Nq));
