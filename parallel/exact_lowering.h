@@ -4,13 +4,14 @@
 // accumulator into words, run the backend's ordinary wrap-free int64 sum over them, and unpack the sums into
 // canonical accumulators.
 //
-// Packed element (W = L + 2 int64 words, L = ExactAcc<T>::kLimbs: float L = 10, W = 12; double L = 68, W = 70),
-// from the accumulator normalised (limbs 0..L-2 in [0, 2^32), signed top limb t):
-//   word[i], i < L-1 : limb i                          in [0, 2^32)
-//   word[L-1]        : t mod 2^32                      in [0, 2^32)
-//   word[L]          : floor(t / 2^32)                 in [-2^31, 2^31)
-//   word[L+1]        : nan + pinf * 2^21 + ninf * 2^42 (each 0 or 1: the accumulator's NaN / +Inf / -Inf flag)
-// so the value is V = sum_{i <= L} word[i] * 2^(32 i) units. The wordwise int64 sum of n <= kMaxContributions
+// Packed element (W = N + 3 int64 words: float N = 9, W = 12; double N = 67, W = 70), from the accumulator
+// normalised (limbs 0..K-2 in [0, 2^D) for K = ExactAcc<T>::kLimbs limbs of D = ExactAcc<T>::kDigit bits - float
+// K = 7, D = 48; double K = 68, D = 32 - whose (K-1) D = 32 N low bits are N 32-bit digits; signed top limb t):
+//   word[i], i < N   : bits [32 i, 32 i + 32)          in [0, 2^32)
+//   word[N]          : t mod 2^32                      in [0, 2^32)
+//   word[N+1]        : floor(t / 2^32)                 in [-2^31, 2^31)
+//   word[N+2]        : nan + pinf * 2^21 + ninf * 2^42 (each 0 or 1: the accumulator's NaN / +Inf / -Inf flag)
+// so the value is V = sum_{i <= N+1} word[i] * 2^(32 i) units. The wordwise int64 sum of n <= kMaxContributions
 // packed elements cannot wrap (|each word sum| < 2^53) and its flag fields count contributors per flag without
 // carrying into each other; unpack() carry-propagates it back into a normalised accumulator (count 1, flag set
 // iff its counter > 0): the same bytes as the native merge of the same accumulators followed by normalize().

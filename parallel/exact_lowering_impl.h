@@ -19,22 +19,40 @@ inline constexpr int64_t kTopSumMax = kContributions * (kDigit / 2);    // < 2^5
 // The flag bits of ExactAccCore (1 NaN, 2 +Inf, 4 -Inf) and their counter fields.
 inline constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
 
+// The packed words' digits are 32 bits wide whatever the accumulator's digit width D (48 for float, 32 for double):
+// the (L - 1) D low bits of the normalised accumulator are exactly kWordDigits<T> 32-bit digits, and its top limb
+// sits at 2^(32 kWordDigits) units in both forms.
+template <class T>
+inline constexpr int kWordDigits = (ExactAcc<T>::kLimbs - 1) * ExactAcc<T>::kDigit / 32;
+
 template <class T>
 TD_HD constexpr int words() {
-  return ExactAcc<T>::kLimbs + 2;
+  return kWordDigits<T> + 3;
+}
+
+// Bits [32 w, 32 w + 32) of the non-negative integer whose D-bit digits are lim[0..n-1] (each in [0, 2^D)).
+template <int D>
+TD_HD inline int64_t digit32(const int64_t* lim, int n, int w) {
+  const int i = 32 * w / D, s = 32 * w % D;
+  uint64_t v = static_cast<uint64_t>(lim[i]) >> s;
+  if (D - s < 32 && i + 1 < n) v |= static_cast<uint64_t>(lim[i + 1]) << (D - s);
+  return static_cast<int64_t>(v & (kDigit - 1));
 }
 
 template <class T>
 TD_HD inline void pack(const ExactAcc<T>& in, int64_t* out) {
-  constexpr int L = ExactAcc<T>::kLimbs;
+  constexpr int L = ExactAcc<T>::kLimbs, N = kWordDigits<T>;
+  static_assert((L - 1) * ExactAcc<T>::kDigit == 32 * N && ExactAcc<T>::kDigit % 16 == 0);
   ExactAcc<T> a = in;
-  a.normalize();  // limbs 0..L-2 in [0, 2^32), the top limb signed
-  for (int i = 0; i < L - 1; ++i) out[i] = a.limb(i);
+  a.normalize();  // limbs 0..L-2 in [0, 2^D), the top limb signed
+  int64_t lim[L - 1];
+  for (int i = 0; i < L - 1; ++i) lim[i] = a.limb(i);
+  for (int w = 0; w < N; ++w) out[w] = digit32<ExactAcc<T>::kDigit>(lim, L - 1, w);
   const int64_t top = a.limb(L - 1);
-  out[L - 1] = top & (kDigit - 1);  // t mod 2^32
-  out[L] = top >> 32;               // floor(t / 2^32): arithmetic shift
+  out[N] = top & (kDigit - 1);  // t mod 2^32
+  out[N + 1] = top >> 32;       // floor(t / 2^32): arithmetic shift
   const uint32_t f = a.flags();
-  out[L + 1] = ((f & kNaN) ? 1 : 0) | ((f & kPosInf) ? int64_t{1} << kFlagBits : 0) |
+  out[N + 2] = ((f & kNaN) ? 1 : 0) | ((f & kPosInf) ? int64_t{1} << kFlagBits : 0) |
                ((f & kNegInf) ? int64_t{1} << (2 * kFlagBits) : 0);
 }
 
@@ -52,22 +70,32 @@ enum Bad : int { kOk = 0, kDigitRange = 1, kTopRange = 2, kOverflow = 3, kFlagWo
 // in: one element's word sum; out: the canonical accumulator's bytes (count 1, as normalize() leaves it).
 template <class T>
 TD_HD inline int unpack(const int64_t* in, Image<T>& im, int& word) {
-  constexpr int L = ExactAcc<T>::kLimbs;
-  int64_t c = 0;  // carry into digit i, in [0, 2^22)
-  for (int i = 0; i < L; ++i) {
+  constexpr int L = ExactAcc<T>::kLimbs, N = kWordDigits<T>, D = ExactAcc<T>::kDigit;
+  int64_t dig[N + 1];  // canonical 32-bit digits; dig[N]: the top limb's low half
+  int64_t c = 0;       // carry into digit i, in [0, 2^22)
+  for (int i = 0; i <= N; ++i) {
     const int64_t d = in[i];
     if (d < 0 || d > kDigitSumMax) return word = i, kDigitRange;
     const int64_t t = d + c;
-    im.limb[i] = t & (kDigit - 1);
+    dig[i] = t & (kDigit - 1);
     c = t >> 32;
   }
-  const int64_t hs = in[L];
-  if (hs < -kTopSumMax || hs > kTopSumMax) return word = L, kTopRange;
-  const int64_t hi = hs + c;  // top limb = hi * 2^32 + (t mod 2^32)
-  if (hi < -(kDigit / 2) || hi >= kDigit / 2) return word = L, kOverflow;
-  im.limb[L - 1] += static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
-  const int64_t f = in[L + 1];
-  if (f < 0) return word = L + 1, kFlagWord;  // three 21-bit fields fill bits 0..62
+  const int64_t hs = in[N + 1];
+  if (hs < -kTopSumMax || hs > kTopSumMax) return word = N + 1, kTopRange;
+  const int64_t hi = hs + c;  // top limb = hi * 2^32 + dig[N]
+  if (hi < -(kDigit / 2) || hi >= kDigit / 2) return word = N + 1, kOverflow;
+  // The 32-bit digits regrouped into D-bit limbs (D a multiple of 16: a limb takes whole 16-bit halves).
+  for (int i = 0; i < L - 1; ++i) {
+    uint64_t v = 0;
+    for (int b = 0; b < D; b += 16) {
+      const int pos = D * i + b;  // bit position of this half
+      v |= ((static_cast<uint64_t>(dig[pos / 32]) >> (pos % 32)) & 0xffffu) << b;
+    }
+    im.limb[i] = static_cast<int64_t>(v);
+  }
+  im.limb[L - 1] = dig[N] + static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
+  const int64_t f = in[N + 2];
+  if (f < 0) return word = N + 2, kFlagWord;  // three 21-bit fields fill bits 0..62
   im.flags = ((f & kFlagMask) ? kNaN : 0) | (((f >> kFlagBits) & kFlagMask) ? kPosInf : 0) |
              (((f >> (2 * kFlagBits)) & kFlagMask) ? kNegInf : 0);
   im.count = 1;

@@ -1,13 +1,13 @@
 // Implementation detail of reference/exact_acc.h: the fixed-point superaccumulator.
 //
 // Representation (docs/numerics.md, "Exact accumulator"). A value v is the integer
-//     sum_i limb[i] * 2^(32 i)      in units of the smallest subnormal of T (2^-149 float, 2^-1074 double),
-// with int64 limbs that nominally hold 32-bit digits and 31 bits of carry headroom, and the top limb signed.
-// add(x) splits x = +-M * 2^p (M the integer significand, p >= 0 its position in those units) into 32-bit
-// digit pieces and adds them to 2 (float) or 3 (double) limbs: one shift and a few integer adds, no carry
-// chain. A counter normalises (propagates carries, leaving limbs 0..n-2 in [0, 2^32)) before any limb could
-// overflow; normalisation never changes the value. round() normalises a copy, takes the magnitude and rounds
-// it once, correctly (RNE), to T.
+//     sum_i limb[i] * 2^(D i)      in units of the smallest subnormal of T (2^-149 float, 2^-1074 double),
+// with int64 limbs that nominally hold D-bit digits (D = 48 for float, 32 for double) and the rest of the int64 as
+// carry headroom, the top limb signed and holding carries only. add(x) splits x = +-M * 2^p (M the integer
+// significand, p >= 0 its position in those units) into D-bit digit pieces and adds them to 2 (float) or 3 (double)
+// limbs: one shift and a few integer adds, no carry chain. A counter normalises (propagates carries, leaving limbs
+// 0..n-2 in [0, 2^D)) before any limb could overflow; normalisation never changes the value. round() normalises a
+// copy, takes the magnitude and rounds it once, correctly (RNE), to T.
 //
 // Required interface (both T): kBytes, ExactAcc(), add(T), merge(const ExactAcc&), round(), is_zero();
 // ExactAcc<double> additionally add(float) (exact widening).
@@ -39,19 +39,24 @@ struct ExactAccTraits<float> {
   using Bits = uint32_t;
   static constexpr int kMant = 24;        // significand bits incl. the implicit one
   static constexpr int kExpBits = 8;
-  // Positions 0..253 (+ 55-bit shifted significand) -> limbs 0..8 receive adds; limb 9 holds carries only,
-  // so the sum of up to ~2^70 maximal terms stays representable.
-  static constexpr int kLimbs = 10;
-  static constexpr uint32_t kNormEvery = 1u << 30;  // each add moves a limb by < 2^32; 2^30 * 2^32 < 2^63
+  static constexpr int kDigit = 48;       // digit bits per limb
+  // Positions 0..253 (+ a 71-bit shifted significand) -> limbs 0..5 receive adds (limb 5's upper piece is 0 or -1:
+  // there the shift is <= 13); limb 6 (2^288 units and up) holds carries only, so the sum of up to ~2^74 maximal
+  // terms stays representable.
+  static constexpr int kLimbs = 7;
+  static constexpr uint32_t kNormEvery = 1u << 14;  // each add moves a limb by < 2^48; 2^14 * 2^48 < 2^63
+  static constexpr uint32_t kMaxReserve = 1u << 12;  // reserve_adds(n): n at most this
 };
 template <>
 struct ExactAccTraits<double> {
   using Bits = uint64_t;
   static constexpr int kMant = 53;
   static constexpr int kExpBits = 11;
+  static constexpr int kDigit = 32;
   // Positions 0..2045 (+ 84-bit shifted significand) -> limbs 0..65 receive adds; 66..67 carries only.
   static constexpr int kLimbs = 68;
   static constexpr uint32_t kNormEvery = 1u << 29;  // the middle digit of an add is < 2^33
+  static constexpr uint32_t kMaxReserve = 1u << 20;
 };
 
 template <class T>
@@ -60,6 +65,8 @@ class ExactAccCore {
   using Tr = ExactAccTraits<T>;
   using Bits = typename Tr::Bits;
   static constexpr int kLimbs = Tr::kLimbs;
+  static constexpr int kDigit = Tr::kDigit;
+  static constexpr uint32_t kMaxReserve = Tr::kMaxReserve;
   static constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
 
   // Exact merge: limbwise integer addition (associative, commutative).
@@ -92,16 +99,16 @@ class ExactAccCore {
       for (int i = 0; i < kLimbs; ++i) t.limb_[i] = -t.limb_[i];
       t.normalize();
     }
-    // Magnitude: digits limb_[0..n-2] in [0, 2^32), top limb >= 0.
+    // Magnitude: digits limb_[0..n-2] in [0, 2^D), top limb >= 0.
     int top = kLimbs - 1;
     while (top >= 0 && t.limb_[top] == 0) --top;
     if (top < 0) return T(0);  // exact zero -> +0
     constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
     constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
     const uint64_t topd = static_cast<uint64_t>(t.limb_[top]);
-    if (top == kLimbs - 1 && topd >> 32 != 0) return neg ? -std::numeric_limits<T>::infinity()
+    if (top == kLimbs - 1 && topd >> kDigit != 0) return neg ? -std::numeric_limits<T>::infinity()
                                                          : std::numeric_limits<T>::infinity();
-    const int P = 32 * top + (63 - std::countl_zero(topd));  // position of the leading one
+    const int P = kDigit * top + (63 - std::countl_zero(topd));  // position of the leading one
     Bits bits;
     if (P < Tr::kMant) {
       // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
@@ -113,9 +120,10 @@ class ExactAccCore {
                                                    : std::numeric_limits<T>::infinity();
       uint64_t q = t.window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
       const int hpos = shift - 1;
-      const bool half = (static_cast<uint64_t>(t.limb_[hpos >> 5]) >> (hpos & 31)) & 1;
-      bool sticky = (static_cast<uint64_t>(t.limb_[hpos >> 5]) & ((uint64_t{1} << (hpos & 31)) - 1)) != 0;
-      for (int i = 0; i < (hpos >> 5) && !sticky; ++i) sticky = t.limb_[i] != 0;
+      const int hi = hpos / kDigit, hb = hpos % kDigit;
+      const bool half = (static_cast<uint64_t>(t.limb_[hi]) >> hb) & 1;
+      bool sticky = (static_cast<uint64_t>(t.limb_[hi]) & ((uint64_t{1} << hb) - 1)) != 0;
+      for (int i = 0; i < hi && !sticky; ++i) sticky = t.limb_[i] != 0;
       q += (half && (sticky || (q & 1))) ? 1 : 0;
       // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
       const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
@@ -139,27 +147,28 @@ class ExactAccCore {
   // Special-value flags seen so far (kNaN | kPosInf | kNegInf).
   TD_HD uint32_t flags() const { return flags_; }
 
-  // Announces n (<= 2^20) following add_unchecked() calls: normalises first if the limbs could overflow.
+  // Announces n (<= kMaxReserve: 2^12 float, 2^20 double) following add_unchecked() calls: normalises first if the
+  // limbs could overflow.
   TD_HD void reserve_adds(uint32_t n) {
     if (count_ + uint64_t{n} >= Tr::kNormEvery) [[unlikely]] normalize();
     count_ += n;
   }
 
-  // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^32).
+  // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^D).
   TD_HD void normalize() {
     for (int i = 0; i < kLimbs - 1; ++i) {
-      const int64_t c = limb_[i] >> 32;  // arithmetic shift (floor)
-      limb_[i] -= c * (int64_t{1} << 32);
+      const int64_t c = limb_[i] >> kDigit;  // arithmetic shift (floor)
+      limb_[i] -= c * (int64_t{1} << kDigit);
       limb_[i + 1] += c;
     }
     count_ = 1;
   }
 
-  // Limb access for tests and docs (value = sum limb(i) * 2^(32 i) units).
+  // Limb access for tests and docs (value = sum limb(i) * 2^(D i) units).
   TD_HD int64_t limb(int i) const { return limb_[i]; }
 
  protected:
-  // round() for finite sums of the narrow accumulator (float: 10 limbs), with its branches taken out: the magnitude
+  // round() for finite sums of the narrow accumulator (float: 7 limbs), with its branches taken out: the magnitude
   // comes from one normalisation and a two's-complement negation selected by a mask (not a second normalisation
   // behind a sign branch that gradients take at random), and a bit mask of the nonzero digits gives the leading
   // digit and the sticky bit (no scans). The magnitude's digits are the same canonical digits as in round()'s
@@ -167,18 +176,18 @@ class ExactAccCore {
   TD_HD T round_small() const {
     constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
     constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
-    constexpr int64_t kLo = 0xffffffffll;
-    // Normalise: digits d[0..n-2] in [0, 2^32), d[n-1] signed (normalize()'s carries, on a copy).
+    constexpr int64_t kLo = (int64_t{1} << kDigit) - 1;
+    // Normalise: digits d[0..n-2] in [0, 2^D), d[n-1] signed (normalize()'s carries, on a copy).
     int64_t d[kLimbs];
     int64_t c = 0;
     TD_EXACT_UNROLL
     for (int i = 0; i < kLimbs - 1; ++i) {
       const int64_t u = limb_[i] + c;
       d[i] = u & kLo;
-      c = u >> 32;  // arithmetic shift (floor)
+      c = u >> kDigit;  // arithmetic shift (floor)
     }
     d[kLimbs - 1] = limb_[kLimbs - 1] + c;
-    // |V|: V itself, or -V = ~V + 1 (each low digit 2^32-1-d, the top ~d, then +1 carried up), by the sign mask.
+    // |V|: V itself, or -V = ~V + 1 (each low digit 2^D-1-d, the top ~d, then +1 carried up), by the sign mask.
     const int64_t s = d[kLimbs - 1] >> 63;  // 0, or -1 when V < 0
     uint64_t m[kLimbs];
     uint32_t nz = 0;  // bit i: digit i of |V| is nonzero
@@ -187,7 +196,7 @@ class ExactAccCore {
     for (int i = 0; i < kLimbs - 1; ++i) {
       const int64_t u = (d[i] ^ (s & kLo)) + cy;
       m[i] = static_cast<uint64_t>(u & kLo);
-      cy = u >> 32;
+      cy = u >> kDigit;
       nz |= static_cast<uint32_t>(m[i] != 0) << i;
     }
     m[kLimbs - 1] = static_cast<uint64_t>((d[kLimbs - 1] ^ s) + cy);
@@ -196,15 +205,10 @@ class ExactAccCore {
     if (nz == 0) return T(0);  // exact zero -> +0
     const T inf = neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
     const int top = 31 - std::countl_zero(nz);
-    if (top == kLimbs - 1 && m[top] >> 32 != 0) return inf;
-    const int P = 32 * top + (63 - std::countl_zero(m[top]));  // position of the leading one
+    if (top == kLimbs - 1 && m[top] >> kDigit != 0) return inf;
+    const int P = kDigit * top + (63 - std::countl_zero(m[top]));  // position of the leading one
     auto dig = [&](int j) -> uint64_t { return j < kLimbs ? m[j] : 0; };
-    auto window = [&](int pos) -> uint64_t {  // 64 bits of |V| from bit pos
-      const int i = pos >> 5, sh = pos & 31;
-      uint64_t w = (dig(i) | (dig(i + 1) << 32)) >> sh;
-      if (sh != 0) w |= dig(i + 2) << (64 - sh);
-      return w;
-    };
+    auto window = [&](int pos) -> uint64_t { return window_of(dig, pos); };
     Bits bits;
     if (P < Tr::kMant) {
       bits = static_cast<Bits>(window(0));  // exactly representable: the integer is the bit pattern
@@ -212,7 +216,7 @@ class ExactAccCore {
       const int shift = P - (Tr::kMant - 1);  // >= 1
       if (shift >= (1 << Tr::kExpBits)) return inf;
       uint64_t q = window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
-      const int hpos = shift - 1, hi = hpos >> 5, hb = hpos & 31;
+      const int hpos = shift - 1, hi = hpos / kDigit, hb = hpos % kDigit;
       const bool half = (m[hi] >> hb) & 1;
       const bool sticky = (m[hi] & ((uint64_t{1} << hb) - 1)) != 0 || (nz & ((1u << hi) - 1)) != 0;
       q += (half && (sticky || (q & 1))) ? 1 : 0;
@@ -234,13 +238,19 @@ class ExactAccCore {
   TD_HD void bump() {
     if (++count_ >= Tr::kNormEvery) [[unlikely]] normalize();
   }
+  // The bits of a magnitude given by its canonical D-bit digits dig(j) (0 beyond the top), from bit `pos` up: 64 of
+  // them (truncated), of which round() uses the low kMant (<= 53).
+  template <class Dig>
+  TD_HD static uint64_t window_of(Dig dig, int pos) {
+    const int i = pos / kDigit, s = pos % kDigit;
+    uint64_t w = dig(i) >> s;
+    if (kDigit - s < 64) w |= dig(i + 1) << (kDigit - s);
+    if (2 * kDigit - s < 64) w |= dig(i + 2) << (2 * kDigit - s);
+    return w;
+  }
   // 64 bits of the (normalised, non-negative) magnitude starting at bit `pos`.
   TD_HD uint64_t window(int pos) const {
-    const int i = pos >> 5, s = pos & 31;
-    auto d = [&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(limb_[j]) : 0; };
-    uint64_t w = (d(i) | (d(i + 1) << 32)) >> s;
-    if (s != 0) w |= d(i + 2) << (64 - s);
-    return w;
+    return window_of([&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(limb_[j]) : 0; }, pos);
   }
 
   int64_t limb_[kLimbs] = {};
@@ -271,12 +281,14 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
       return;
     }
     const int64_t M = static_cast<int64_t>(mant | (e != 0 ? 0x800000u : 0u));
-    const uint32_t p = e - (e != 0 ? 1u : 0u);
+    const uint32_t p = e - (e != 0 ? 1u : 0u);                      // <= 253
+    const uint32_t i = p / 48u, sh = p - 48u * i;                   // limb i <= 5, shift < 48
     const int64_t s = -static_cast<int64_t>(u >> 31);              // 0 or -1
-    const int64_t v = ((M << (p & 31)) ^ s) - s;                    // signed, |v| < 2^55
-    const int i = static_cast<int>(p >> 5);
-    limb_[i] += v & 0xffffffffll;                                   // low digit, in [0, 2^32)
-    limb_[i + 1] += v >> 32;                                        // floor(v / 2^32), |.| <= 2^23
+    const int64_t v = (M ^ s) - s;                                  // the signed significand, |v| < 2^24
+    // v * 2^sh (|.| < 2^71) = hi * 2^48 + lo with lo in [0, 2^48): lo from the product mod 2^64, hi by an arithmetic
+    // shift (floor); hi is 0 or -1 for i = 5 (there sh <= 13), so limb 6 receives carries only.
+    limb_[i] += static_cast<int64_t>((static_cast<uint64_t>(v) << sh) & 0xffffffffffffull);
+    limb_[i + 1] += v >> (48u - sh);
   }
   TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
@@ -320,7 +332,7 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
   TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
 
-static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 88);
+static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 64);
 static_assert(sizeof(ExactAcc<double>) == ExactAcc<double>::kBytes && ExactAcc<double>::kBytes == 552);
 
 }  // namespace trident

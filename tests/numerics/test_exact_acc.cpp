@@ -276,8 +276,9 @@ TYPED_TEST(ExactAccTest, ReservedAddsMatchAdd) {
   std::mt19937_64 rng(13);
   ExactAcc<T> a, b;
   std::vector<T> xs;
-  for (int round = 0; round < 1100; ++round) {  // 1100 * 2^20 reserved > the normalisation limit
-    a.reserve_adds(1u << 20);
+  // 1100 * kMaxReserve reserved > the normalisation limit (2^14 float, 2^29 double)
+  for (int round = 0; round < 1100; ++round) {
+    a.reserve_adds(ExactAcc<T>::kMaxReserve);
     for (int i = 0; i < 3; ++i) {
       const T x = random_finite<T>(rng, sizeof(T) == 4 ? 254 : 2046);
       a.add_unchecked(x);
@@ -291,8 +292,8 @@ TYPED_TEST(ExactAccTest, ReservedAddsMatchAdd) {
 
 // Enough adds to force the automatic normalisation, with the largest possible low digit each time.
 TEST(ExactAccLong, HeadroomFloat) {
-  // M = 2^24-1 at position 8: the low digit of every add is 0xffffff00, close to 2^32.
-  const float x = std::ldexp(static_cast<float>(0xffffff), -141);
+  // M = 2^24-1 at position 24: the low digit of every add is 0xffffff000000, close to 2^48 (float's digit width).
+  const float x = std::ldexp(static_cast<float>(0xffffff), -125);
   const int64_t n = (int64_t{1} << 30) + 5;
   ExactAcc<float> a;
   for (int64_t i = 0; i < n; ++i) a.add(x);
