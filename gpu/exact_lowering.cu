@@ -26,9 +26,9 @@ template <class T>
 __global__ void unpack_kernel(const int64_t* in, int64_t n, ExactAcc<T>* acc, long long* bad) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n) return;
-  el::Image<T> im;
+  ExactAcc<T> a;
   int word = 0;
-  const int code = el::unpack<T>(in + e * el::words<T>(), im, word);
+  const int code = el::unpack<T>(in + e * el::words<T>(), a, word);
   if (code != el::kOk) {
     if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull, static_cast<unsigned long long>(e + 1)) == 0ull) {
       bad[1] = code;
@@ -36,7 +36,7 @@ __global__ void unpack_kernel(const int64_t* in, int64_t n, ExactAcc<T>* acc, lo
     }
     return;
   }
-  *reinterpret_cast<el::Image<T>*>(acc + e) = im;  // the wire format is the object's bytes
+  acc[e] = a;
 }
 
 constexpr int kBlock = 128;

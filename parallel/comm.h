@@ -59,7 +59,7 @@ void check_reduce_op(DataType t, ReduceOp op, std::source_location loc);
 // "size"): all_gather size()*count, reduce_scatter size()*recvcount, all_reduce/broadcast/reduce count,
 // send/recv count, all_to_all(v) the bytes this rank sends. All in bytes of the dtype; an exact_sum lowered
 // onto i64 counts the bytes of its packed i64 buffer (what the backend moves: 96 / 560 bytes per exact_f32 /
-// exact_f64 element instead of 64 / 552).
+// exact_f64 element instead of 56 / 552).
 // exact_bytes: the part of bytes whose elements are exact accumulators (exact_f32 / exact_f64, or their packed i64
 // lowering): what the exact reductions cost on the wire, reported apart from the real-dtype bytes.
 struct OpStats {

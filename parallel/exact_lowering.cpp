@@ -48,13 +48,10 @@ void pack_typed(const ExactAcc<T>* acc, size_t count, int64_t* out) {
 namespace {
 template <class T>
 void unpack_typed(const int64_t* in, size_t count, ExactAcc<T>* acc) {
-  static_assert(sizeof(elem::Image<T>) == sizeof(ExactAcc<T>));
   for (size_t e = 0; e < count; ++e, in += words<T>()) {
-    elem::Image<T> im;
     int word = 0;
-    if (const int bad = elem::unpack<T>(in, im, word))
+    if (const int bad = elem::unpack<T>(in, acc[e], word))
       unpack_failed(bad, static_cast<int64_t>(e), word, in[word]);
-    exact_deserialize(reinterpret_cast<const std::byte*>(&im), 1, acc + e);
   }
 }
 }  // namespace

@@ -56,20 +56,12 @@ TD_HD inline void pack(const ExactAcc<T>& in, int64_t* out) {
                ((f & kNegInf) ? int64_t{1} << (2 * kFlagBits) : 0);
 }
 
-// The wire format of exact_acc_impl.h: limb[L] (int64), count (uint32), flags (uint32), no padding.
-template <class T>
-struct Image {
-  int64_t limb[ExactAcc<T>::kLimbs];
-  uint32_t count;
-  uint32_t flags;
-};
-
 // What is wrong with a word sum (0: nothing); `word` is the index of the bad word.
 enum Bad : int { kOk = 0, kDigitRange = 1, kTopRange = 2, kOverflow = 3, kFlagWord = 4 };
 
-// in: one element's word sum; out: the canonical accumulator's bytes (count 1, as normalize() leaves it).
+// in: one element's word sum; out: the canonical accumulator (count 1, as normalize() leaves it).
 template <class T>
-TD_HD inline int unpack(const int64_t* in, Image<T>& im, int& word) {
+TD_HD inline int unpack(const int64_t* in, ExactAcc<T>& out, int& word) {
   constexpr int L = ExactAcc<T>::kLimbs, N = kWordDigits<T>, D = ExactAcc<T>::kDigit;
   int64_t dig[N + 1];  // canonical 32-bit digits; dig[N]: the top limb's low half
   int64_t c = 0;       // carry into digit i, in [0, 2^22)
@@ -84,21 +76,23 @@ TD_HD inline int unpack(const int64_t* in, Image<T>& im, int& word) {
   if (hs < -kTopSumMax || hs > kTopSumMax) return word = N + 1, kTopRange;
   const int64_t hi = hs + c;  // top limb = hi * 2^32 + dig[N]
   if (hi < -(kDigit / 2) || hi >= kDigit / 2) return word = N + 1, kOverflow;
+  const int64_t top = dig[N] + static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
+  if (top < ExactAcc<T>::kTopMin || top > ExactAcc<T>::kTopMax) return word = N + 1, kOverflow;
   // The 32-bit digits regrouped into D-bit limbs (D a multiple of 16: a limb takes whole 16-bit halves).
+  int64_t limb[L - 1];
   for (int i = 0; i < L - 1; ++i) {
     uint64_t v = 0;
     for (int b = 0; b < D; b += 16) {
       const int pos = D * i + b;  // bit position of this half
       v |= ((static_cast<uint64_t>(dig[pos / 32]) >> (pos % 32)) & 0xffffu) << b;
     }
-    im.limb[i] = static_cast<int64_t>(v);
+    limb[i] = static_cast<int64_t>(v);
   }
-  im.limb[L - 1] = dig[N] + static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
   const int64_t f = in[N + 2];
   if (f < 0) return word = N + 2, kFlagWord;  // three 21-bit fields fill bits 0..62
-  im.flags = ((f & kFlagMask) ? kNaN : 0) | (((f >> kFlagBits) & kFlagMask) ? kPosInf : 0) |
-             (((f >> (2 * kFlagBits)) & kFlagMask) ? kNegInf : 0);
-  im.count = 1;
+  out.set_canonical(limb, top,
+                    ((f & kFlagMask) ? kNaN : 0) | (((f >> kFlagBits) & kFlagMask) ? kPosInf : 0) |
+                        (((f >> (2 * kFlagBits)) & kFlagMask) ? kNegInf : 0));
   return kOk;
 }
 

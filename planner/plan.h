@@ -117,7 +117,7 @@ struct Plan {
 // RDMA), then inside the domain (kv_bytes * (cp_inner-1)/cp_inner over NVLink); the key-side reduce-scatter is the
 // reverse with the same shapes. `passes` counts the collectives in units of one all-gather's bytes: the planner's
 // 1 + 1 + 2 (bf16 all-gather forward, again in the recompute, fp32 reduce-scatter); the emulator's step moves fp32
-// payloads and 64-byte exact accumulators, so it is 1 (+ 1 with recompute) + 16 there (tests/step).
+// payloads and 56-byte exact accumulators, so it is 1 (+ 1 with recompute) + 14 there (tests/step).
 struct CpTraffic {
   double rdma = 0, nvlink = 0;
 };

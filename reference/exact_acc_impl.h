@@ -11,7 +11,8 @@
 //
 // Required interface (both T): kBytes, ExactAcc(), add(T), merge(const ExactAcc&), round(), is_zero();
 // ExactAcc<double> additionally add(float) (exact widening).
-// Wire format: the object's bytes (little-endian x86-64): limb[kLimbs] (int64), count (uint32), flags (uint32).
+// Wire format: the object's bytes (little-endian x86-64): the digit limbs limb[kLimbs-1] (int64), then double: the
+// top limb (int64), count (uint32), flags (uint32); float: one int64 head = top * 2^24 + count * 2^3 + flags.
 #pragma once
 #include <bit>
 #include <cstdint>
@@ -40,10 +41,12 @@ struct ExactAccTraits<float> {
   static constexpr int kMant = 24;        // significand bits incl. the implicit one
   static constexpr int kExpBits = 8;
   static constexpr int kDigit = 48;       // digit bits per limb
-  // Positions 0..253 (+ a 71-bit shifted significand) -> limbs 0..5 receive adds (limb 5's upper piece is 0 or -1:
-  // there the shift is <= 13); limb 6 (2^288 units and up) holds carries only, so the sum of up to ~2^74 maximal
-  // terms stays representable.
+  // Positions 0..253 (+ a 71-bit shifted significand) -> digit limbs 0..5 receive adds (limb 5's upper piece is 0 or
+  // -1: there the shift is <= 13); the top limb (2^288 units and up) holds carries only. It shares one int64 with
+  // the counter and the flags (kPackedHead): top limb * 2^24 + count * 2^3 + flags, so the top limb has 40 bits
+  // and the sum of up to ~2^50 maximal terms stays representable.
   static constexpr int kLimbs = 7;
+  static constexpr bool kPackedHead = true;
   static constexpr uint32_t kNormEvery = 1u << 14;  // each add moves a limb by < 2^48; 2^14 * 2^48 < 2^63
   static constexpr uint32_t kMaxReserve = 1u << 12;  // reserve_adds(n): n at most this
 };
@@ -55,124 +58,202 @@ struct ExactAccTraits<double> {
   static constexpr int kDigit = 32;
   // Positions 0..2045 (+ 84-bit shifted significand) -> limbs 0..65 receive adds; 66..67 carries only.
   static constexpr int kLimbs = 68;
+  static constexpr bool kPackedHead = false;  // the top limb a whole int64, then count and flags (uint32 each)
   static constexpr uint32_t kNormEvery = 1u << 29;  // the middle digit of an add is < 2^33
   static constexpr uint32_t kMaxReserve = 1u << 20;
 };
 
+// The accumulator's words: the digit limbs 0..kLimbs-2, then its head: the top limb, the add counter and the special
+// flags, either as three fields (int64, uint32, uint32) or packed into one int64 (kPackedHead).
+template <class T, bool kPacked = ExactAccTraits<T>::kPackedHead>
+struct ExactAccWords;
 template <class T>
-class ExactAccCore {
+struct ExactAccWords<T, false> {
+  static constexpr int64_t kTopMin = std::numeric_limits<int64_t>::min(), kTopMax = std::numeric_limits<int64_t>::max();
+  int64_t limb_[ExactAccTraits<T>::kLimbs - 1] = {};
+  int64_t top_ = 0;
+  uint32_t count_ = 0;
+  uint32_t flags_ = 0;
+  TD_HD int64_t top() const { return top_; }
+  TD_HD void add_top(int64_t c) { top_ += c; }
+  TD_HD uint32_t count() const { return count_; }
+  TD_HD void add_count(uint32_t n) { count_ += n; }
+  TD_HD void set_count(uint32_t n) { count_ = n; }
+  TD_HD uint32_t flag_bits() const { return flags_; }
+  TD_HD void or_flags(uint32_t f) { flags_ |= f; }
+  TD_HD void set_head(int64_t top, uint32_t count, uint32_t flags) { top_ = top, count_ = count, flags_ = flags; }
+  TD_HD void merge_head(const ExactAccWords& o) {  // top limbs and counters added, flags or-ed
+    top_ += o.top_;
+    count_ += o.count_;
+    flags_ |= o.flags_;
+  }
+};
+template <class T>
+struct ExactAccWords<T, true> {
+  // head_ = top * 2^24 + count * 2^3 + flags: top in [-2^39, 2^39), count < 2^21 (in use: < 2^15), flags < 8.
+  static constexpr int kTopShift = 24, kCountShift = 3;
+  static constexpr int64_t kTopMin = -(int64_t{1} << 39), kTopMax = (int64_t{1} << 39) - 1;
+  static constexpr int64_t kCountMask = ((int64_t{1} << 21) - 1) << kCountShift;
+  int64_t limb_[ExactAccTraits<T>::kLimbs - 1] = {};
+  int64_t head_ = 0;
+  TD_HD int64_t top() const { return head_ >> kTopShift; }  // arithmetic shift
+  TD_HD void add_top(int64_t c) { head_ += static_cast<int64_t>(static_cast<uint64_t>(c) << kTopShift); }
+  TD_HD uint32_t count() const { return static_cast<uint32_t>((head_ & kCountMask) >> kCountShift); }
+  TD_HD void add_count(uint32_t n) { head_ += static_cast<int64_t>(n) << kCountShift; }
+  TD_HD void set_count(uint32_t n) { head_ = (head_ & ~kCountMask) | (static_cast<int64_t>(n) << kCountShift); }
+  TD_HD uint32_t flag_bits() const { return static_cast<uint32_t>(head_ & 7); }
+  TD_HD void or_flags(uint32_t f) { head_ |= static_cast<int64_t>(f); }
+  TD_HD void set_head(int64_t top, uint32_t count, uint32_t flags) {
+    head_ = static_cast<int64_t>(static_cast<uint64_t>(top) << kTopShift) |
+            (static_cast<int64_t>(count) << kCountShift) | static_cast<int64_t>(flags);
+  }
+  TD_HD void merge_head(const ExactAccWords& o) {  // top and count fields add without carrying out; flags or-ed
+    head_ = ((head_ & ~int64_t{7}) + (o.head_ & ~int64_t{7})) | ((head_ | o.head_) & 7);
+  }
+};
+
+template <class T>
+class ExactAccCore : protected ExactAccWords<T> {
+  using W = ExactAccWords<T>;
+
  public:
   using Tr = ExactAccTraits<T>;
   using Bits = typename Tr::Bits;
   static constexpr int kLimbs = Tr::kLimbs;
   static constexpr int kDigit = Tr::kDigit;
   static constexpr uint32_t kMaxReserve = Tr::kMaxReserve;
+  // The top limb's range (the accumulator's range is [kTopMin, kTopMax + 1) * 2^(D (kLimbs-1)) units).
+  static constexpr int64_t kTopMin = W::kTopMin, kTopMax = W::kTopMax;
   static constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
+
+  // Becomes the canonical accumulator (count 1, as normalize() leaves it) of digit limbs dig[0..kLimbs-2] in
+  // [0, 2^D), the top limb top (in [kTopMin, kTopMax]) and the flags.
+  TD_HD void set_canonical(const int64_t* dig, int64_t top, uint32_t flags) {
+    for (int i = 0; i < kLimbs - 1; ++i) this->limb_[i] = dig[i];
+    this->set_head(top, 1, flags);
+  }
 
   // Exact merge: limbwise integer addition (associative, commutative).
   TD_HD void merge(const ExactAccCore& o) {
-    flags_ |= o.flags_;
-    if (count_ + uint64_t{o.count_} >= Tr::kNormEvery) [[unlikely]] {
+    if (this->count() + uint64_t{o.count()} >= Tr::kNormEvery) [[unlikely]] {
       ExactAccCore t = o;
       t.normalize();
       normalize();
-      for (int i = 0; i < kLimbs; ++i) limb_[i] += t.limb_[i];
-      count_ = 2;
+      add_words(t);  // count 1 + 1
       return;
     }
-    for (int i = 0; i < kLimbs; ++i) limb_[i] += o.limb_[i];
-    count_ += o.count_;
+    add_words(o);
   }
 
   // Correctly rounded (RNE) value; specials per exact_acc.h.
   TD_HD T round() const {
-    if (flags_ != 0) [[unlikely]] {
+    const uint32_t flags = this->flag_bits();
+    if (flags != 0) [[unlikely]] {
       if (round_is_nan())
         return std::numeric_limits<T>::quiet_NaN();
-      return (flags_ & kPosInf) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
+      return (flags & kPosInf) ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
     }
-    if constexpr (kLimbs <= 32) return round_small();
-    ExactAccCore t = *this;
-    t.normalize();
-    const bool neg = t.limb_[kLimbs - 1] < 0;
-    if (neg) {
-      for (int i = 0; i < kLimbs; ++i) t.limb_[i] = -t.limb_[i];
-      t.normalize();
-    }
-    // Magnitude: digits limb_[0..n-2] in [0, 2^D), top limb >= 0.
-    int top = kLimbs - 1;
-    while (top >= 0 && t.limb_[top] == 0) --top;
-    if (top < 0) return T(0);  // exact zero -> +0
-    constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
-    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
-    const uint64_t topd = static_cast<uint64_t>(t.limb_[top]);
-    if (top == kLimbs - 1 && topd >> kDigit != 0) return neg ? -std::numeric_limits<T>::infinity()
-                                                         : std::numeric_limits<T>::infinity();
-    const int P = kDigit * top + (63 - std::countl_zero(topd));  // position of the leading one
-    Bits bits;
-    if (P < Tr::kMant) {
-      // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
-      // smallest subnormal IS the bit pattern (subnormals, and biased exponent 1 with the implicit bit).
-      bits = static_cast<Bits>(t.window(0));
+    if constexpr (kLimbs <= 32) {
+      return round_small();
     } else {
-      const int shift = P - (Tr::kMant - 1);  // >= 1
-      if (shift >= (1 << Tr::kExpBits)) return neg ? -std::numeric_limits<T>::infinity()
-                                                   : std::numeric_limits<T>::infinity();
-      uint64_t q = t.window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
-      const int hpos = shift - 1;
-      const int hi = hpos / kDigit, hb = hpos % kDigit;
-      const bool half = (static_cast<uint64_t>(t.limb_[hi]) >> hb) & 1;
-      bool sticky = (static_cast<uint64_t>(t.limb_[hi]) & ((uint64_t{1} << hb) - 1)) != 0;
-      for (int i = 0; i < hi && !sticky; ++i) sticky = t.limb_[i] != 0;
-      q += (half && (sticky || (q & 1))) ? 1 : 0;
-      // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
-      const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
-      if (b >= kInfBits) return neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
-      bits = static_cast<Bits>(b);
+      // All limbs (the digits, then the top) in one array.
+      int64_t t[kLimbs];
+      for (int i = 0; i < kLimbs - 1; ++i) t[i] = this->limb_[i];
+      t[kLimbs - 1] = this->top();
+      normalize_array(t);
+      const bool neg = t[kLimbs - 1] < 0;
+      if (neg) {
+        for (int i = 0; i < kLimbs; ++i) t[i] = -t[i];
+        normalize_array(t);
+      }
+      // Magnitude: digits t[0..n-2] in [0, 2^D), top limb >= 0.
+      int top = kLimbs - 1;
+      while (top >= 0 && t[top] == 0) --top;
+      if (top < 0) return T(0);  // exact zero -> +0
+      constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
+      constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
+      const T inf = neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+      const uint64_t topd = static_cast<uint64_t>(t[top]);
+      if (top == kLimbs - 1 && topd >> kDigit != 0) return inf;
+      const int P = kDigit * top + (63 - std::countl_zero(topd));  // position of the leading one
+      auto dig = [&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(t[j]) : 0; };
+      Bits bits;
+      if (P < Tr::kMant) {
+        // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
+        // smallest subnormal IS the bit pattern (subnormals, and biased exponent 1 with the implicit bit).
+        bits = static_cast<Bits>(window_of(dig, 0));
+      } else {
+        const int shift = P - (Tr::kMant - 1);  // >= 1
+        if (shift >= (1 << Tr::kExpBits)) return inf;
+        uint64_t q = window_of(dig, shift) & ((uint64_t{1} << Tr::kMant) - 1);
+        const int hpos = shift - 1;
+        const int hi = hpos / kDigit, hb = hpos % kDigit;
+        const bool half = (static_cast<uint64_t>(t[hi]) >> hb) & 1;
+        bool sticky = (static_cast<uint64_t>(t[hi]) & ((uint64_t{1} << hb) - 1)) != 0;
+        for (int i = 0; i < hi && !sticky; ++i) sticky = t[i] != 0;
+        q += (half && (sticky || (q & 1))) ? 1 : 0;
+        // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
+        const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
+        if (b >= kInfBits) return inf;
+        bits = static_cast<Bits>(b);
+      }
+      if (neg) bits |= kSign;
+      return std::bit_cast<T>(bits);
     }
-    if (neg) bits |= kSign;
-    return std::bit_cast<T>(bits);
   }
 
   // True when no special value was seen and the exact sum is zero.
   TD_HD bool is_zero() const {
-    if (flags_ != 0) return false;
+    if (this->flag_bits() != 0) return false;
     ExactAccCore t = *this;
     t.normalize();
     for (int i = 0; i < kLimbs; ++i)
-      if (t.limb_[i] != 0) return false;
+      if (t.limb(i) != 0) return false;
     return true;
   }
 
   // Special-value flags seen so far (kNaN | kPosInf | kNegInf).
-  TD_HD uint32_t flags() const { return flags_; }
+  TD_HD uint32_t flags() const { return this->flag_bits(); }
 
   // Announces n (<= kMaxReserve: 2^12 float, 2^20 double) following add_unchecked() calls: normalises first if the
   // limbs could overflow.
   TD_HD void reserve_adds(uint32_t n) {
-    if (count_ + uint64_t{n} >= Tr::kNormEvery) [[unlikely]] normalize();
-    count_ += n;
+    if (this->count() + uint64_t{n} >= Tr::kNormEvery) [[unlikely]] normalize();
+    this->add_count(n);
   }
 
   // Carry propagation; keeps the value, leaves limbs 0..n-2 in [0, 2^D).
   TD_HD void normalize() {
+    int64_t c = 0;
     for (int i = 0; i < kLimbs - 1; ++i) {
-      const int64_t c = limb_[i] >> kDigit;  // arithmetic shift (floor)
-      limb_[i] -= c * (int64_t{1} << kDigit);
-      limb_[i + 1] += c;
+      const int64_t u = this->limb_[i] + c;
+      c = u >> kDigit;  // arithmetic shift (floor)
+      this->limb_[i] = u - c * (int64_t{1} << kDigit);
     }
-    count_ = 1;
+    this->add_top(c);
+    this->set_count(1);
   }
 
-  // Limb access for tests and docs (value = sum limb(i) * 2^(D i) units).
-  TD_HD int64_t limb(int i) const { return limb_[i]; }
+  // Limb access for tests and docs (value = sum limb(i) * 2^(D i) units; limb kLimbs-1 is the top limb).
+  TD_HD int64_t limb(int i) const { return i < kLimbs - 1 ? this->limb_[i] : this->top(); }
 
  protected:
-  // round() for finite sums of the narrow accumulator (float: 7 limbs), with its branches taken out: the magnitude
-  // comes from one normalisation and a two's-complement negation selected by a mask (not a second normalisation
-  // behind a sign branch that gradients take at random), and a bit mask of the nonzero digits gives the leading
-  // digit and the sticky bit (no scans). The magnitude's digits are the same canonical digits as in round()'s
-  // general path (the normalised form is unique), so the bits are the same.
+  TD_HD void add_words(const ExactAccCore& o) {
+    for (int i = 0; i < kLimbs - 1; ++i) this->limb_[i] += o.limb_[i];
+    this->merge_head(o);
+  }
+  TD_HD static void normalize_array(int64_t* t) {
+    for (int i = 0; i < kLimbs - 1; ++i) {
+      const int64_t c = t[i] >> kDigit;  // arithmetic shift (floor)
+      t[i] -= c * (int64_t{1} << kDigit);
+      t[i + 1] += c;
+    }
+  }
+  // round() for finite sums of the narrow accumulator (float: 7 limbs with the top), with its branches taken out:
+  // the magnitude comes from one normalisation and a two's-complement negation selected by a mask (not a second
+  // normalisation behind a sign branch that gradients take at random), and a bit mask of the nonzero digits gives
+  // the leading digit and the sticky bit (no scans). The magnitude's digits are the same canonical digits as in
+  // round()'s general path (the normalised form is unique), so the bits are the same.
   TD_HD T round_small() const {
     constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
     constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
@@ -182,11 +263,11 @@ class ExactAccCore {
     int64_t c = 0;
     TD_EXACT_UNROLL
     for (int i = 0; i < kLimbs - 1; ++i) {
-      const int64_t u = limb_[i] + c;
+      const int64_t u = this->limb_[i] + c;
       d[i] = u & kLo;
       c = u >> kDigit;  // arithmetic shift (floor)
     }
-    d[kLimbs - 1] = limb_[kLimbs - 1] + c;
+    d[kLimbs - 1] = this->top() + c;
     // |V|: V itself, or -V = ~V + 1 (each low digit 2^D-1-d, the top ~d, then +1 carried up), by the sign mask.
     const int64_t s = d[kLimbs - 1] >> 63;  // 0, or -1 when V < 0
     uint64_t m[kLimbs];
@@ -208,14 +289,13 @@ class ExactAccCore {
     if (top == kLimbs - 1 && m[top] >> kDigit != 0) return inf;
     const int P = kDigit * top + (63 - std::countl_zero(m[top]));  // position of the leading one
     auto dig = [&](int j) -> uint64_t { return j < kLimbs ? m[j] : 0; };
-    auto window = [&](int pos) -> uint64_t { return window_of(dig, pos); };
     Bits bits;
     if (P < Tr::kMant) {
-      bits = static_cast<Bits>(window(0));  // exactly representable: the integer is the bit pattern
+      bits = static_cast<Bits>(window_of(dig, 0));  // exactly representable: the integer is the bit pattern
     } else {
       const int shift = P - (Tr::kMant - 1);  // >= 1
       if (shift >= (1 << Tr::kExpBits)) return inf;
-      uint64_t q = window(shift) & ((uint64_t{1} << Tr::kMant) - 1);
+      uint64_t q = window_of(dig, shift) & ((uint64_t{1} << Tr::kMant) - 1);
       const int hpos = shift - 1, hi = hpos / kDigit, hb = hpos % kDigit;
       const bool half = (m[hi] >> hb) & 1;
       const bool sticky = (m[hi] & ((uint64_t{1} << hb) - 1)) != 0 || (nz & ((1u << hi) - 1)) != 0;
@@ -228,15 +308,17 @@ class ExactAccCore {
     return std::bit_cast<T>(bits);
   }
   TD_HD bool round_is_nan() const {
-    return (flags_ & kNaN) || (flags_ & (kPosInf | kNegInf)) == (kPosInf | kNegInf);
+    const uint32_t f = this->flag_bits();
+    return (f & kNaN) || (f & (kPosInf | kNegInf)) == (kPosInf | kNegInf);
   }
   // Special operand (exponent all ones): record its flag.
   TD_HD void add_special(Bits u, Bits mant) {
     constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
-    flags_ |= mant ? kNaN : ((u & kSign) ? kNegInf : kPosInf);
+    this->or_flags(mant ? kNaN : ((u & kSign) ? kNegInf : kPosInf));
   }
   TD_HD void bump() {
-    if (++count_ >= Tr::kNormEvery) [[unlikely]] normalize();
+    this->add_count(1);
+    if (this->count() >= Tr::kNormEvery) [[unlikely]] normalize();
   }
   // The bits of a magnitude given by its canonical D-bit digits dig(j) (0 beyond the top), from bit `pos` up: 64 of
   // them (truncated), of which round() uses the low kMant (<= 53).
@@ -248,14 +330,6 @@ class ExactAccCore {
     if (2 * kDigit - s < 64) w |= dig(i + 2) << (2 * kDigit - s);
     return w;
   }
-  // 64 bits of the (normalised, non-negative) magnitude starting at bit `pos`.
-  TD_HD uint64_t window(int pos) const {
-    return window_of([&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(limb_[j]) : 0; }, pos);
-  }
-
-  int64_t limb_[kLimbs] = {};
-  uint32_t count_ = 0;
-  uint32_t flags_ = 0;
 };
 
 }  // namespace detail
@@ -288,7 +362,11 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
     // v * 2^sh (|.| < 2^71) = hi * 2^48 + lo with lo in [0, 2^48): lo from the product mod 2^64, hi by an arithmetic
     // shift (floor); hi is 0 or -1 for i = 5 (there sh <= 13), so limb 6 receives carries only.
     limb_[i] += static_cast<int64_t>((static_cast<uint64_t>(v) << sh) & 0xffffffffffffull);
-    limb_[i + 1] += v >> (48u - sh);
+    const int64_t hi = v >> (48u - sh);
+    if (i + 1 < kLimbs - 1) [[likely]]
+      limb_[i + 1] += hi;
+    else
+      add_top(hi);  // i = 5 (|x| >= 2^91): hi is 0 or -1
   }
   TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
@@ -332,7 +410,7 @@ class ExactAcc<double> : public detail::ExactAccCore<double> {
   TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
 
-static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 64);
+static_assert(sizeof(ExactAcc<float>) == ExactAcc<float>::kBytes && ExactAcc<float>::kBytes == 56);
 static_assert(sizeof(ExactAcc<double>) == ExactAcc<double>::kBytes && ExactAcc<double>::kBytes == 552);
 
 }  // namespace trident

@@ -6,7 +6,7 @@
 // Same interface as the exact accumulator, so every kernel, the step and the emulator's exact_sum compile
 // unchanged: add() and merge() are plain T additions in call order (tile partials, then ranks in rank order),
 // round() returns the running sum, and the object (the wire format) is one T: 4 / 8 bytes per element instead
-// of 64 / 552. Results depend on the summation order: this breaks the bit-identity contract by design.
+// of 56 / 552. Results depend on the summation order: this breaks the bit-identity contract by design.
 #pragma once
 #include <cstddef>
 #include <cstdint>

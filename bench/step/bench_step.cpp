@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
         norm_exact = o.norm_last;
       } else {
         std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain: every accumulator a plain fp32 "
-                    "running sum, 4 B instead of 64 B, in-kernel and across ranks); last step's loss %.9g vs "
+                    "running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs "
                     "%.9g, grad norm %.9g vs %.9g\n",
                     wall_exact / tot, cpu_exact / (user + sys), loss_exact, o.loss_last, norm_exact, o.norm_last);
       }

@@ -133,8 +133,8 @@ RC_GTEST_PROP(ExactLoweringProp, AnyPartitionAndTreeEqualsExactMergeFloat, ()) {
 RC_GTEST_PROP(ExactLoweringProp, AnyPartitionAndTreeEqualsExactMergeDouble, ()) { tree_property<double>(); }
 
 // One contribution's packed form is canonical: any words in the packed ranges (digits in [0, 2^32), the top word
-// in [-2^31, 2^31), flag fields 0/1) unpack to an accumulator that packs back to the same words; this covers top
-// limbs far beyond what adding terms can reach in a test.
+// in the top limb's range - [-2^7, 2^7) float, [-2^31, 2^31) double -, flag fields 0/1) unpack to an accumulator
+// that packs back to the same words; this covers top limbs far beyond what adding terms can reach in a test.
 template <class T>
 void roundtrip_property() {
   const size_t W = xl::words_per_element(dt_of<T>());
@@ -144,9 +144,9 @@ void roundtrip_property() {
                                                          {1, rc::gen::element<int64_t>(0, (int64_t{1} << 32) - 1)}});
     w[i] = d;
   }
+  const int64_t hb = (ExactAcc<T>::kTopMax >> 32) + 1;  // the top word's range [-hb, hb): 2^7 float, 2^31 double
   w[W - 2] = *rc::gen::weightedOneOf<int64_t>(
-      {{3, rc::gen::inRange<int64_t>(-(int64_t{1} << 31), int64_t{1} << 31)},
-       {1, rc::gen::element<int64_t>(0, -1, -(int64_t{1} << 31), (int64_t{1} << 31) - 1)}});
+      {{3, rc::gen::inRange<int64_t>(-hb, hb)}, {1, rc::gen::element<int64_t>(0, -1, -hb, hb - 1)}});
   const int64_t nan = *rc::gen::inRange(0, 2), pinf = *rc::gen::inRange(0, 2), ninf = *rc::gen::inRange(0, 2);
   w[W - 1] = nan + (pinf << 21) + (ninf << 42);
   ExactAcc<T> a;

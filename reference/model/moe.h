@@ -35,7 +35,7 @@ struct ExpertGradBlocks {
   // Instead of open/close: where expert e's rounded gradients go (its slices of wg, wu, wd), for a caller whose
   // one wgrad per tensor is the expert's whole contribution; all null (the default): not offered. Rounding each
   // exact sum where it is formed (wgrad_round) gives the bits of open, accumulate, close without streaming the
-  // 64-byte accumulators through memory.
+  // 56-byte accumulators through memory.
   struct Direct {
     T *wg = nullptr, *wu = nullptr, *wd = nullptr;
   };

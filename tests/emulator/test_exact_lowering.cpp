@@ -327,11 +327,28 @@ TEST(ExactLowering, Errors) {
   w[10] = int64_t{1} << 31;  // top limb 2^63: beyond int64
   EXPECT_NE(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }).find("leaves the accumulator's range"),
             std::string::npos);
-  w[10] = (int64_t{1} << 31) - 1;  // the largest top limb's high half: fine
+  // float's top limb has 40 bits (it shares its int64 with the counter and the flags): [-2^39, 2^39).
+  static_assert(ExactAcc<float>::kTopMax == (int64_t{1} << 39) - 1 && ExactAcc<float>::kTopMin == -(int64_t{1} << 39));
+  w[10] = (int64_t{1} << 7) - 1;  // the largest top limb's high half: fine
+  w[9] = (int64_t{1} << 32) - 1;
   EXPECT_EQ(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }), "(no error)");
-  w[9] = int64_t{1} << 32;  // ... but a carry into it overflows
+  EXPECT_EQ(a.limb(ExactAcc<float>::kLimbs - 1), ExactAcc<float>::kTopMax);
+  w[8] = int64_t{1} << 32;  // ... but a carry into it overflows
   EXPECT_NE(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }).find("leaves the accumulator's range"),
             std::string::npos);
+  w.assign(12, 0);
+  w[10] = -(int64_t{1} << 7);  // the smallest top limb: fine
+  EXPECT_EQ(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }), "(no error)");
+  EXPECT_EQ(a.limb(ExactAcc<float>::kLimbs - 1), ExactAcc<float>::kTopMin);
+  w[10] = -(int64_t{1} << 7) - 1;  // one below
+  EXPECT_NE(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }).find("leaves the accumulator's range"),
+            std::string::npos);
+  {  // double's top limb is a whole int64: the largest high half is fine there
+    std::vector<int64_t> wd(70, 0);
+    wd[68] = (int64_t{1} << 31) - 1;
+    ExactAcc<double> ad;
+    EXPECT_EQ(message([&] { xl::unpack(DataType::exact_f64, wd.data(), 1, &ad); }), "(no error)");
+  }
   w.assign(12, 0);
   w[3] = -1;  // a digit sum cannot be negative (a wrapped or foreign buffer)
   EXPECT_NE(message([&] { xl::unpack(DataType::exact_f32, w.data(), 1, &a); }).find("not a sum of at most 2097151"),

@@ -134,8 +134,8 @@ TEST(Step2dCp, MatchesDocumentedSchedule) {
 // The planner's 2D-CP traffic (planner/plan.h cp_traffic, what `trident plan` reports as cp_rdma_* / CP NVLink bytes)
 // equals the bytes the emulator records on the cp_outer (inter-node) and cp_inner (intra-node) communicators, per
 // rank and layer. The emulator records each call's largest buffer (the nccl-tests size); a ring moves (n-1)/n of it
-// into each rank. The step's dtypes give the passes: fp32 payload all-gathers (forward, recompute) and 64-byte exact
-// accumulators in the reduce-scatter (64/4 = 16 all-gathers' worth).
+// into each rank. The step's dtypes give the passes: fp32 payload all-gathers (forward, recompute) and 56-byte exact
+// accumulators in the reduce-scatter (56/4 = 14 all-gathers' worth).
 // With DSA the per-token bytes CP gathers include the indexer key (seed 000's latent KV + rope + indexer K).
 TEST(Step2dCp, PlannerTrafficEqualsRecordedBytes) {
   for (const char* preset : {"tiny", "tiny-dsa"})
