@@ -170,35 +170,16 @@ class ExactAccCore : protected ExactAccWords<T> {
       int top = kLimbs - 1;
       while (top >= 0 && t[top] == 0) --top;
       if (top < 0) return T(0);  // exact zero -> +0
-      constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
-      constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
       const T inf = neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
       const uint64_t topd = static_cast<uint64_t>(t[top]);
       if (top == kLimbs - 1 && topd >> kDigit != 0) return inf;
       const int P = kDigit * top + (63 - std::countl_zero(topd));  // position of the leading one
-      auto dig = [&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(t[j]) : 0; };
-      Bits bits;
-      if (P < Tr::kMant) {
-        // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
-        // smallest subnormal IS the bit pattern (subnormals, and biased exponent 1 with the implicit bit).
-        bits = static_cast<Bits>(window_of(dig, 0));
-      } else {
-        const int shift = P - (Tr::kMant - 1);  // >= 1
-        if (shift >= (1 << Tr::kExpBits)) return inf;
-        uint64_t q = window_of(dig, shift) & ((uint64_t{1} << Tr::kMant) - 1);
-        const int hpos = shift - 1;
-        const int hi = hpos / kDigit, hb = hpos % kDigit;
-        const bool half = (static_cast<uint64_t>(t[hi]) >> hb) & 1;
-        bool sticky = (static_cast<uint64_t>(t[hi]) & ((uint64_t{1} << hb) - 1)) != 0;
-        for (int i = 0; i < hi && !sticky; ++i) sticky = t[i] != 0;
-        q += (half && (sticky || (q & 1))) ? 1 : 0;
-        // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
-        const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
-        if (b >= kInfBits) return inf;
-        bits = static_cast<Bits>(b);
-      }
-      if (neg) bits |= kSign;
-      return std::bit_cast<T>(bits);
+      return round_magnitude([&](int j) -> uint64_t { return j < kLimbs ? static_cast<uint64_t>(t[j]) : 0; }, P, neg,
+                             [&](int hi) {
+                               for (int i = 0; i < hi; ++i)
+                                 if (t[i] != 0) return true;
+                               return false;
+                             });
     }
   }
 
@@ -255,8 +236,6 @@ class ExactAccCore : protected ExactAccWords<T> {
   // the leading digit and the sticky bit (no scans). The magnitude's digits are the same canonical digits as in
   // round()'s general path (the normalised form is unique), so the bits are the same.
   TD_HD T round_small() const {
-    constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
-    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
     constexpr int64_t kLo = (int64_t{1} << kDigit) - 1;
     // Normalise: digits d[0..n-2] in [0, 2^D), d[n-1] signed (normalize()'s carries, on a copy).
     int64_t d[kLimbs];
@@ -288,18 +267,30 @@ class ExactAccCore : protected ExactAccWords<T> {
     const int top = 31 - std::countl_zero(nz);
     if (top == kLimbs - 1 && m[top] >> kDigit != 0) return inf;
     const int P = kDigit * top + (63 - std::countl_zero(m[top]));  // position of the leading one
-    auto dig = [&](int j) -> uint64_t { return j < kLimbs ? m[j] : 0; };
+    return round_magnitude([&](int j) -> uint64_t { return j < kLimbs ? m[j] : 0; }, P, neg,
+                           [&](int hi) { return (nz & ((1u << hi) - 1)) != 0; });
+  }
+  // The correctly rounded (RNE) T of +-|V| (sign neg), |V| != 0 given by its canonical D-bit digits dig(j) (0 beyond
+  // the top) with its leading one at position P; below(hi): whether any digit below digit hi is nonzero.
+  template <class Dig, class Below>
+  TD_HD static T round_magnitude(Dig dig, int P, bool neg, Below below) {
+    constexpr Bits kInfBits = std::bit_cast<Bits>(std::numeric_limits<T>::infinity());
+    constexpr Bits kSign = Bits{1} << (sizeof(T) * 8 - 1);
+    const T inf = neg ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
     Bits bits;
     if (P < Tr::kMant) {
-      bits = static_cast<Bits>(window_of(dig, 0));  // exactly representable: the integer is the bit pattern
+      // Fewer than kMant significant bits: exactly representable; for these the integer in units of the
+      // smallest subnormal IS the bit pattern (subnormals, and biased exponent 1 with the implicit bit).
+      bits = static_cast<Bits>(window_of(dig, 0));
     } else {
       const int shift = P - (Tr::kMant - 1);  // >= 1
       if (shift >= (1 << Tr::kExpBits)) return inf;
       uint64_t q = window_of(dig, shift) & ((uint64_t{1} << Tr::kMant) - 1);
       const int hpos = shift - 1, hi = hpos / kDigit, hb = hpos % kDigit;
-      const bool half = (m[hi] >> hb) & 1;
-      const bool sticky = (m[hi] & ((uint64_t{1} << hb) - 1)) != 0 || (nz & ((1u << hi) - 1)) != 0;
+      const bool half = (dig(hi) >> hb) & 1;
+      const bool sticky = (dig(hi) & ((uint64_t{1} << hb) - 1)) != 0 || below(hi);
       q += (half && (sticky || (q & 1))) ? 1 : 0;
+      // (shift << (kMant-1)) + q encodes q * 2^shift units; a rounding carry to 2^kMant bumps the exponent.
       const uint64_t b = (static_cast<uint64_t>(shift) << (Tr::kMant - 1)) + q;
       if (b >= kInfBits) return inf;
       bits = static_cast<Bits>(b);
