@@ -251,6 +251,47 @@ TYPED_TEST(ExactAccTest, MergeAndWireFormat) {
   }
 }
 
+// The documented byte layout (docs/numerics.md "Wire format"), which readers of raw accumulator bytes rely on:
+// float: 6 int64 digit limbs of 48 bits, then the int64 head top * 2^24 + count * 2^3 + flags.
+TEST(ExactAccLayout, FloatWireFormat) {
+  static_assert(ExactAcc<float>::kBytes == 56 && ExactAcc<float>::kLimbs == 7 && ExactAcc<float>::kDigit == 48);
+  auto words = [](const ExactAcc<float>& a) {
+    std::vector<int64_t> w(7);
+    exact_serialize(&a, 1, reinterpret_cast<std::byte*>(w.data()));
+    return w;
+  };
+  ExactAcc<float> a;
+  EXPECT_EQ(words(a), std::vector<int64_t>(7, 0)) << "the empty accumulator is all-zero bytes";
+  a.add(0x1p-149f);  // one unit: digit 0, count 1
+  EXPECT_EQ(words(a), (std::vector<int64_t>{1, 0, 0, 0, 0, 0, int64_t{1} << 3}));
+  a.add(0x1p-101f);  // 2^48 units: digit 1 (an add never carries)
+  a.add(std::numeric_limits<float>::infinity());
+  EXPECT_EQ(words(a), (std::vector<int64_t>{1, 1, 0, 0, 0, 0, (int64_t{3} << 3) | 2}));
+  // -1 unit, normalised: every digit 2^48 - 1 and the top limb -1 (two's complement), count 1.
+  ExactAcc<float> b;
+  b.add(-0x1p-149f);
+  b.normalize();
+  const int64_t d = (int64_t{1} << 48) - 1;
+  EXPECT_EQ(words(b), (std::vector<int64_t>{d, d, d, d, d, d, static_cast<int64_t>(~uint64_t{0} << 24) | (1 << 3)}));
+  EXPECT_EQ(b.limb(6), -1);
+  EXPECT_EQ(bits(b.round()), bits(-0x1p-149f));
+  // A merge adds the top limbs and the counters in their fields and ORs the flags.
+  ExactAcc<float> c = b;
+  c.add(-std::numeric_limits<float>::infinity());
+  c.merge(a);
+  EXPECT_EQ(c.limb(6), -1);
+  EXPECT_EQ(c.flags(), 2u | 4u);
+  EXPECT_EQ(words(c)[6] & 7, 6);
+  EXPECT_EQ((words(c)[6] >> 3) & ((1 << 21) - 1), 2 + 3);
+  EXPECT_TRUE(std::isnan(c.round()));
+  // The largest float magnitude reaches the top limb (the upper piece of an add at digit 5 goes there).
+  ExactAcc<float> m;
+  for (int k = 0; k < 3000; ++k) m.add(-std::numeric_limits<float>::max());
+  m.normalize();
+  EXPECT_LT(m.limb(6), 0);
+  EXPECT_EQ(bits(m.round()), bits(-std::numeric_limits<float>::infinity()));
+}
+
 // Intermediate normalisations (carry propagation) never change the value.
 TYPED_TEST(ExactAccTest, NormalizeKeepsValue) {
   using T = TypeParam;
