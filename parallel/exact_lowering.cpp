@@ -39,7 +39,7 @@ void pack_typed(const ExactAcc<T>* acc, size_t count, int64_t* out) {
                      word, element, value, kTopSumMax, kTopSumMax, kMaxContributions));
   if (bad == kOverflow)
     fail(fmt::format("exact_sum lowering: element {}: the exact sum leaves the accumulator's range (its top limb "
-                     "would be beyond int64; top word sum {})",
+                     "would not fit: 40 signed bits for exact_f32, int64 for exact_f64; top word sum {})",
                      element, value));
   fail(fmt::format("exact_sum lowering: flag word of element {} is {}: not a sum of at most {} packed accumulators",
                    element, value, kMaxContributions));

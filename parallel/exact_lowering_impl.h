@@ -8,14 +8,14 @@
 
 namespace trident::exact_lowering::elem {
 
-inline constexpr int64_t kDigit = int64_t{1} << 32;
+inline constexpr int64_t kRadix = int64_t{1} << 32;  // of the packed words' digits
 inline constexpr int kFlagBits = 21;
 inline constexpr int64_t kFlagMask = (int64_t{1} << kFlagBits) - 1;
 inline constexpr int64_t kContributions = (int64_t{1} << 21) - 1;  // exact_lowering::kMaxContributions
 // Bounds of the words of a sum of at most kContributions packed elements (checked on unpack; any larger magnitude
 // means the buffer is not such a sum).
-inline constexpr int64_t kDigitSumMax = kContributions * (kDigit - 1);  // < 2^53
-inline constexpr int64_t kTopSumMax = kContributions * (kDigit / 2);    // < 2^52
+inline constexpr int64_t kDigitSumMax = kContributions * (kRadix - 1);  // < 2^53
+inline constexpr int64_t kTopSumMax = kContributions * (kRadix / 2);    // < 2^52
 // The flag bits of ExactAccCore (1 NaN, 2 +Inf, 4 -Inf) and their counter fields.
 inline constexpr uint32_t kNaN = 1, kPosInf = 2, kNegInf = 4;
 
@@ -36,7 +36,7 @@ TD_HD inline int64_t digit32(const int64_t* lim, int n, int w) {
   const int i = 32 * w / D, s = 32 * w % D;
   uint64_t v = static_cast<uint64_t>(lim[i]) >> s;
   if (D - s < 32 && i + 1 < n) v |= static_cast<uint64_t>(lim[i + 1]) << (D - s);
-  return static_cast<int64_t>(v & (kDigit - 1));
+  return static_cast<int64_t>(v & (kRadix - 1));
 }
 
 template <class T>
@@ -49,7 +49,7 @@ TD_HD inline void pack(const ExactAcc<T>& in, int64_t* out) {
   for (int i = 0; i < L - 1; ++i) lim[i] = a.limb(i);
   for (int w = 0; w < N; ++w) out[w] = digit32<ExactAcc<T>::kDigit>(lim, L - 1, w);
   const int64_t top = a.limb(L - 1);
-  out[N] = top & (kDigit - 1);  // t mod 2^32
+  out[N] = top & (kRadix - 1);  // t mod 2^32
   out[N + 1] = top >> 32;       // floor(t / 2^32): arithmetic shift
   const uint32_t f = a.flags();
   out[N + 2] = ((f & kNaN) ? 1 : 0) | ((f & kPosInf) ? int64_t{1} << kFlagBits : 0) |
@@ -69,13 +69,13 @@ TD_HD inline int unpack(const int64_t* in, ExactAcc<T>& out, int& word) {
     const int64_t d = in[i];
     if (d < 0 || d > kDigitSumMax) return word = i, kDigitRange;
     const int64_t t = d + c;
-    dig[i] = t & (kDigit - 1);
+    dig[i] = t & (kRadix - 1);
     c = t >> 32;
   }
   const int64_t hs = in[N + 1];
   if (hs < -kTopSumMax || hs > kTopSumMax) return word = N + 1, kTopRange;
   const int64_t hi = hs + c;  // top limb = hi * 2^32 + dig[N]
-  if (hi < -(kDigit / 2) || hi >= kDigit / 2) return word = N + 1, kOverflow;
+  if (hi < -(kRadix / 2) || hi >= kRadix / 2) return word = N + 1, kOverflow;
   const int64_t top = dig[N] + static_cast<int64_t>(static_cast<uint64_t>(hi) << 32);
   if (top < ExactAcc<T>::kTopMin || top > ExactAcc<T>::kTopMax) return word = N + 1, kOverflow;
   // The 32-bit digits regrouped into D-bit limbs (D a multiple of 16: a limb takes whole 16-bit halves).
