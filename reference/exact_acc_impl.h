@@ -359,6 +359,35 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
     else
       add_top(hi);  // i = 5 (|x| >= 2^91): hi is 0 or -1
   }
+  // Exact add of a double x that is an integer multiple of 2^-149 with |x| < 2^131: the exact sum of up to 8 floats
+  // when that sum was formed exactly in double (tile_reduce's grouped partials). Counts as one add (reserve_adds).
+  // x = +-M * 2^q units (M < 2^53, q <= 227) = +-(lo + mid * 2^48 + hi * 2^96) * 2^(48 i) with lo, mid < 2^48 and
+  // hi < 2^5: three digit pieces, each moving its limb by < 2^48 as add_unchecked's two do.
+  TD_HD inline void add_unchecked_wide(double x) {
+    constexpr uint64_t kLo = (uint64_t{1} << 48) - 1;
+    const uint64_t u = std::bit_cast<uint64_t>(x);
+    const int e = static_cast<int>((u >> 52) & 0x7ffu);
+    if (e == 0) return;  // +-0 (a nonzero multiple of 2^-149 is a normal double)
+    uint64_t M = (u & 0xfffffffffffffull) | (uint64_t{1} << 52);
+    int q = e - 926;  // x = M * 2^(e - 1075) = M * 2^(e - 926) units of 2^-149
+    if (q < 0) {      // below the unit: those low bits of M are zero (x is a multiple of 2^-149)
+      M >>= -q;
+      q = 0;
+    }
+    // i <= 4; hi != 0 needs sh >= 44, so for i = 4 (sh <= 35) hi is 0 and the top limb gets nothing.
+    const uint32_t i = static_cast<uint32_t>(q) / 48u, sh = static_cast<uint32_t>(q) - 48u * i;
+    const int64_t s = -static_cast<int64_t>(u >> 63);  // 0 or -1
+    const int64_t lo = static_cast<int64_t>((M << sh) & kLo);
+    const uint64_t up = M >> (48u - sh);  // (M * 2^sh) >> 48, < 2^53
+    const int64_t mid = static_cast<int64_t>(up & kLo);
+    const int64_t hi = static_cast<int64_t>(up >> 48);
+    limb_[i] += (lo ^ s) - s;
+    limb_[i + 1] += (mid ^ s) - s;
+    if (i + 2 < kLimbs - 1)
+      limb_[i + 2] += (hi ^ s) - s;
+    else
+      add_top((hi ^ s) - s);  // i = 4: hi is 0 (kept in bounds)
+  }
   TD_HD void merge(const ExactAcc& o) { ExactAccCore::merge(o); }
 };
 

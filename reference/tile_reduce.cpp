@@ -8,6 +8,9 @@
 #include "reference/tile_reduce.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "reference/check.h"
@@ -47,10 +50,80 @@ int64_t group_partials(const T* X, int64_t ldx, const T* dY, int64_t ldy, std::s
   return n_live;
 }
 
-// Row i of the block's n_live partials added exactly into its mb accumulators `a` (which stay in L1 meanwhile).
+// Whether ExactAcc<T> takes grouped float partials as one exact double (ExactAcc<float>::add_unchecked_wide; not the
+// plain-sum benchmark twin, reference/plain_acc_impl.h, nor double).
 template <class T>
-void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i) {
+constexpr bool kWideAdds = requires(ExactAcc<T>& a) { a.add_unchecked_wide(0.0); };
+
+// A tile group's partials summed per element in double where that is provably exact (float only, two or more
+// partials): sum[e] and wide[e] for the n elements of the block (P: n_live matrices of n). Exactness: with hi the
+// biased exponent of the element's largest |partial| and lo = max(1, that of its smallest nonzero one), every partial
+// is a multiple of 2^(lo-150) and below 2^(hi-126) in magnitude, so every running sum of n_live <= 2^c of them is a
+// multiple of 2^(lo-150) below n_live * 2^(hi-126): an integer multiple below 2^(hi-lo+24+c) <= 2^53 when
+// hi - lo <= 29 - c, so exactly a double, and each double addition is exact. An Inf or NaN partial makes the double
+// sum non-finite (finite partials cannot overflow it): not wide. All zeros: the sum is +-0 (adds nothing). The loops
+// are SIMD over elements (each element's sum stays in partial order; nothing is reassociated). P: n_live rows of n
+// partials, row stride ldp.
+struct GroupSums {
+  std::vector<double> sum;
+  std::vector<float> mx, mn;
+  std::vector<uint8_t> wide;
+  bool on = false;  // sums formed for the current group
+
+  template <class T>
+  void form(const T* P, int64_t n_live, int64_t n, int64_t ldp) {
+    on = false;
+    if constexpr (kWideAdds<T>) {
+      if (n_live < 2) return;
+      on = true;
+      sum.resize(static_cast<size_t>(n)), mx.resize(static_cast<size_t>(n)), mn.resize(static_cast<size_t>(n));
+      wide.resize(static_cast<size_t>(n));
+      double* sm = sum.data();
+      float *hi = mx.data(), *lo = mn.data();
+      const int span = 29 - std::bit_width(static_cast<uint64_t>(n_live - 1));  // c = ceil(log2 n_live)
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) sm[e] = 0.0, hi[e] = 0.0f, lo[e] = std::numeric_limits<float>::infinity();
+      for (int64_t u = 0; u < n_live; ++u) {
+        const T* p = P + u * ldp;
+#pragma omp simd
+        for (int64_t e = 0; e < n; ++e) {
+          const float x = p[e], ax = std::fabs(x);
+          sm[e] += static_cast<double>(x);
+          hi[e] = ax > hi[e] ? ax : hi[e];
+          lo[e] = ax < lo[e] && ax != 0.0f ? ax : lo[e];
+        }
+      }
+      uint8_t* w = wide.data();
+#pragma omp simd
+      for (int64_t e = 0; e < n; ++e) {
+        const int eh = static_cast<int>(std::bit_cast<uint32_t>(hi[e]) >> 23);
+        const int el = std::max(static_cast<int>(std::bit_cast<uint32_t>(lo[e]) >> 23), 1);
+        w[e] = static_cast<uint8_t>(eh - el <= span && std::isfinite(sm[e]));
+      }
+    }
+  }
+};
+
+// Row i of the block's n_live partials added exactly into its mb accumulators `a` (which stay in L1 meanwhile): an
+// element whose group sum g formed exactly goes in as that one double (ExactAcc<float>::add_unchecked_wide), any other
+// partial by partial. The same exact sum either way, so the same bits.
+template <class T>
+void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i, const GroupSums& g) {
   for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
+  if constexpr (kWideAdds<T>) {
+    if (g.on) {
+      const double* sum = g.sum.data() + i * mb;
+      const uint8_t* wide = g.wide.data() + i * mb;
+      for (int64_t j = 0; j < mb; ++j) {
+        if (wide[j]) [[likely]] {
+          a[j].add_unchecked_wide(sum[j]);
+        } else {
+          for (int64_t u = 0; u < n_live; ++u) a[j].add_unchecked(P[(u * kb + i) * mb + j]);
+        }
+      }
+      return;
+    }
+  }
   for (int64_t u = 0; u < n_live; ++u) {
     const T* p = P + (u * kb + i) * mb;
     for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
@@ -104,11 +177,13 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
     // Partials of up to kTB tiles are computed first, then added row by row of the block, so the mb
     // accumulators of one row stay in L1 while all kTB partials go in.
     static thread_local std::vector<T> pbuf;
+    static thread_local GroupSums gs;
     pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
     T* P = pbuf.data();
     for (int64_t t0 = 0; t0 < n_tiles; t0 += kTB) {
       const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
-      for (int64_t i = 0; i < kb; ++i) add_partials<T>(acc + (k0 + i) * ld_acc + m0, P, n_live, kb, mb, i);
+      gs.form(P, n_live, kb * mb, kb * mb);
+      for (int64_t i = 0; i < kb; ++i) add_partials<T>(acc + (k0 + i) * ld_acc + m0, P, n_live, kb, mb, i, gs);
     }
   }
 }
@@ -140,16 +215,18 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
     const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
     static thread_local std::vector<T> pbuf;
     static thread_local std::vector<ExactAcc<T>> abuf;
+    static thread_local GroupSums gs;
     pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
     abuf.resize(static_cast<size_t>(kKB * kMB));
     T* P = pbuf.data();
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t t0 = g * kTB;
       const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
+      gs.form(P, n_live, kb * mb, kb * mb);
       for (int64_t i = 0; i < kb; ++i) {
         ExactAcc<T>* a = abuf.data() + i * kMB;
         if (g == 0) std::fill_n(a, mb, ExactAcc<T>());
-        add_partials<T>(a, P, n_live, kb, mb, i);
+        add_partials<T>(a, P, n_live, kb, mb, i, gs);
         if (g == n_groups - 1) {
           T* out = dW + (k0 + i) * ld_dw + m0;
           for (int64_t j = 0; j < mb; ++j) out[j] = a[j].round();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -290,6 +291,70 @@ TEST(ExactAccLayout, FloatWireFormat) {
   m.normalize();
   EXPECT_LT(m.limb(6), 0);
   EXPECT_EQ(bits(m.round()), bits(-std::numeric_limits<float>::infinity()));
+}
+
+// add_unchecked_wide (a double that is an exact sum of floats, one add): the same value as adding the floats one by
+// one (canonical limbs equal after normalisation, so every later merge and rounding agrees), at every position of
+// the 48-bit digits (subnormal units up to 8 FLT_MAX; the upper piece in the third limb), both signs,
+// cancellation to zero, and across the normalisation limit. Groups of 2..8 floats inside a 26-binade window: the
+// window tile_reduce's grouped partials use, so their double sum is exact.
+TEST(ExactAccWide, MatchesFloatAdds) {
+  std::mt19937_64 rng(29);
+  auto canonical = [](ExactAcc<float> a) {
+    a.normalize();
+    std::vector<int64_t> l;
+    for (int i = 0; i < ExactAcc<float>::kLimbs; ++i) l.push_back(a.limb(i));
+    return l;
+  };
+  ExactAcc<float> run_f, run_w;  // long runs: 4,000 groups, past 2^14 adds of reserved counts
+  int n_high = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 7);
+    const int base = static_cast<int>(rng() % 254);  // biased exponent of the window's top
+    std::vector<float> xs;
+    double sum = 0;
+    for (int k = 0; k < n; ++k) {
+      // biased exponent in [base - 26, base] (0, a subnormal, where that is in the window), random significand
+      const int lo = std::max(base - 26, 0);
+      const uint32_t e = static_cast<uint32_t>(lo + static_cast<int>(rng() % static_cast<uint64_t>(base - lo + 1)));
+      float x = std::bit_cast<float>(static_cast<uint32_t>(rng() & 1) << 31 | e << 23 |
+                                     static_cast<uint32_t>(rng() & 0x7fffff));
+      if (trial % 5 == 0 && k % 2) x = -xs.back();  // cancelling pairs
+      xs.push_back(x);
+      sum += static_cast<double>(x);
+    }
+    ExactAcc<float> f, w;
+    for (float x : xs) f.add(x);
+    w.reserve_adds(static_cast<uint32_t>(n));
+    w.add_unchecked_wide(sum);
+    ASSERT_EQ(canonical(f), canonical(w)) << "repro: seed=29 trial=" << trial << " sum=" << sum;
+    ASSERT_EQ(bits(w.round()), bits(mpfr_sum(xs))) << "repro: seed=29 trial=" << trial;
+    for (float x : xs) run_f.add(x);
+    run_w.reserve_adds(static_cast<uint32_t>(n));
+    run_w.add_unchecked_wide(sum);
+    n_high += std::fabs(sum) >= 0x1p95;  // at digit 4 and up (the highest digit an exact group reaches)
+  }
+  EXPECT_EQ(canonical(run_f), canonical(run_w));
+  EXPECT_GT(n_high, 100);
+  // Edges: 8 FLT_MAX (the largest sum of a group), the smallest subnormal, +-0, (2^53 - 1) units, (2^53 - 1) * 2^44
+  // units (its upper piece, 2^49 and up, in the third limb).
+  for (double x : {8.0 * FLT_MAX, -8.0 * FLT_MAX, 0x1p-149, -0x1p-149, 0.0, -0.0, 0x1.fffffffffffffp-97,
+                   -0x1.fffffffffffffp-53}) {
+    ExactAcc<float> w;
+    w.add_unchecked_wide(x);
+    mpfr_t m, r;
+    mpfr_init2(m, 200);
+    mpfr_set_d(m, x, MPFR_RNDN);
+    mpfr_init2(r, 24);
+    mpfr_set_emax(128);
+    int t = mpfr_set(r, m, MPFR_RNDN);
+    t = mpfr_check_range(r, t, MPFR_RNDN);
+    mpfr_set_emax(mpfr_get_emax_max());
+    const float want = mpfr_get_flt(r, MPFR_RNDN);
+    mpfr_clear(m);
+    mpfr_clear(r);
+    EXPECT_EQ(bits(w.round()), bits(want == 0 ? 0.0f : want)) << x;
+  }
 }
 
 // Intermediate normalisations (carry propagation) never change the value.

@@ -131,6 +131,59 @@ TYPED_TEST(TileTest, WgradEqualsAccumulateThenRound) {
   }
 }
 
+// Small tiles (0..2 rows, so groups of up to 8 one- or two-row partials) over rows of very different scales: the
+// float path sums an element's group in double only when its exponent window makes that exact, and adds each partial
+// otherwise (spans past 26 binades, subnormal products, zeros, Inf / NaN). Both paths against per-partial exact adds
+// written out here (the documented partials, ExactAcc::add one by one) and, for finite data, the MPFR oracle.
+TYPED_TEST(TileTest, SmallTilesWideRanges) {
+  using T = TypeParam;
+  const uint64_t seed = 121;
+  std::mt19937_64 rng(seed);
+  const int64_t N = 400, K = 19, M = 133;
+  for (int variant = 0; variant < 3; ++variant) {
+    auto X = random_matrix<T>(N * K, rng);
+    auto dY = random_matrix<T>(N * M, rng);
+    for (int64_t r = 0; r < N; ++r) {  // row scales 2^-60 .. 2^40 (variant 1: 2^-140, subnormal products)
+      const int sc = static_cast<int>(rng() % 101) - 60 - (variant == 1 && r % 3 == 0 ? 80 : 0);
+      for (int64_t k = 0; k < K; ++k) X[r * K + k] = std::ldexp(X[r * K + k], sc);
+      if (r % 7 == 0) X[r * K + r % K] = T(0);
+    }
+    if (variant == 2) {
+      X[5 * K + 2] = std::numeric_limits<T>::infinity();
+      dY[9 * M + 4] = std::numeric_limits<T>::quiet_NaN();
+      X[30 * K + 7] = -std::numeric_limits<T>::infinity();
+    }
+    auto segs = random_segments(N, 2, rng);
+    std::vector<ExactAcc<T>> want_acc(K * M), acc(K * M);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t m = 0; m < M; ++m)
+        for (size_t t = 0; t + 1 < segs.size(); ++t) {
+          if (segs[t] == segs[t + 1]) continue;
+          T part = T(0);
+          for (int64_t r = segs[t]; r < segs[t + 1]; ++r) part = part + X[r * K + k] * dY[r * M + m];
+          want_acc[k * M + m].add(part);
+        }
+    std::vector<T> want(K * M), got(K * M), got_acc(K * M);
+    exact_round<T>(want_acc.data(), want.data(), K * M);
+    tile_wgrad_acc<T>(X.data(), K, dY.data(), M, K, M, segs, acc.data());
+    for (int64_t e = 0; e < K * M; ++e) {  // the same exact values (canonical limbs), not only the same roundings
+      ExactAcc<T> a = acc[e], b = want_acc[e];
+      a.normalize();
+      b.normalize();
+      for (int i = 0; i < ExactAcc<T>::kLimbs; ++i)
+        ASSERT_EQ(a.limb(i), b.limb(i)) << "repro: seed=" << seed << " variant=" << variant << " element " << e;
+      ASSERT_EQ(a.flags(), b.flags());
+    }
+    exact_round<T>(acc.data(), got_acc.data(), K * M);
+    tile_wgrad<T>(X.data(), K, dY.data(), M, K, M, segs, got.data());
+    ASSERT_TRUE(same_bits(got_acc, want)) << "repro: seed=" << seed << " variant=" << variant << " (tile_wgrad_acc)";
+    ASSERT_TRUE(same_bits(got, want)) << "repro: seed=" << seed << " variant=" << variant << " (tile_wgrad)";
+    if (variant == 0) {
+      ASSERT_TRUE(same_bits(got, oracle_wgrad(X, dY, K, M, segs))) << "repro: seed=" << seed;
+    }
+  }
+}
+
 // Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
 TYPED_TEST(TileTest, PartitionInvariance) {
   using T = TypeParam;
