@@ -359,9 +359,9 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
     else
       add_top(hi);  // i = 5 (|x| >= 2^91): hi is 0 or -1
   }
-  // Exact add of a double x that is an integer multiple of 2^-149 with |x| < 2^131: the exact sum of up to 8 floats
+  // Exact add of a double x that is an integer multiple of 2^-149 with |x| < 2^139: the exact sum of up to 32 floats
   // when that sum was formed exactly in double (tile_reduce's grouped partials). Counts as one add (reserve_adds).
-  // x = +-M * 2^q units (M < 2^53, q <= 227) = +-(lo + mid * 2^48 + hi * 2^96) * 2^(48 i) with lo, mid < 2^48 and
+  // x = +-M * 2^q units (M < 2^53, q <= 235) = +-(lo + mid * 2^48 + hi * 2^96) * 2^(48 i) with lo, mid < 2^48 and
   // hi < 2^5: three digit pieces, each moving its limb by < 2^48 as add_unchecked's two do.
   TD_HD inline void add_unchecked_wide(double x) {
     constexpr uint64_t kLo = (uint64_t{1} << 48) - 1;
@@ -374,7 +374,7 @@ class ExactAcc<float> : public detail::ExactAccCore<float> {
       M >>= -q;
       q = 0;
     }
-    // i <= 4; hi != 0 needs sh >= 44, so for i = 4 (sh <= 35) hi is 0 and the top limb gets nothing.
+    // i <= 4; hi != 0 needs sh >= 44, so for i = 4 (sh <= 43) hi is 0 and the top limb gets nothing.
     const uint32_t i = static_cast<uint32_t>(q) / 48u, sh = static_cast<uint32_t>(q) - 48u * i;
     const int64_t s = -static_cast<int64_t>(u >> 63);  // 0 or -1
     const int64_t lo = static_cast<int64_t>((M << sh) & kLo);

@@ -30,17 +30,24 @@ void check_segs(std::span<const int64_t> segs) {
 constexpr int64_t kKB = 48;
 constexpr int64_t kMB = 128;
 constexpr int64_t kJB = 256;
-constexpr int64_t kTB = 8;   // tiles whose partials are buffered before the exact adds
+constexpr int64_t kTB = 8;   // tiles whose partials are buffered before the exact adds (a full kKB x kMB block)
+constexpr int64_t kTBMax = 32;  // ... a narrower block: as many as fit the same buffer, up to this
 
-// The partials of the non-empty tiles of group [t0, t0 + kTB) for the (kb x mb) block at (k0, m0), into P (one kb x mb
+// Tiles per group for a (kb x mb) block: the partial buffer holds kTB full blocks' worth (the float group sums of
+// GroupSums then cover up to 32 partials: 24 binades, still far wider than a gradient's spread).
+inline int64_t group_tiles(int64_t kb, int64_t mb) {
+  return std::min(kTBMax, std::max(kTB, kTB * kKB * kMB / (kb * mb)));
+}
+
+// The partials of the non-empty tiles of group [t0, t0 + tb) for the (kb x mb) block at (k0, m0), into P (one kb x mb
 // matrix per tile): P[u][i, j] = in-order sum over the u-th tile's rows of round(X[r, k0+i] * dY[r, m0+j]), from +0.
 // Returns how many tiles were not empty.
 template <class T>
 int64_t group_partials(const T* X, int64_t ldx, const T* dY, int64_t ldy, std::span<const int64_t> segs, int64_t t0,
-                       int64_t k0, int64_t m0, int64_t kb, int64_t mb, T* P) {
+                       int64_t tb, int64_t k0, int64_t m0, int64_t kb, int64_t mb, T* P) {
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   int64_t n_live = 0;
-  for (int64_t t = t0; t < std::min(n_tiles, t0 + kTB); ++t) {
+  for (int64_t t = t0; t < std::min(n_tiles, t0 + tb); ++t) {
     const int64_t r0 = segs[t], len = segs[t + 1] - segs[t];
     if (len == 0) continue;  // an empty tile contributes nothing
     gemm_serial<T>(kb, mb, len, X + r0 * ldx + k0, 1, ldx, dY + r0 * ldy + m0, ldy, false, P + n_live * kb * mb, mb,
@@ -174,14 +181,15 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
   for (int64_t b = 0; b < n_blocks; ++b) {
     const int64_t k0 = (b / bm) * kKB, m0 = (b % bm) * kMB;
     const int64_t kb = std::min(kKB, K - k0), mb = std::min(kMB, M - m0);
-    // Partials of up to kTB tiles are computed first, then added row by row of the block, so the mb
-    // accumulators of one row stay in L1 while all kTB partials go in.
+    // Partials of up to tb tiles are computed first, then added row by row of the block, so the mb
+    // accumulators of one row stay in L1 while all tb partials go in.
     static thread_local std::vector<T> pbuf;
     static thread_local GroupSums gs;
     pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
     T* P = pbuf.data();
-    for (int64_t t0 = 0; t0 < n_tiles; t0 += kTB) {
-      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
+    const int64_t tb = group_tiles(kb, mb);
+    for (int64_t t0 = 0; t0 < n_tiles; t0 += tb) {
+      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, tb, k0, m0, kb, mb, P);
       gs.form(P, n_live, kb * mb, kb * mb);
       for (int64_t i = 0; i < kb; ++i) add_partials<T>(acc + (k0 + i) * ld_acc + m0, P, n_live, kb, mb, i, gs);
     }
@@ -207,7 +215,6 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   const int64_t bk = (K + kKB - 1) / kKB, bm = (M + kMB - 1) / kMB;
   const int64_t n_blocks = bk * bm;
-  const int64_t n_groups = std::max<int64_t>(1, (n_tiles + kTB - 1) / kTB);  // one (empty) group without tiles
   const bool par = n_blocks > 1 && std::max<int64_t>(segs.back() - segs.front(), 1) * K * M >= 262144;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -219,9 +226,11 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
     pbuf.resize(static_cast<size_t>(kTB * kKB * kMB));
     abuf.resize(static_cast<size_t>(kKB * kMB));
     T* P = pbuf.data();
+    const int64_t tb = group_tiles(kb, mb);
+    const int64_t n_groups = std::max<int64_t>(1, (n_tiles + tb - 1) / tb);  // one (empty) group without tiles
     for (int64_t g = 0; g < n_groups; ++g) {
-      const int64_t t0 = g * kTB;
-      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, k0, m0, kb, mb, P);
+      const int64_t t0 = g * tb;
+      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, tb, k0, m0, kb, mb, P);
       gs.form(P, n_live, kb * mb, kb * mb);
       for (int64_t i = 0; i < kb; ++i) {
         ExactAcc<T>* a = abuf.data() + i * kMB;

@@ -295,9 +295,9 @@ TEST(ExactAccLayout, FloatWireFormat) {
 
 // add_unchecked_wide (a double that is an exact sum of floats, one add): the same value as adding the floats one by
 // one (canonical limbs equal after normalisation, so every later merge and rounding agrees), at every position of
-// the 48-bit digits (subnormal units up to 8 FLT_MAX; the upper piece in the third limb), both signs,
-// cancellation to zero, and across the normalisation limit. Groups of 2..8 floats inside a 26-binade window: the
-// window tile_reduce's grouped partials use, so their double sum is exact.
+// the 48-bit digits (subnormal units up to 32 FLT_MAX; the upper piece in the third limb), both signs,
+// cancellation to zero, and across the normalisation limit. Groups of n = 2..32 floats inside the window that
+// tile_reduce's grouped partials use (29 - ceil(log2 n) binades), so their double sum is exact.
 TEST(ExactAccWide, MatchesFloatAdds) {
   std::mt19937_64 rng(29);
   auto canonical = [](ExactAcc<float> a) {
@@ -309,13 +309,14 @@ TEST(ExactAccWide, MatchesFloatAdds) {
   ExactAcc<float> run_f, run_w;  // long runs: 4,000 groups, past 2^14 adds of reserved counts
   int n_high = 0;
   for (int trial = 0; trial < 4000; ++trial) {
-    const int n = 2 + static_cast<int>(rng() % 7);
-    const int base = static_cast<int>(rng() % 254);  // biased exponent of the window's top
+    const int n = 2 + static_cast<int>(rng() % 31);
+    const int span = 29 - std::bit_width(static_cast<unsigned>(n - 1));
+    const int base = static_cast<int>(rng() % 255);  // biased exponent of the window's top
     std::vector<float> xs;
     double sum = 0;
     for (int k = 0; k < n; ++k) {
-      // biased exponent in [base - 26, base] (0, a subnormal, where that is in the window), random significand
-      const int lo = std::max(base - 26, 0);
+      // biased exponent in [base - span, base] (0, a subnormal, where that is in the window), random significand
+      const int lo = std::max(base - span, 0);
       const uint32_t e = static_cast<uint32_t>(lo + static_cast<int>(rng() % static_cast<uint64_t>(base - lo + 1)));
       float x = std::bit_cast<float>(static_cast<uint32_t>(rng() & 1) << 31 | e << 23 |
                                      static_cast<uint32_t>(rng() & 0x7fffff));
@@ -336,9 +337,9 @@ TEST(ExactAccWide, MatchesFloatAdds) {
   }
   EXPECT_EQ(canonical(run_f), canonical(run_w));
   EXPECT_GT(n_high, 100);
-  // Edges: 8 FLT_MAX (the largest sum of a group), the smallest subnormal, +-0, (2^53 - 1) units, (2^53 - 1) * 2^44
+  // Edges: 8 and 32 FLT_MAX (the largest sums of groups), the smallest subnormal, +-0, (2^53 - 1) units, (2^53 - 1) * 2^44
   // units (its upper piece, 2^49 and up, in the third limb).
-  for (double x : {8.0 * FLT_MAX, -8.0 * FLT_MAX, 0x1p-149, -0x1p-149, 0.0, -0.0, 0x1.fffffffffffffp-97,
+  for (double x : {8.0 * FLT_MAX, -8.0 * FLT_MAX, 32.0 * FLT_MAX, 0x1.fffffffffffffp138, 0x1p-149, -0x1p-149, 0.0, -0.0, 0x1.fffffffffffffp-97,
                    -0x1.fffffffffffffp-53}) {
     ExactAcc<float> w;
     w.add_unchecked_wide(x);
