@@ -88,32 +88,42 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
   const int64_t no = two_d ? sh.mesh.cp_outer() : 1, ni = two_d ? sh.mesh.cp_inner : 1;
   const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P), nt = two_d ? nk : 0, np = two_d ? sz(no) * nm : 0;
   grow_arena(nk + nb + nm + nt + np);
-  Acc* kacc = arena_take(nk);
-  Acc* blk = arena_take(nb);
-  Acc* mine = arena_take(nm);
-  Acc* tacc = two_d ? arena_take(nt) : nullptr;  // 2D: kacc's blocks in (inner, outer) order
-  Acc* part = two_d ? arena_take(np) : nullptr;  // 2D: the domain's sums of this inner index's blocks (no, 2ch, P)
+  // None zeroed here: kacc is zeroed per sequence where the kernel adds into it; the others are written whole.
+  Acc* kacc = arena_take(nk, false);
+  Acc* blk = arena_take(nb, false);
+  Acc* mine = arena_take(nm, false);
+  Acc* tacc = two_d ? arena_take(nt, false) : nullptr;  // 2D: kacc's blocks in (inner, outer) order
+  Acc* part = two_d ? arena_take(np, false) : nullptr;  // 2D: the domain's sums of this inner index's blocks
+                                                        // (no, 2ch, P)
   for (int64_t j = 0; j < nseq; ++j) {
     const int64_t r0 = j * 2 * ch;
-    if (j > 0) dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
-    if (cfg.dsa())  // the indexer loss's weight per query: 1 / the global batch's tokens (as the reference)
-      K.dsa_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * cfg.index_q_width(), pos.data() + r0, 2 * ch,
-                          st.kv.data() + j * S * P, S, st.dsa_sel.data() + r0 * cd.topk, A.o + r0 * cd.H * cd.Dv,
-                          A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv,
-                          T(1) / static_cast<T>(sh.run.sequences * sh.run.seq_len), qsegs, dqc + r0 * cd.H * cd.Dq,
-                          diq + r0 * cfg.index_q_width(), kacc, CS);
-    else if (packed)
-      K.attn_doc_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
-                               st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
-                               dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
-    else
-      K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
-                           st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
-                           dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
-    // Position order -> gather order, in place, then the exact reduce-scatter: each cp rank receives the key-side
-    // sums of its own rows, unrounded.
-    K.kv_zigzag_to_gather_acc(kacc, blk, cp, ch * P, CS);
+    // The causal core (no documents, no DSA): the kernel set's fused op writes the key side in gather order, where it
+    // has one (no zeroing, no reorder; the same bits).
+    const bool fused =
+        !cfg.dsa() && !packed &&
+        K.attn_core_backward_gather(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+                                    st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
+                                    dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, cp, CS);
+    if (!fused) {  // zeroed accumulators, the kernel's key side added in position order, then reordered in place
+      dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
+      if (cfg.dsa())  // the indexer loss's weight per query: 1 / the global batch's tokens (as the reference)
+        K.dsa_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * cfg.index_q_width(), pos.data() + r0,
+                            2 * ch, st.kv.data() + j * S * P, S, st.dsa_sel.data() + r0 * cd.topk,
+                            A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv,
+                            T(1) / static_cast<T>(sh.run.sequences * sh.run.seq_len), qsegs,
+                            dqc + r0 * cd.H * cd.Dq, diq + r0 * cfg.index_q_width(), kacc, CS);
+      else if (packed)
+        K.attn_doc_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
+                                 st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
+                                 dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
+      else
+        K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+                             st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
+                             dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
+      K.kv_zigzag_to_gather_acc(kacc, blk, cp, ch * P, CS);
+    }
+    // kacc in gather order: the exact reduce-scatter gives each cp rank the key-side sums of its own rows, unrounded.
     if (two_d) {
       // 2D CP, the all-gather reversed (seed 000: NVLink first, then RDMA): cp order (no, ni) -> (ni, no), the
       // exact reduce-scatter inside the domain, then across domains. Exact sums: the order never changes a bit.

@@ -180,13 +180,14 @@ void StepImpl<T>::grow_arena(size_t n) {
   mem.add(arena.bytes());
 }
 
-// Takes n zeroed accumulators from the arena; growing it is only allowed while nothing is live.
+// Takes n accumulators from the arena, zeroed (or as they are, for a buffer its first user writes whole); growing it
+// is only allowed while nothing is live.
 template <class T>
-typename StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t n) {
+typename StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t n, bool zero) {
   if (arena_used + n > sz(arena.size())) grow_arena(arena_used + n);
   Acc* p = arena.data() + arena_used;
   // the zero accumulator is all-zero bytes (reference/exact_acc_impl.h wire format)
-  if (n > 0) dev.memset(p, 0, static_cast<int64_t>(n * sizeof(Acc)), CS);
+  if (n > 0 && zero) dev.memset(p, 0, static_cast<int64_t>(n * sizeof(Acc)), CS);
   arena_used += n;
   ++arena_live;
   return p;
@@ -364,7 +365,7 @@ ShardState<T> StepImpl<T>::state() const {
   template md::AttnG<T> StepImpl<T>::attn_g(int64_t);                                                              \
   template std::vector<size_t> StepImpl<T>::names(int64_t, std::initializer_list<const char*>) const;              \
   template void StepImpl<T>::grow_arena(size_t);                                                                   \
-  template StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t);                                                      \
+  template StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t, bool);                                                \
   template void StepImpl<T>::arena_give();                                                                         \
   template void StepImpl<T>::alloc_grads(const std::vector<size_t>&);                                              \
   template void StepImpl<T>::reduce_grads(const std::vector<size_t>&, const std::string&);                         \

@@ -93,7 +93,7 @@ struct StepImpl {
   void wait_gather(int64_t u);
   void release(int64_t u);
   void grow_arena(size_t n);
-  Acc* arena_take(size_t n);
+  Acc* arena_take(size_t n, bool zero = true);
   void arena_give();
   void alloc_grads(const std::vector<size_t>& list);
   void reduce_grads(const std::vector<size_t>& list, const std::string& ph);

@@ -132,6 +132,16 @@ class Kernels {
   virtual void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                   const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
                                   ExactAcc<T>* dkv, Stream s, loc_t loc = loc_t::current()) = 0;
+  // attn_core_backward with the key side written (not added) straight in zig-zag gather order (kv_zigzag_reorder's
+  // slots, 2cp blocks of S / 2cp keys): dkv (S, P) = kv_zigzag_to_gather_acc of (zeroed accumulators +
+  // attn_core_backward's key side), so dkv need not be zeroed and is not reordered after. Returns false, issuing
+  // nothing, where the kernel set does not have this op (the default); the step then zeroes dkv, runs
+  // attn_core_backward and reorders: the same bits.
+  virtual bool attn_core_backward_gather(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                                         const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs,
+                                         T* dq, ExactAcc<T>* dkv, int64_t cp, Stream s, loc_t loc = loc_t::current()) {
+    return false;
+  }
   // Packed sequences: the core under a document mask; qdoc (Nq) each query's document start (device memory).
   virtual void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
                                      const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
@@ -250,6 +260,9 @@ class CpuKernels : public Kernels<T> {
   void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                           int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv,
                           Stream s, loc_t loc = loc_t::current()) override;
+  bool attn_core_backward_gather(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                                 const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
+                                 ExactAcc<T>* dkv, int64_t cp, Stream s, loc_t loc = loc_t::current()) override;
   void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                              int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s,
                              loc_t loc = loc_t::current()) override;

@@ -258,6 +258,21 @@ void CpuKernels<T>::attn_core_backward(Policy pol, const CoreDims& cd, const T* 
               }, loc);
 }
 template <class T>
+bool CpuKernels<T>::attn_core_backward_gather(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                              int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                                              const T* dO, Segs qsegs, T* dq, ExactAcc<T>* dkv, int64_t cp, Stream s,
+                                              loc_t loc) {
+  TD_CHECK(cp > 0 && S % (2 * cp) == 0, "attn_core_backward_gather: {} keys are not 2 x {} equal blocks", S, cp);
+  go(dev_, s, "attn_core_backward_gather",
+     {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
+      rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
+     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=, sg = hold(dev_, qsegs), kr = m::zigzag_gather_rows(cp, S / (2 * cp))] {
+       m::attn_core_backward_rows<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv, kr);
+     }, loc);
+  return true;
+}
+template <class T>
 void CpuKernels<T>::attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
                                           const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
                                           Stream s, loc_t loc) {

@@ -164,10 +164,13 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
   }
 }
 
+// krow null: key j's accumulators are dkv row j, added into. krow given (a permutation of [0, S)): they are row
+// krow[j], written: the first tile reaching a key starts from an empty accumulator instead of reading one, and the keys
+// no tile reaches are cleared at the end, so no row of dkv is read before it is written (the bits of a zeroed dkv).
 template <class T>
 void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                    const T* kv, int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs,
-                   T* dq, ExactAcc<T>* dkv) {
+                   T* dq, ExactAcc<T>* dkv, const int64_t* krow = nullptr) {
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
@@ -179,6 +182,7 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
   const T* dOr = operand(pol, dO, Nq * H * Dv, db);
   std::vector<T> kT, vT;
   transpose_kv(cd, kr, S, kT, vT);
+  std::vector<uint8_t> written(krow ? static_cast<size_t>(S) : 0);  // krow: whether key j's row holds its sum yet
   std::vector<T> pbuf, dsbuf;
   for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
     const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
@@ -244,11 +248,28 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
           axpy(vp, p, doh, Dv);
         }
       }
-      ExactAcc<T>* a = dkv + j * P;
-      for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
+      if (!krow) {
+        ExactAcc<T>* a = dkv + j * P;
+        for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
+      } else {
+        ExactAcc<T>* a = dkv + krow[j] * P;
+        if (written[static_cast<size_t>(j)]) {
+          for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
+        } else {  // the key's first tile: an empty accumulator plus this partial, stored without reading the row
+          for (int64_t c = 0; c < P; ++c) {
+            ExactAcc<T> e;
+            e.add(part[c]);
+            a[c] = e;
+          }
+          written[static_cast<size_t>(j)] = 1;
+        }
+      }
     }
     }
   }
+  if (krow)
+    for (int64_t j = 0; j < S; ++j)
+      if (!written[static_cast<size_t>(j)]) std::fill_n(dkv + krow[j] * P, P, ExactAcc<T>());  // no term: zero
 }
 
 }  // namespace
@@ -558,6 +579,20 @@ void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_
   core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
 }
 template <class T>
+void attn_core_backward_rows(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
+                             int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
+                             ExactAcc<T>* dkv, std::span<const int64_t> krow) {
+  TD_CHECK_EQ(static_cast<int64_t>(krow.size()), S, "attn_core_backward_rows: one accumulator row per key");
+  std::vector<uint8_t> seen(static_cast<size_t>(S));
+  for (int64_t j = 0; j < S; ++j) {
+    const int64_t r = krow[static_cast<size_t>(j)];
+    TD_CHECK(r >= 0 && r < S && !seen[static_cast<size_t>(r)],
+             "attn_core_backward_rows: the key rows are not a permutation of [0, {}) (key {} -> row {})", S, j, r);
+    seen[static_cast<size_t>(r)] = 1;
+  }
+  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, krow.data());
+}
+template <class T>
 void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                            int64_t Nq, const T* kv, int64_t S, T* o, T* stats) {
   TD_CHECK(qdoc != nullptr, "attn_doc_core_forward: no document starts");
@@ -850,6 +885,9 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,        \
                                       int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,         \
                                       ExactAcc<T>*);                                                               \
+  template void attn_core_backward_rows<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,   \
+                                           int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,    \
+                                           ExactAcc<T>*, std::span<const int64_t>);                                \
   template void attn_doc_core_forward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*, int64_t, \
                                          const T*, int64_t, T*, T*);                                               \
   template void attn_doc_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*,       \

@@ -52,6 +52,14 @@ template <class T>
 void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                         int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
                         ExactAcc<T>* dkv);
+// The same with the key side written, not added, in a row order of the caller's: krow (S) a permutation of [0, S)
+// (checked); row krow[j] of dkv (S rows of P) = the exact sums of key j's terms (empty, zero, for a key no query
+// reaches). The bits of zeroing dkv, attn_core_backward into it, then moving row j to row krow[j]; no row of dkv is
+// read (a key's first tile stores its accumulators, the keys without terms are cleared), so dkv need not be zeroed.
+template <class T>
+void attn_core_backward_rows(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                             const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                             std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv, std::span<const int64_t> krow);
 
 // Packed sequences (docs/model.md "Packed sequences"): the core under a document mask. qdoc (Nq): the global
 // position of each query's document start (0 <= qdoc[r] <= qpos[r]); query r attends keys j in [qdoc[r], qpos[r]]

@@ -87,6 +87,13 @@ void kv_zigzag_reorder(T* dst, const T* src, int64_t cp, int64_t block, bool to_
   }
 }
 
+// The gather-order row of each of the 2cp * ch positions (ch per block): row zigzag_slot(j / ch) * ch + j % ch.
+inline std::vector<int64_t> zigzag_gather_rows(int64_t cp, int64_t ch) {
+  std::vector<int64_t> rows(static_cast<size_t>(2 * cp * ch));
+  for (int64_t j = 0; j < 2 * cp * ch; ++j) rows[static_cast<size_t>(j)] = zigzag_slot(j / ch, cp) * ch + j % ch;
+  return rows;
+}
+
 // Position order -> gather order in place, through the cycles of the block permutation, with one block of scratch
 // (the key-side gradient accumulators, too large for a second copy).
 template <class T>
