@@ -1,6 +1,6 @@
 // rapidcheck properties of the numerics core: the exact sum is invariant under permutation and partition
 // (incl. NaN/Inf/subnormals, merged through the wire format), and tile reductions are invariant under any
-// partition of the tiles over parts.
+// partition of the tiles over parts, and their grouped float adds equal one exact add per partial.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -171,6 +171,37 @@ RC_GTEST_PROP(TileProp, PartitionInvariance, ()) {
   std::vector<float> got(K * M);
   trident::exact_round(total.data(), got.data(), K * M);
   RC_ASSERT(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+}
+
+// Grouped adds (docs/numerics.md "Tile reductions"): tile_wgrad_acc's float path sums a group's partials in double
+// where its exponent test proves that exact. Against one ExactAcc::add per partial written out here, over any values
+// (specials, subnormals, the largest finite), tiles of 0..3 rows (groups of up to 32 partials) and block shapes on
+// both sides of the group-size switch: the same exact values (normalised limbs) and flags.
+RC_GTEST_PROP(TileProp, GroupedAddsEqualOneAddPerPartial, ()) {
+  const int64_t K = *rc::gen::inRange<int64_t>(1, 60), M = *rc::gen::inRange<int64_t>(1, 140);
+  const int64_t N = *rc::gen::inRange<int64_t>(0, 80);
+  const auto X = *rc::gen::container<std::vector<float>>(static_cast<size_t>(N * K), any_value<float>());
+  const auto dY = *rc::gen::container<std::vector<float>>(static_cast<size_t>(N * M), any_value<float>());
+  std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
+  std::vector<int64_t> segs = {0};
+  while (segs.back() < N) segs.push_back(std::min<int64_t>(N, segs.back() + static_cast<int64_t>(rng() % 4)));
+  std::vector<ExactAcc<float>> got(static_cast<size_t>(K * M)), want(got.size());
+  trident::tile_wgrad_acc<float>(X.data(), K, dY.data(), M, K, M, segs, got.data());
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t m = 0; m < M; ++m)
+      for (size_t t = 0; t + 1 < segs.size(); ++t) {
+        if (segs[t] == segs[t + 1]) continue;
+        float part = 0.0f;
+        for (int64_t r = segs[t]; r < segs[t + 1]; ++r) part = part + X[r * K + k] * dY[r * M + m];
+        want[static_cast<size_t>(k * M + m)].add(part);
+      }
+  for (size_t e = 0; e < got.size(); ++e) {
+    ExactAcc<float> a = got[e], b = want[e];
+    a.normalize();
+    b.normalize();
+    RC_ASSERT(a.flags() == b.flags());
+    for (int i = 0; i < ExactAcc<float>::kLimbs; ++i) RC_ASSERT(a.limb(i) == b.limb(i));
+  }
 }
 
 }  // namespace
