@@ -337,20 +337,21 @@ TEST(ExactAccWide, MatchesFloatAdds) {
   }
   EXPECT_EQ(canonical(run_f), canonical(run_w));
   EXPECT_GT(n_high, 100);
-  // Edges: 8 and 32 FLT_MAX (the largest sums of groups), the smallest subnormal, +-0, (2^53 - 1) units, (2^53 - 1) * 2^44
-  // units (its upper piece, 2^49 and up, in the third limb).
-  for (double x : {8.0 * FLT_MAX, -8.0 * FLT_MAX, 32.0 * FLT_MAX, 0x1.fffffffffffffp138, 0x1p-149, -0x1p-149, 0.0, -0.0, 0x1.fffffffffffffp-97,
-                   -0x1.fffffffffffffp-53}) {
+  // Edges: 8 and 32 FLT_MAX (the largest sums of groups), just below 2^139 (the bound), the smallest subnormal, +-0,
+  // (2^53 - 1) units, (2^53 - 1) * 2^44 units (its upper piece, 2^49 and up, in the third limb).
+  for (double x : {8.0 * FLT_MAX, -8.0 * FLT_MAX, 32.0 * FLT_MAX, 0x1.fffffffffffffp138, 0x1p-149, -0x1p-149, 0.0,
+                   -0.0, 0x1.fffffffffffffp-97, -0x1.fffffffffffffp-53}) {
     ExactAcc<float> w;
     w.add_unchecked_wide(x);
     mpfr_t m, r;
     mpfr_init2(m, 200);
     mpfr_set_d(m, x, MPFR_RNDN);
     mpfr_init2(r, 24);
+    const mpfr_exp_t old_max = mpfr_get_emax();
     mpfr_set_emax(128);
     int t = mpfr_set(r, m, MPFR_RNDN);
     t = mpfr_check_range(r, t, MPFR_RNDN);
-    mpfr_set_emax(mpfr_get_emax_max());
+    mpfr_set_emax(old_max);
     const float want = mpfr_get_flt(r, MPFR_RNDN);
     mpfr_clear(m);
     mpfr_clear(r);
