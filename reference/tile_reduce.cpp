@@ -70,8 +70,7 @@ constexpr bool kWideAdds = requires(ExactAcc<T>& a) { a.add_unchecked_wide(0.0);
 // multiple of 2^(lo-150) below n_live * 2^(hi-126): an integer multiple below 2^(hi-lo+24+c) <= 2^53 when
 // hi - lo <= 29 - c, so exactly a double, and each double addition is exact. An Inf or NaN partial makes the double
 // sum non-finite (finite partials cannot overflow it): not wide. All zeros: the sum is +-0 (adds nothing). The loops
-// are SIMD over elements (each element's sum stays in partial order; nothing is reassociated). P: n_live rows of n
-// partials, row stride ldp.
+// are SIMD over elements (each element's sum stays in partial order; nothing is reassociated).
 struct GroupSums {
   std::vector<double> sum;
   std::vector<float> mx, mn;
@@ -79,7 +78,7 @@ struct GroupSums {
   bool on = false;  // sums formed for the current group
 
   template <class T>
-  void form(const T* P, int64_t n_live, int64_t n, int64_t ldp) {
+  void form(const T* P, int64_t n_live, int64_t n) {
     on = false;
     if constexpr (kWideAdds<T>) {
       if (n_live < 2) return;
@@ -92,7 +91,7 @@ struct GroupSums {
 #pragma omp simd
       for (int64_t e = 0; e < n; ++e) sm[e] = 0.0, hi[e] = 0.0f, lo[e] = std::numeric_limits<float>::infinity();
       for (int64_t u = 0; u < n_live; ++u) {
-        const T* p = P + u * ldp;
+        const T* p = P + u * n;
 #pragma omp simd
         for (int64_t e = 0; e < n; ++e) {
           const float x = p[e], ax = std::fabs(x);
@@ -191,7 +190,7 @@ void tile_wgrad_acc(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K
     const int64_t tb = group_tiles(kb, mb);
     for (int64_t t0 = 0; t0 < n_tiles; t0 += tb) {
       const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, tb, k0, m0, kb, mb, P);
-      gs.form(P, n_live, kb * mb, kb * mb);
+      gs.form(P, n_live, kb * mb);
       for (int64_t i = 0; i < kb; ++i) add_partials<T>(acc + (k0 + i) * ld_acc + m0, P, n_live, kb, mb, i, gs);
     }
   }
@@ -232,7 +231,7 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t t0 = g * tb;
       const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, tb, k0, m0, kb, mb, P);
-      gs.form(P, n_live, kb * mb, kb * mb);
+      gs.form(P, n_live, kb * mb);
       for (int64_t i = 0; i < kb; ++i) {
         ExactAcc<T>* a = abuf.data() + i * kMB;
         if (g == 0) std::fill_n(a, mb, ExactAcc<T>());
