@@ -76,8 +76,52 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   K.attn_out_forward(pol, cfg, w, N, A, y, CS);
 }
 
+// The causal core's key side exchanged as tile partials (docs/parallel.md section 3), where that moves fewer bytes than
+// accumulators: each of a rank's nt = 2ch/T query tiles gives every key one partial of P values in T, so the
+// all-to-all sends nt * S * P values of T against the reduce-scatter's S * P accumulators; taken when nt * sizeof(T) <
+// sizeof(Acc) (exact float: nt <= 13; never in the plain-sum twin, whose accumulator is one float) and the kernel set
+// has the op. The owner sums its keys' cp * nt partial rows exactly (sum_acc over one-row tiles) and rounds once: the
+// exact sum of the same tile partials as the reduce-scatter's, so the same bits. Returns false, issuing nothing, when
+// not taken (the same on every cp rank: it depends on the layout and the kernel set only).
+template <class T>
+bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
+  const md::CoreDims cd = md::CoreDims::from(cfg);
+  const int64_t P = cd.P, nt = 2 * ch / cfg.tile;  // tiles per local sequence (layout rule 7: T divides ch)
+  if (static_cast<size_t>(nt) * sizeof(T) >= sizeof(Acc)) return false;
+  const md::AttnBufs<T>& A = st.attn;
+  const int64_t n = nt * S * P, nm = 2 * ch * P;  // partials sent (and received); this rank's key-side values
+  if (kp_send.size() < n) kp_send = Buf<T>(dev, n, CS), kp_recv = Buf<T>(dev, n, CS);
+  T *send = kp_send.data(), *recv = kp_recv.data();
+  grow_arena(sz(nm));
+  Acc* mine = arena_take(sz(nm), false);
+  std::vector<int64_t> one_row(static_cast<size_t>(cp * nt + 1));  // every received row its own tile
+  for (size_t r = 0; r < one_row.size(); ++r) one_row[r] = static_cast<int64_t>(r);
+  bool taken = true;
+  for (int64_t j = 0; j < nseq && taken; ++j) {
+    const int64_t r0 = j * 2 * ch;
+    const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
+    TD_CHECK_EQ(static_cast<int64_t>(qsegs.size()) - 1, nt, "key-side partials: the local sequence's query tiles");
+    taken = K.attn_core_backward_partials(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+                                          st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv,
+                                          A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv, qsegs,
+                                          dqc + r0 * cd.H * cd.Dq, send, cp, CS);
+    if (!taken) {
+      TD_CHECK(j == 0, "key-side partials: the kernel set declined after the first sequence");
+      break;
+    }
+    mc.cp->all_to_all(send, recv, sz(nt * 2 * ch * P), dt<T>(), CS);
+    note(ph, *mc.cp, CollOp::all_to_all);
+    dev.memset(mine, 0, static_cast<int64_t>(sz(nm) * sizeof(Acc)), CS);
+    K.sum_acc(recv, nm, one_row, mine, CS);         // (cp * nt rows of nm): source rank major, then tile
+    K.exact_round(mine, dpay + r0 * P, nm, CS);            // the single rounding of the key side
+  }
+  arena_give();
+  return taken;
+}
+
 // CP attention core backward per local sequence: dq of the local queries, and the key-side payload gradient
-// (exact, over the full sequence) reduce-scattered over cp to the keys' owners, rounded once into dpay.
+// (exact, over the full sequence) reduce-scattered over cp to the keys' owners, rounded once into dpay (or its
+// tile partials exchanged instead: key_partials).
 template <class T>
 void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, T* diq, const std::string& ph) {
   const md::CoreDims cd = md::CoreDims::from(cfg);
@@ -85,6 +129,7 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
   const md::AttnBufs<T>& A = st.attn;
   TD_CHECK(arena_live == 0, "key-side accumulators overlap a gradient group");
   const bool two_d = mc.cp_inner != nullptr;
+  if (!two_d && !cfg.dsa() && !packed && key_partials(st, dO, dqc, dpay, ph)) return;
   const int64_t no = two_d ? sh.mesh.cp_outer() : 1, ni = two_d ? sh.mesh.cp_inner : 1;
   const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P), nt = two_d ? nk : 0, np = two_d ? sz(no) * nm : 0;
   grow_arena(nk + nb + nm + nt + np);
@@ -183,6 +228,7 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
 #define TD_STEP_ATTN(T)                                                                                            \
   template void StepImpl<T>::attention_fwd(int64_t, const md::AttnW<T>&, LayerState&, T*, const std::string&);     \
   template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, T*, const std::string&);              \
+  template bool StepImpl<T>::key_partials(LayerState&, const T*, T*, T*, const std::string&);                       \
   template void StepImpl<T>::transpose_blocks(void*, const void*, int64_t, int64_t, int64_t);                      \
   template void StepImpl<T>::attention_bwd(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,                \
                                            const std::string&);

@@ -84,6 +84,7 @@ struct StepImpl {
   std::vector<AccView> acc;  // by ps index; empty when not live
   Buf<Acc> arena;
   size_t arena_used = 0, arena_live = 0;
+  Buf<T> kp_send, kp_recv;  // the key side's tile partials (key_partials), kept across layers and steps
   std::vector<int> reduced;  // per ps index: reductions this step (each trainable tensor exactly once)
 
   StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Device& dv, Kernels<T>& k);
@@ -171,6 +172,7 @@ struct StepImpl {
 
   void attention_fwd(int64_t i, const model::AttnW<T>& w, LayerState& st, T* y, const std::string& ph);
   void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, T* diq, const std::string& ph);
+  bool key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph);
   void transpose_blocks(void* dst, const void* src, int64_t rows, int64_t cols, int64_t bytes);  // 2D CP
   void attention_bwd(int64_t i, const model::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph);
 

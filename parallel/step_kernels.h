@@ -142,6 +142,18 @@ class Kernels {
                                          T* dq, ExactAcc<T>* dkv, int64_t cp, Stream s, loc_t loc = loc_t::current()) {
     return false;
   }
+  // attn_core_backward with the key side as tile partials, not sums (model::attn_core_backward_partials): part
+  // (nt * S rows of P, nt = qsegs.size() - 1) holds cp blocks of nt * (S / cp) rows, block c the tile partials of the
+  // keys of zig-zag gather slots 2c and 2c+1 (cp rank c's keys), tile-major: block c, tile t, key i of the block at row
+  // (c * nt + t) * (S / cp) + i; +0 where a tile has no term. So an all-to-all of nt * (S / cp) * P values over cp
+  // gives each rank every tile partial of its own keys, and their exact sum (sum_acc over one-row tiles) rounded once
+  // is the key side's bits. Returns false, issuing nothing, where the kernel set does not have this op (the default).
+  virtual bool attn_core_backward_partials(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                                           const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                                           Segs qsegs, T* dq, T* part, int64_t cp, Stream s,
+                                           loc_t loc = loc_t::current()) {
+    return false;
+  }
   // Packed sequences: the core under a document mask; qdoc (Nq) each query's document start (device memory).
   virtual void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
                                      const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
@@ -263,6 +275,9 @@ class CpuKernels : public Kernels<T> {
   bool attn_core_backward_gather(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                                  const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
                                  ExactAcc<T>* dkv, int64_t cp, Stream s, loc_t loc = loc_t::current()) override;
+  bool attn_core_backward_partials(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                                   const T* kv, int64_t S, const T* o, const T* stats, const T* dO, Segs qsegs, T* dq,
+                                   T* part, int64_t cp, Stream s, loc_t loc = loc_t::current()) override;
   void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
                              int64_t Nq, const T* kv, int64_t S, T* o, T* stats, Stream s,
                              loc_t loc = loc_t::current()) override;

@@ -273,6 +273,23 @@ bool CpuKernels<T>::attn_core_backward_gather(Policy pol, const CoreDims& cd, co
   return true;
 }
 template <class T>
+bool CpuKernels<T>::attn_core_backward_partials(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
+                                                int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats,
+                                                const T* dO, Segs qsegs, T* dq, T* part, int64_t cp, Stream s,
+                                                loc_t loc) {
+  TD_CHECK(cp > 0 && S % (2 * cp) == 0, "attn_core_backward_partials: {} keys are not 2 x {} equal blocks", S, cp);
+  TD_CHECK(!qsegs.empty(), "attn_core_backward_partials: no query tiles");
+  const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
+  go(dev_, s, "attn_core_backward_partials",
+     {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
+      rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(part, nt * S * cd.P)},
+     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     [=, sg = hold(dev_, qsegs), kr = m::zigzag_gather_rows(cp, S / (2 * cp))] {
+       m::attn_core_backward_partials<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, part, kr, S / cp);
+     }, loc);
+  return true;
+}
+template <class T>
 void CpuKernels<T>::attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos,
                                           const int64_t* qdoc, int64_t Nq, const T* kv, int64_t S, T* o, T* stats,
                                           Stream s, loc_t loc) {

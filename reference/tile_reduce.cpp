@@ -145,18 +145,31 @@ void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc
   if (J <= 0) return;
   const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
   const int64_t n_blocks = (J + kJB - 1) / kJB;
-#pragma omp parallel for schedule(static) if (n_blocks > 1 && (segs.back() - segs.front()) * J >= 65536)
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
-    T part[kJB];
-    for (int64_t t = 0; t < n_tiles; ++t) {
-      if (segs[t] == segs[t + 1]) continue;
-      for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
-      for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
-        const T* row = x + r * J + j0;
-        for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
+#pragma omp parallel if (n_blocks > 1 && (segs.back() - segs.front()) * J >= 65536)
+  {
+    std::vector<T> P(static_cast<size_t>(kTBMax * kJB));  // a group's partials, one row of jb per live tile
+    GroupSums g;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
+      for (int64_t t0 = 0; t0 < n_tiles; t0 += kTBMax) {
+        int64_t n_live = 0;
+        for (int64_t t = t0; t < std::min(n_tiles, t0 + kTBMax); ++t) {
+          if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
+          T* __restrict part = P.data() + n_live * jb;
+#pragma omp simd
+          for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
+          for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
+            const T* __restrict row = x + r * J + j0;
+#pragma omp simd
+            for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
+          }
+          ++n_live;
+        }
+        if (n_live == 0) continue;
+        g.form(P.data(), n_live, jb);
+        add_partials(acc + j0, P.data(), n_live, 1, jb, 0, g);
       }
-      for (int64_t j = 0; j < jb; ++j) acc[j0 + j].add(part[j]);
     }
   }
 }

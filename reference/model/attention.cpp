@@ -164,13 +164,46 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
   }
 }
 
-// krow null: key j's accumulators are dkv row j, added into. krow given (a permutation of [0, S)): they are row
-// krow[j], written: the first tile reaching a key starts from an empty accumulator instead of reading one, and the keys
-// no tile reaches are cleared at the end, so no row of dkv is read before it is written (the bits of a zeroed dkv).
+// Where the key side goes. dkv given, krow null: key j's accumulators are dkv row j, added into. dkv and krow given
+// (a permutation of [0, S)): they are row krow[j], written: the first tile reaching a key starts from an empty
+// accumulator instead of reading one, and the keys no tile reaches are cleared at the end, so no row of dkv is read
+// before it is written (the bits of a zeroed dkv). part given (with krow): no accumulators; tile t's partial for key j
+// is stored at row (krow[j] / blk * nt + t) * blk + krow[j] % blk of part (P values each, nt tiles), +0 where the tile
+// has no term for the key.
+void check_permutation(std::span<const int64_t> krow, int64_t S, const char* op) {
+  std::vector<uint8_t> seen(static_cast<size_t>(S));
+  for (int64_t j = 0; j < S; ++j) {
+    const int64_t r = krow[static_cast<size_t>(j)];
+    TD_CHECK(r >= 0 && r < S && !seen[static_cast<size_t>(r)],
+             "{}: the key rows are not a permutation of [0, {}) (key {} -> row {})", op, S, j, r);
+    seen[static_cast<size_t>(r)] = 1;
+  }
+}
+
+template <class T>
+struct KeySide {
+  ExactAcc<T>* dkv = nullptr;
+  const int64_t* krow = nullptr;
+  T* part = nullptr;
+  int64_t blk = 0;
+};
+
 template <class T>
 void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                    const T* kv, int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs,
-                   T* dq, ExactAcc<T>* dkv, const int64_t* krow = nullptr) {
+                   T* dq, KeySide<T> ks) {
+  ExactAcc<T>* const dkv = ks.dkv;
+  const int64_t* const krow = ks.dkv ? ks.krow : nullptr;
+  const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
+  // Partial rows of tile t for key j (part mode): P values.
+  auto prow = [&](int64_t t, int64_t j) {
+    const int64_t r = ks.krow[j];
+    return ks.part + ((r / ks.blk * nt + t) * ks.blk + r % ks.blk) * cd.P;
+  };
+  auto clear_parts = [&](int64_t t, int64_t j0, int64_t j1) {  // keys [j0, j1) without a term in tile t
+    if (ks.part)
+      for (int64_t j = j0; j < j1; ++j) std::fill_n(prow(t, j), cd.P, T(0));
+  };
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
   TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
@@ -186,9 +219,14 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
   std::vector<T> pbuf, dsbuf;
   for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
     const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
-    if (nr == 0) continue;
+    if (nr == 0) {
+      clear_parts(static_cast<int64_t>(t), 0, S);
+      continue;
+    }
     int64_t nk = 0, k0 = S;  // keys touched by this tile: [k0, nk), k0 the smallest first key (0 when causal)
     for (int64_t r = r0; r < r1; ++r) nk = std::max(nk, qpos[r] + 1), k0 = std::min(k0, first_key(qdoc, r));
+    clear_parts(static_cast<int64_t>(t), 0, k0);
+    clear_parts(static_cast<int64_t>(t), nk, S);
     pbuf.assign(static_cast<size_t>(nr * H * nk), T(0));   // (nr, H, nk) p_j (bf16: rounded)
     dsbuf.assign(static_cast<size_t>(nr * H * nk), T(0));  // (nr, H, nk) dsc_j (bf16: rounded)
     // Per (row, head): probabilities, dsc, and dq (per-query reduction over keys, ascending).
@@ -248,7 +286,9 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
           axpy(vp, p, doh, Dv);
         }
       }
-      if (!krow) {
+      if (ks.part) {
+        std::copy(part.begin(), part.end(), prow(static_cast<int64_t>(t), j));
+      } else if (!krow) {
         ExactAcc<T>* a = dkv + j * P;
         for (int64_t c = 0; c < P; ++c) a[c].add(part[c]);
       } else {
@@ -576,21 +616,26 @@ template <class T>
 void attn_core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                         int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
                         ExactAcc<T>* dkv) {
-  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, KeySide<T>{dkv});
 }
 template <class T>
 void attn_core_backward_rows(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq, const T* kv,
                              int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs, T* dq,
                              ExactAcc<T>* dkv, std::span<const int64_t> krow) {
   TD_CHECK_EQ(static_cast<int64_t>(krow.size()), S, "attn_core_backward_rows: one accumulator row per key");
-  std::vector<uint8_t> seen(static_cast<size_t>(S));
-  for (int64_t j = 0; j < S; ++j) {
-    const int64_t r = krow[static_cast<size_t>(j)];
-    TD_CHECK(r >= 0 && r < S && !seen[static_cast<size_t>(r)],
-             "attn_core_backward_rows: the key rows are not a permutation of [0, {}) (key {} -> row {})", S, j, r);
-    seen[static_cast<size_t>(r)] = 1;
-  }
-  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, dkv, krow.data());
+  check_permutation(krow, S, "attn_core_backward_rows");
+  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq, KeySide<T>{dkv, krow.data()});
+}
+template <class T>
+void attn_core_backward_partials(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
+                                 const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
+                                 std::span<const int64_t> qsegs, T* dq, T* part, std::span<const int64_t> krow,
+                                 int64_t blk) {
+  TD_CHECK_EQ(static_cast<int64_t>(krow.size()), S, "attn_core_backward_partials: one partial row per key and tile");
+  TD_CHECK(blk > 0 && S % blk == 0, "attn_core_backward_partials: {} keys are not blocks of {}", S, blk);
+  check_permutation(krow, S, "attn_core_backward_partials");
+  core_backward<T>(pol, cd, q, qpos, nullptr, Nq, kv, S, o, stats, dO, qsegs, dq,
+                   KeySide<T>{nullptr, krow.data(), part, blk});
 }
 template <class T>
 void attn_doc_core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc,
@@ -603,7 +648,7 @@ void attn_doc_core_backward(Policy pol, const CoreDims& cd, const T* q, const in
                             int64_t Nq, const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
                             std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv) {
   TD_CHECK(qdoc != nullptr, "attn_doc_core_backward: no document starts");
-  core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, dkv);
+  core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, qsegs, dq, KeySide<T>{dkv});
 }
 
 std::vector<int64_t> rope_positions(const TokenRows& rows) {
@@ -888,6 +933,9 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_core_backward_rows<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t, const T*,   \
                                            int64_t, const T*, const T*, const T*, std::span<const int64_t>, T*,    \
                                            ExactAcc<T>*, std::span<const int64_t>);                                \
+  template void attn_core_backward_partials<T>(Policy, const CoreDims&, const T*, const int64_t*, int64_t,         \
+                                               const T*, int64_t, const T*, const T*, const T*,                    \
+                                               std::span<const int64_t>, T*, T*, std::span<const int64_t>, int64_t); \
   template void attn_doc_core_forward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*, int64_t, \
                                          const T*, int64_t, T*, T*);                                               \
   template void attn_doc_core_backward<T>(Policy, const CoreDims&, const T*, const int64_t*, const int64_t*,       \

@@ -1,11 +1,16 @@
 // attn_core_backward_rows (reference/model/attention.h): the key side written, not added, in a caller's row order
 // (the step's zig-zag gather order) is exactly zeroed accumulators + attn_core_backward + the rows moved: same dq
 // bits, same accumulator values (normalised limbs) row by row, whatever dkv held before (it is never read), for a
-// CP rank's two zig-zag chunks and for whole sequences, several tiles (one empty), every policy. Bad row maps are one
-// clear error.
+// CP rank's two zig-zag chunks and for whole sequences, several tiles (one empty), every policy. The key side as tile
+// partials (attn_core_backward_partials, the step's all-to-all form) sums exactly to the same accumulators, with +0
+// rows where a tile has no term. Bad row maps and blocks are one clear error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <type_traits>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -82,6 +87,43 @@ void rows_case(Policy pol, bool zigzag_rank, bool random_rows, uint64_t seed) {
   if (zigzag_rank) {
     EXPECT_EQ(zero_rows, ch) << "keys past the rank's last query get no term; " << repro;
   }
+
+  // The key side as tile partials in blocks of blk rows (the step's cp blocks of 2ch): every row written (part starts
+  // as NaN), dq the same bits, each key's nt partial rows summing exactly to its accumulators, +0 rows for the tiles
+  // that have no term for the key.
+  const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1, blk = 2 * ch;
+  std::vector<T> part(static_cast<size_t>(nt * S * cd.P), std::numeric_limits<T>::quiet_NaN());
+  std::vector<T> dq3(dq1.size());
+  attn_core_backward_partials<T>(pol, cd, q.data(), qpos.data(), Nq, kv.data(), S, o.data(), st.data(), dO.data(),
+                                 qsegs, dq3.data(), part.data(), krow, blk);
+  EXPECT_EQ(std::memcmp(dq1.data(), dq3.data(), dq1.size() * sizeof(T)), 0) << repro;
+  int64_t zero_parts = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    const int64_t r = krow[static_cast<size_t>(j)];
+    for (int64_t c = 0; c < cd.P; ++c) {
+      ExactAcc<T> sum;
+      for (int64_t t = 0; t < nt; ++t) {
+        const T x = part[static_cast<size_t>(((r / blk * nt + t) * blk + r % blk) * cd.P + c)];
+        ASSERT_FALSE(std::isnan(x)) << "key " << j << " tile " << t << " slot " << c << " not written; " << repro;
+        const int64_t t0 = qsegs[static_cast<size_t>(t)], t1 = qsegs[static_cast<size_t>(t) + 1];
+        const bool reached = std::any_of(qpos.begin() + t0, qpos.begin() + t1, [&](int64_t p) { return p >= j; });
+        if (!reached) {
+          using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+          ASSERT_EQ(std::bit_cast<Bits>(x), Bits{0})
+              << "key " << j << " tile " << t << ": no term, +0; " << repro;
+          ++zero_parts;
+        }
+        sum.add(x);
+      }
+      ExactAcc<T> a = zeroed[static_cast<size_t>(j * cd.P + c)];
+      a.normalize();
+      sum.normalize();
+      for (int i = 0; i < ExactAcc<T>::kLimbs; ++i)
+        ASSERT_EQ(a.limb(i), sum.limb(i)) << "partials of key " << j << " slot " << c << "; " << repro;
+      ASSERT_EQ(a.flags(), sum.flags()) << repro;
+    }
+  }
+  EXPECT_GT(zero_parts, 0) << repro;  // the empty tile's rows at least
 }
 
 }  // namespace
@@ -113,4 +155,13 @@ TEST(ModelAttention, BackwardRowsRejectsBadRowMaps) {
   EXPECT_THROW(run({0, 1, 2, 4}), Error);     // a row outside [0, S)
   EXPECT_THROW(run({0, -1, 2, 3}), Error);
   EXPECT_NO_THROW(run({3, 2, 1, 0}));
+  std::vector<float> part(static_cast<size_t>(S * cd.P));
+  auto run_parts = [&](std::vector<int64_t> rows, int64_t blk) {
+    attn_core_backward_partials<float>(Policy::fp32, cd, q.data(), qpos.data(), Nq, kv.data(), S, o.data(),
+                                       st.data(), dO.data(), segs, dq.data(), part.data(), rows, blk);
+  };
+  EXPECT_THROW(run_parts({0, 1, 1, 3}, 2), Error);  // a row twice
+  EXPECT_THROW(run_parts({0, 1, 2, 3}, 3), Error);  // blocks of 3 do not divide 4 keys
+  EXPECT_THROW(run_parts({0, 1, 2, 3}, 0), Error);
+  EXPECT_NO_THROW(run_parts({3, 2, 1, 0}, 2));
 }

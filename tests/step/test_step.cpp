@@ -353,6 +353,32 @@ TEST(StepAccounting, MatchesDocumentedSchedule) {
     expect_schedule(make_spec(c));
 }
 
+// ---- the causal core's key side: tile partials over an all-to-all where they are fewer bytes than accumulators, the
+// accumulators' reduce-scatter otherwise (StepImpl::key_partials). Both forms give the reference's bits; the schedule
+// says which ran. cp 2, chunks of 16 tokens: tile 8 gives 4 tiles per local sequence (4 floats < 56 B: partials),
+// tile 2 gives 16 (64 B: accumulators; in fp64 16 doubles < 552 B: partials); cp 4 with chunks of 8 and tile 2 gives
+// 8 (partials, with recompute). The deferred device checks either form's stream accesses.
+TEST(StepKeySide, PartialsOrAccumulatorsSameBits) {
+  for (const Case& c : {Case{.mesh = M(1, 1, 2, 1, 2), .seqs = 2, .seq_len = 64, .steps = 2, .tile = 8},
+                        Case{.mesh = M(1, 1, 2, 1, 2), .seqs = 2, .seq_len = 64, .steps = 2, .tile = 2},
+                        Case{.mesh = M(2, 1, 4, 2, 4), .recompute = true, .seqs = 4, .seq_len = 64, .steps = 1,
+                             .tile = 2}}) {
+    emu::EmulateSpec s = make_spec(c);
+    SCOPED_TRACE(s.repro());
+    expect_equal<float>(s);
+    expect_schedule(s);
+    s.device.mode = emu::DeviceMode::deferred;
+    s.device.seed = 3;
+    expect_equal<float>(s);
+  }
+  emu::EmulateSpec d = make_spec({.mesh = M(1, 1, 2, 1, 2), .policy = "fp64", .seqs = 2, .seq_len = 64, .steps = 1,
+                                  .tile = 2});
+  SCOPED_TRACE(d.repro());
+  const emu::EmulateResult<double> r = expect_equal<double>(d);
+  const Counts want = expected_schedule(d);
+  for (size_t rank = 0; rank < r.phases.size(); ++rank) EXPECT_EQ(r.phases[rank], want) << "rank " << rank;
+}
+
 // ---- a diverged run stops every rank with one clear error (never "bitwise equal" on NaN) ------------------------------
 TEST(StepEdge, NonFiniteLossStopsTheRun) {
   emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 1, 1, 2), .steps = 2});
