@@ -184,6 +184,11 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   // (cp_outer blocks of 2*S/(2cp) rows), on top of the 1D key side (parallel/step_attention.cpp).
   if (m.cp_2d())
     arena += (S + static_cast<double>(m.cp_outer()) * S / cp) * static_cast<double>(cfg.payload_dim());
+  // 1D CP, causal core: the key side's tile partials, sent and received (StepImpl::key_partials), where they are
+  // fewer bytes than accumulators: nt = S / (cp T) tiles per local sequence, nt * S * P values each way.
+  const double nt = S / (cp * static_cast<double>(cfg.tile));
+  const bool kparts = !m.cp_2d() && !cfg.dsa() && run.docs_per_seq <= 1 && nt * ebd < abd;
+  const double kpart_bytes = kparts ? 2 * nt * S * static_cast<double>(cfg.payload_dim()) * ebd : 0;
 
   // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)
   const double R = std::min(ep * N * std::min(K, Eloc), kEpCapacity * N * K);
@@ -211,7 +216,7 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   e.per_rank = {
       {"shards+AdamW", pb.shards},
       {"gathered units", gathered * ebd},
-      {"accumulators", arena * abd},
+      {"accumulators", arena * abd + kpart_bytes},
       // + document starts; DSA: every layer's selection, kept for the backward even under full recompute (int32)
       {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16) +
                           (cfg.dsa() ? 4.0 * static_cast<double>(L) * N * static_cast<double>(cfg.dsa_topk) : 0)},

@@ -164,12 +164,7 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
   }
 }
 
-// Where the key side goes. dkv given, krow null: key j's accumulators are dkv row j, added into. dkv and krow given
-// (a permutation of [0, S)): they are row krow[j], written: the first tile reaching a key starts from an empty
-// accumulator instead of reading one, and the keys no tile reaches are cleared at the end, so no row of dkv is read
-// before it is written (the bits of a zeroed dkv). part given (with krow): no accumulators; tile t's partial for key j
-// is stored at row (krow[j] / blk * nt + t) * blk + krow[j] % blk of part (P values each, nt tiles), +0 where the tile
-// has no term for the key.
+// krow (S) must be a permutation of [0, S): one clear error naming the op otherwise.
 void check_permutation(std::span<const int64_t> krow, int64_t S, const char* op) {
   std::vector<uint8_t> seen(static_cast<size_t>(S));
   for (int64_t j = 0; j < S; ++j) {
@@ -180,6 +175,12 @@ void check_permutation(std::span<const int64_t> krow, int64_t S, const char* op)
   }
 }
 
+// Where the key side goes. dkv given, krow null: key j's accumulators are dkv row j, added into. dkv and krow given
+// (a permutation of [0, S)): they are row krow[j], written: the first tile reaching a key starts from an empty
+// accumulator instead of reading one, and the keys no tile reaches are cleared at the end, so no row of dkv is read
+// before it is written (the bits of a zeroed dkv). part given (with krow): no accumulators; tile t's partial for key j
+// is stored at row (krow[j] / blk * nt + t) * blk + krow[j] % blk of part (P values each, nt tiles), +0 where the tile
+// has no term for the key.
 template <class T>
 struct KeySide {
   ExactAcc<T>* dkv = nullptr;
