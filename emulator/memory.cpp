@@ -185,10 +185,11 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   if (m.cp_2d())
     arena += (S + static_cast<double>(m.cp_outer()) * S / cp) * static_cast<double>(cfg.payload_dim());
   // 1D CP, causal core: the key side's tile partials, sent and received (StepImpl::key_partials), where they are
-  // fewer bytes than accumulators: nt = S / (cp T) tiles per local sequence, nt * S * P values each way.
+  // fewer bytes than accumulators, carved from the arena with the owner's accumulators: nt = S / (cp T) tiles per
+  // local sequence, nt * S * P values each way, plus 2 S/cp * P accumulators.
   const double nt = S / (cp * static_cast<double>(cfg.tile));
-  const bool kparts = !m.cp_2d() && !cfg.dsa() && run.docs_per_seq <= 1 && nt * ebd < abd;
-  const double kpart_bytes = kparts ? 2 * nt * S * static_cast<double>(cfg.payload_dim()) * ebd : 0;
+  if (!m.cp_2d() && !cfg.dsa() && run.docs_per_seq <= 1 && nt * ebd < abd)
+    arena = std::max(arena, (2 * nt * S * ebd / abd + 2 * S / cp) * static_cast<double>(cfg.payload_dim()));
 
   // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)
   const double R = std::min(ep * N * std::min(K, Eloc), kEpCapacity * N * K);
@@ -216,7 +217,7 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   e.per_rank = {
       {"shards+AdamW", pb.shards},
       {"gathered units", gathered * ebd},
-      {"accumulators", arena * abd + kpart_bytes},
+      {"accumulators", arena * abd},
       // + document starts; DSA: every layer's selection, kept for the backward even under full recompute (int32)
       {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16) +
                           (cfg.dsa() ? 4.0 * static_cast<double>(L) * N * static_cast<double>(cfg.dsa_topk) : 0)},

@@ -90,10 +90,13 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
   if (static_cast<size_t>(nt) * sizeof(T) >= sizeof(Acc)) return false;
   const md::AttnBufs<T>& A = st.attn;
   const int64_t n = nt * S * P, nm = 2 * ch * P;  // partials sent (and received); this rank's key-side values
-  if (kp_send.size() < n) kp_send = Buf<T>(dev, n, CS), kp_recv = Buf<T>(dev, n, CS);
-  T *send = kp_send.data(), *recv = kp_recv.data();
-  grow_arena(sz(nm));
+  // All three from the accumulator arena (free between gradient groups; no memory of their own): the partial buffers
+  // as raw bytes, in whole accumulators.
+  const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
+  grow_arena(sz(nm) + 2 * pa);
   Acc* mine = arena_take(sz(nm), false);
+  T* send = reinterpret_cast<T*>(arena_take(pa, false));
+  T* recv = reinterpret_cast<T*>(arena_take(pa, false));
   std::vector<int64_t> one_row(static_cast<size_t>(cp * nt + 1));  // every received row its own tile
   for (size_t r = 0; r < one_row.size(); ++r) one_row[r] = static_cast<int64_t>(r);
   bool taken = true;
@@ -115,7 +118,7 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
     K.sum_acc(recv, nm, one_row, mine, CS);         // (cp * nt rows of nm): source rank major, then tile
     K.exact_round(mine, dpay + r0 * P, nm, CS);            // the single rounding of the key side
   }
-  arena_give();
+  for (int k = 0; k < 3; ++k) arena_give();
   return taken;
 }
 

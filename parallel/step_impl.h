@@ -84,7 +84,6 @@ struct StepImpl {
   std::vector<AccView> acc;  // by ps index; empty when not live
   Buf<Acc> arena;
   size_t arena_used = 0, arena_live = 0;
-  Buf<T> kp_send, kp_recv;  // the key side's tile partials (key_partials), kept across layers and steps
   std::vector<int> reduced;  // per ps index: reductions this step (each trainable tensor exactly once)
 
   StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Device& dv, Kernels<T>& k);
