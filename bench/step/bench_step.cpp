@@ -8,7 +8,11 @@
 // value, with the step's code unchanged. Each row runs in its own child process (fork + exec of this binary or
 // of the twin), so its peak RSS is its own.
 //
-// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]
+// --pairs N (1..20, default 1) runs each configuration's exact and plain children N times, alternating, and prints the
+// median of the N pairs' CPU ratios and the ratio of the two builds' least CPU times (the run least disturbed by
+// other load on a shared machine), besides every pair.
+//
+// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N] [--default-malloc]
 #include <malloc.h>
 
 #include <algorithm>
@@ -110,7 +114,7 @@ bool run_child(const std::string& exe, const Conf& c, int64_t steps, bool tune_m
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 3;
+  int64_t steps = 3, pairs = 1;
   std::string only, child_name;
   bool plain = true, tune_malloc = true;
   int child_fd = -1;
@@ -119,6 +123,14 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-plain")) plain = false;
+    else if (!std::strcmp(argv[i], "--pairs") && i + 1 < argc) {
+      char* end = nullptr;
+      pairs = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || pairs < 1 || pairs > 20) {
+        std::fprintf(stderr, "bench_step: --pairs takes a whole number from 1 to 20 (got '%s')\n", argv[i]);
+        return 2;
+      }
+    }
     else if (!std::strcmp(argv[i], "--default-malloc")) tune_malloc = false;
     else if (!std::strcmp(argv[i], "--eager-bytes") && i + 1 < argc) eager = static_cast<size_t>(std::atoll(argv[++i]));
     else if (!std::strcmp(argv[i], "--child") && i + 2 < argc) {
@@ -126,7 +138,8 @@ int main(int argc, char** argv) {
       steps = std::atoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--fd") && i + 1 < argc) child_fd = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--default-malloc]\n");
+      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N] "
+                           "[--default-malloc]\n");
       return 2;
     }
   }
@@ -155,41 +168,59 @@ int main(int argc, char** argv) {
   for (const Conf& c : kConfs) {
     const std::string ranks = std::to_string(c.mesh.world());
     if (!only.empty() && only != ranks) continue;
-    double wall_exact = 0, cpu_exact = 0, loss_exact = 0, norm_exact = 0;
-    for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
-      double user = 0, sys = 0;
-      long rss = 0;
-      Out o;
-      if (!run_child(mode ? plain_exe : exact_exe, c, steps, tune_malloc, eager, o, user, sys, rss)) {
-        std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
-                    mode ? "plain" : "exact");
-        ++failures;
-        break;
+    std::vector<double> ratios, cpu_e, cpu_p;  // per pair
+    const int failed_before = failures;
+    for (int64_t pair = 0; pair < (plain ? pairs : 1) && failures == failed_before; ++pair) {
+      double wall_exact = 0, cpu_exact = 0, loss_exact = 0, norm_exact = 0;
+      for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
+        double user = 0, sys = 0;
+        long rss = 0;
+        Out o;
+        if (!run_child(mode ? plain_exe : exact_exe, c, steps, tune_malloc, eager, o, user, sys, rss)) {
+          std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
+                      mode ? "plain" : "exact");
+          ++failures;
+          break;
+        }
+        std::string per;
+        double tot = 0;
+        for (int64_t k = 0; k < o.steps; ++k) {
+          per += fmt::format("{}{:.2f}", k ? " " : "", o.step_s[k]);
+          tot += o.step_s[k];
+        }
+        const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
+                                             c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
+        std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", ranks.c_str(), mesh.c_str(),
+                    fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
+                    per.c_str(), user, sys, static_cast<double>(rss) / 1024.0,
+                    static_cast<double>(o.tracked_max) / (1024.0 * 1024.0));
+        std::fflush(stdout);
+        if (mode == 0) {
+          wall_exact = tot;
+          cpu_exact = user + sys;
+          loss_exact = o.loss_last;
+          norm_exact = o.norm_last;
+        } else {
+          std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain: every accumulator a plain fp32 "
+                      "running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs "
+                      "%.9g, grad norm %.9g vs %.9g\n",
+                      wall_exact / tot, cpu_exact / (user + sys), loss_exact, o.loss_last, norm_exact, o.norm_last);
+          ratios.push_back(cpu_exact / (user + sys));
+          cpu_e.push_back(cpu_exact);
+          cpu_p.push_back(user + sys);
+        }
       }
-      std::string per;
-      double tot = 0;
-      for (int64_t k = 0; k < o.steps; ++k) {
-        per += fmt::format("{}{:.2f}", k ? " " : "", o.step_s[k]);
-        tot += o.step_s[k];
-      }
-      const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
-                                           c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
-      std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", ranks.c_str(), mesh.c_str(),
-                  fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
-                  per.c_str(), user, sys, static_cast<double>(rss) / 1024.0,
-                  static_cast<double>(o.tracked_max) / (1024.0 * 1024.0));
-      std::fflush(stdout);
-      if (mode == 0) {
-        wall_exact = tot;
-        cpu_exact = user + sys;
-        loss_exact = o.loss_last;
-        norm_exact = o.norm_last;
-      } else {
-        std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain: every accumulator a plain fp32 "
-                    "running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs "
-                    "%.9g, grad norm %.9g vs %.9g\n",
-                    wall_exact / tot, cpu_exact / (user + sys), loss_exact, o.loss_last, norm_exact, o.norm_last);
-      }
+    }
+    if (ratios.size() > 1) {
+      std::vector<double> r = ratios;
+      std::sort(r.begin(), r.end());
+      const size_t n = r.size();
+      const double median = n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+      std::printf("      over %zu alternating pairs: exact / plain CPU median %.3f (%.3f-%.3f); least exact CPU / least "
+                  "plain CPU %.3f (%.2f / %.2f s)\n",
+                  n, median, r.front(), r.back(),
+                  *std::min_element(cpu_e.begin(), cpu_e.end()) / *std::min_element(cpu_p.begin(), cpu_p.end()),
+                  *std::min_element(cpu_e.begin(), cpu_e.end()), *std::min_element(cpu_p.begin(), cpu_p.end()));
     }
   }
   std::printf("targets (2-core machine): 256 ranks <= 5 s/step, 1,024 ranks <= 30 s/step, RSS <= 4 GB. Wall time "
