@@ -76,7 +76,7 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   K.attn_out_forward(pol, cfg, w, N, A, y, CS);
 }
 
-// The causal core's key side exchanged as tile partials (docs/parallel.md section 3), where that moves fewer bytes than
+// The causal core's key side exchanged as tile partials (docs/parallel.md section 5), where that moves fewer bytes than
 // accumulators: each of a rank's nt = 2ch/T query tiles gives every key one partial of P values in T, so the
 // all-to-all sends nt * S * P values of T against the reduce-scatter's S * P accumulators; taken when nt * sizeof(T) <
 // sizeof(Acc) (exact float: nt <= 13; never in the plain-sum twin, whose accumulator is one float) and the kernel set
@@ -115,8 +115,8 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
     mc.cp->all_to_all(send, recv, sz(nt * 2 * ch * P), dt<T>(), CS);
     note(ph, *mc.cp, CollOp::all_to_all);
     dev.memset(mine, 0, static_cast<int64_t>(sz(nm) * sizeof(Acc)), CS);
-    K.sum_acc(recv, nm, one_row, mine, CS);         // (cp * nt rows of nm): source rank major, then tile
-    K.exact_round(mine, dpay + r0 * P, nm, CS);            // the single rounding of the key side
+    K.sum_acc(recv, nm, one_row, mine, CS);      // (cp * nt rows of nm): source rank major, then tile
+    K.exact_round(mine, dpay + r0 * P, nm, CS);  // the single rounding of the key side
   }
   for (int k = 0; k < 3; ++k) arena_give();
   return taken;
