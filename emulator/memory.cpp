@@ -188,7 +188,7 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   // fewer bytes than accumulators, carved from the arena with the owner's accumulators: nt = S / (cp T) tiles per
   // local sequence, nt * S * P values each way, plus 2 S/cp * P accumulators.
   const double nt = S / (cp * static_cast<double>(cfg.tile));
-  if (!m.cp_2d() && !cfg.dsa() && run.docs_per_seq <= 1 && nt * ebd < abd)
+  if (key_side_partials(m, run.seq_len, cfg.tile, !cfg.dsa() && run.docs_per_seq <= 1, eb, ab))
     arena = std::max(arena, (2 * nt * S * ebd / abd + 2 * S / cp) * static_cast<double>(cfg.payload_dim()));
 
   // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)

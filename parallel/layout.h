@@ -1,6 +1,7 @@
 // Parallel layout (docs/parallel.md): which rank holds which tokens, which parameter rows and which
 // experts. Pure arithmetic, no communicator: the distributed step, the tests and the planner share it.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -46,6 +47,17 @@ struct TokenRange {
 // The local token rows of a rank, in local order: for each of its sequences (ascending), chunk c then chunk
 // 2cp-1-c. Concatenating the ranges gives the rank's rows.
 std::vector<TokenRange> local_tokens(const MeshShape& m, int64_t rank, int64_t sequences, int64_t seq_len);
+
+// ---- The attention key side's exchange (docs/parallel.md section 5) -----------------------------------------------
+// Whether the step sends the causal core's key side over cp as tile partials instead of reduce-scattering exact
+// accumulators: 1D CP, a causal core (no DSA, no document mask), and fewer bytes, nt * value_bytes < acc_bytes with
+// nt = seq_len / (cp * tile) query tiles per local sequence (rule 7: the tile divides the chunk). The step, the memory
+// estimate and the docs follow this one rule (the step also needs a kernel set with attn_core_backward_partials).
+inline bool key_side_partials(const MeshShape& m, int64_t seq_len, int64_t tile, bool causal_core, size_t value_bytes,
+                              size_t acc_bytes) {
+  const int64_t nt = seq_len / (m.cp * tile);
+  return !m.cp_2d() && causal_core && static_cast<size_t>(nt) * value_bytes < acc_bytes;
+}
 
 // ---- Packed sequences: attention work per rank ---------------------------------------------------------------
 // The query-key pairs a rank's local queries score in one layer's attention core: the sum over its local rows of

@@ -1,9 +1,12 @@
-// The step's context-parallel attention (parallel/step_impl.h, docs/parallel.md section 3): the per-token KV payload
+// The step's context-parallel attention (parallel/step_impl.h, docs/parallel.md section 5): the per-token KV payload
 // all-gathered over cp per local sequence and reordered from zig-zag gather order into positions; the key-side
-// payload gradient (exact, over the full sequence) reordered back and reduce-scattered to the keys' owners.
+// payload gradient (exact, over the full sequence) reordered back and reduce-scattered to the keys' owners, or its
+// tile partials exchanged over an all-to-all and summed by the owners.
 #include <utility>
 
+#include "parallel/layout.h"
 #include "parallel/step_impl.h"
+#include "reference/tile_reduce.h"
 
 namespace trident {
 
@@ -78,16 +81,16 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
 
 // The causal core's key side exchanged as tile partials (docs/parallel.md section 5), where that moves fewer bytes than
 // accumulators: each of a rank's nt = 2ch/T query tiles gives every key one partial of P values in T, so the
-// all-to-all sends nt * S * P values of T against the reduce-scatter's S * P accumulators; taken when nt * sizeof(T) <
-// sizeof(Acc) (exact float: nt <= 13; never in the plain-sum twin, whose accumulator is one float) and the kernel set
-// has the op. The owner sums its keys' cp * nt partial rows exactly (sum_acc over one-row tiles) and rounds once: the
+// all-to-all sends nt * S * P values of T against the reduce-scatter's S * P accumulators; taken where
+// key_side_partials says so (1D CP, causal core, nt * sizeof(T) < sizeof(Acc): exact float nt <= 13; never in the
+// plain-sum twin, whose accumulator is one float) and the kernel set has the op. The owner sums its keys' cp * nt partial rows exactly (sum_acc over one-row tiles) and rounds once: the
 // exact sum of the same tile partials as the reduce-scatter's, so the same bits. Returns false, issuing nothing, when
 // not taken (the same on every cp rank: it depends on the layout and the kernel set only).
 template <class T>
 bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
   const md::CoreDims cd = md::CoreDims::from(cfg);
   const int64_t P = cd.P, nt = 2 * ch / cfg.tile;  // tiles per local sequence (layout rule 7: T divides ch)
-  if (static_cast<size_t>(nt) * sizeof(T) >= sizeof(Acc)) return false;
+  if (!key_side_partials(sh.mesh, S, cfg.tile, !cfg.dsa() && !packed, sizeof(T), sizeof(Acc))) return false;
   const md::AttnBufs<T>& A = st.attn;
   const int64_t n = nt * S * P, nm = 2 * ch * P;  // partials sent (and received); this rank's key-side values
   // All three from the accumulator arena (free between gradient groups; no memory of their own): the partial buffers
@@ -97,8 +100,7 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
   Acc* mine = arena_take(sz(nm), false);
   T* send = reinterpret_cast<T*>(arena_take(pa, false));
   T* recv = reinterpret_cast<T*>(arena_take(pa, false));
-  std::vector<int64_t> one_row(static_cast<size_t>(cp * nt + 1));  // every received row its own tile
-  for (size_t r = 0; r < one_row.size(); ++r) one_row[r] = static_cast<int64_t>(r);
+  const std::vector<int64_t> one_row = uniform_segments(cp * nt, 1);  // every received row its own tile
   bool taken = true;
   for (int64_t j = 0; j < nseq && taken; ++j) {
     const int64_t r0 = j * 2 * ch;
@@ -132,7 +134,7 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
   const md::AttnBufs<T>& A = st.attn;
   TD_CHECK(arena_live == 0, "key-side accumulators overlap a gradient group");
   const bool two_d = mc.cp_inner != nullptr;
-  if (!two_d && !cfg.dsa() && !packed && key_partials(st, dO, dqc, dpay, ph)) return;
+  if (key_partials(st, dO, dqc, dpay, ph)) return;
   const int64_t no = two_d ? sh.mesh.cp_outer() : 1, ni = two_d ? sh.mesh.cp_inner : 1;
   const size_t nk = sz(S * P), nb = sz(ch * P), nm = sz(2 * ch * P), nt = two_d ? nk : 0, np = two_d ? sz(no) * nm : 0;
   grow_arena(nk + nb + nm + nt + np);

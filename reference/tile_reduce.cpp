@@ -147,7 +147,8 @@ void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc
   const int64_t n_blocks = (J + kJB - 1) / kJB;
 #pragma omp parallel if (n_blocks > 1 && (segs.back() - segs.front()) * J >= 65536)
   {
-    std::vector<T> P(static_cast<size_t>(kTBMax * kJB));  // a group's partials, one row of jb per live tile
+    // a group's partials, one row of jb per live tile
+    std::vector<T> P(static_cast<size_t>(std::min(kTBMax, n_tiles) * std::min(kJB, J)));
     GroupSums g;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < n_blocks; ++b) {

@@ -60,7 +60,7 @@ template <class T>
 void attn_core_backward_rows(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, int64_t Nq,
                              const T* kv, int64_t S, const T* o, const T* stats, const T* dO,
                              std::span<const int64_t> qsegs, T* dq, ExactAcc<T>* dkv, std::span<const int64_t> krow);
-// The key side as tile partials instead of sums (an exchange of partials, docs/parallel.md section 3): for each key j
+// The key side as tile partials instead of sums (an exchange of partials, docs/parallel.md section 5): for each key j
 // and each tile t of qsegs (nt = qsegs.size() - 1), the tile's partial for key j (P values in T, as attn_core_backward
 // forms it before its exact add; +0 where the tile has no term for the key) at row (krow[j] / blk * nt + t) * blk +
 // krow[j] % blk of part (S * nt rows of P): blocks of blk rows in krow's order, each block's nt tiles together. krow
