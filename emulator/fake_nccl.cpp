@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "reference/check.h"
@@ -42,7 +46,11 @@ struct FakeComm {
   Communicator* c = nullptr;                 // the emulated communicator (world: borrowed)
   std::unique_ptr<Communicator> owned;       // split results
   bool blocking = true;
+  // Set by ncclCommAbort, which frees a real communicator: from then on every call on this handle is a use after
+  // free (counted in g_unsafe and refused); the memory stays until the scope ends so that the fake itself never
+  // reads freed memory.
   std::atomic<bool> aborted{false};
+  std::atomic<int> in_call{0};               // calls on this handle in progress (an abort meanwhile is unsafe)
   std::atomic<int> fault{0};                 // FakeFault
   std::atomic<bool> pending{false};          // non-blocking: the last operation reports kInProgress once
   std::string last_error;
@@ -50,6 +58,30 @@ struct FakeComm {
 };
 
 FakeComm* as_fake(nccl::Comm c) { return reinterpret_cast<FakeComm*>(c); }
+
+// Process-wide counters (fake_nccl_stats).
+std::atomic<int64_t> g_destroyed{0}, g_aborted{0}, g_unsafe{0};
+
+// One call on a handle: counts it in progress; a handle already aborted (freed) is an unsafe use.
+struct InCall {
+  FakeComm* f;
+  bool freed;
+  explicit InCall(FakeComm* fc) : f(fc), freed(fc && fc->aborted.load()) {
+    if (!f) return;
+    f->in_call.fetch_add(1);
+    if (freed) g_unsafe.fetch_add(1);
+  }
+  ~InCall() {
+    if (f) f->in_call.fetch_sub(1);
+  }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+};
+
+// The ids the fake has initialised communicators with: NCCL's bootstrap root serves one ncclCommInitRank per rank
+// and id, so a second init of a rank with the same id is refused, as the real library cannot serve it.
+std::mutex g_ids_mu;
+std::map<uint64_t, std::set<int>> g_ids_used;
 nccl::Comm as_handle(FakeComm* f) { return reinterpret_cast<nccl::Comm>(f); }
 
 std::source_location take_site() {
@@ -83,9 +115,13 @@ template <class F>
 Result run(nccl::Comm h, F&& body) {
   FakeComm* f = as_fake(h);
   if (!tl() || !f) return nccl::kInvalidUsage;
-  if (f->aborted.load()) {
-    f->last_error = "communicator was aborted";
-    return nccl::kInvalidUsage;
+  InCall in(f);
+  if (in.freed) return nccl::kInvalidUsage;  // a use after ncclCommAbort (counted)
+  if (f->fault.load() == static_cast<int>(FakeFault::error_during_call)) {
+    // NCCL finds an error while the caller is inside this call: an abort that does not wait for the call frees
+    // the communicator under it (counted by comm_abort).
+    f->fault.store(static_cast<int>(FakeFault::async_error));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (f->fault.load() == static_cast<int>(FakeFault::stuck)) {
     f->pending.store(true);
@@ -136,6 +172,18 @@ Result comm_init_rank(nccl::Comm* comm, int nranks, nccl::UniqueId id, int rank,
                                  ctx.rank(), ctx.world_size(), rank, nranks);
     return nccl::kInvalidArgument;
   }
+  uint64_t serial = 0;
+  std::memcpy(&serial, id.internal + sizeof(kMagic), sizeof(serial));
+  {
+    std::lock_guard lk(g_ids_mu);
+    if (!g_ids_used[serial].insert(rank).second) {
+      tl()->init_error = fmt::format("rank {} already initialised a communicator with this unique id (NCCL's "
+                                     "bootstrap serves one ncclCommInitRank per rank and id: make a new id with "
+                                     "ncclGetUniqueId)",
+                                     rank);
+      return nccl::kInvalidUsage;
+    }
+  }
   auto* f = new FakeComm;
   f->c = &ctx.world();
   f->blocking = blocking != 0;
@@ -178,6 +226,8 @@ void forget(FakeComm* f) {
 Result comm_finalize(nccl::Comm h) {
   FakeComm* f = as_fake(h);
   if (!f) return nccl::kInvalidArgument;
+  InCall in(f);
+  if (in.freed) return nccl::kInvalidUsage;
   if (!f->blocking) {
     f->pending.store(true);
     return nccl::kInProgress;
@@ -187,19 +237,31 @@ Result comm_finalize(nccl::Comm h) {
 Result comm_destroy(nccl::Comm h) {
   FakeComm* f = as_fake(h);
   if (!f) return nccl::kInvalidArgument;
+  {
+    InCall in(f);
+    if (in.freed) return nccl::kInvalidUsage;
+  }
   forget(f);
   delete f;
+  g_destroyed.fetch_add(1);
   return nccl::kSuccess;
 }
-// Thread-safe (the watchdog calls it): marks the communicator; the scope frees it.
+// Thread-safe (the watchdog calls it). The real ncclCommAbort frees the communicator: here the handle is marked
+// dead (every later call on it is an unsafe use, counted) and its memory is kept until the scope ends. An abort
+// while another call on the handle is in progress, or a second abort, is an unsafe use too.
 Result comm_abort(nccl::Comm h) {
-  if (FakeComm* f = as_fake(h)) f->aborted.store(true);
+  FakeComm* f = as_fake(h);
+  if (!f) return nccl::kInvalidArgument;
+  if (f->aborted.exchange(true) || f->in_call.load() > 0) g_unsafe.fetch_add(1);
+  g_aborted.fetch_add(1);
   return nccl::kSuccess;
 }
 // Thread-safe: reads atomics only.
 Result comm_get_async_error(nccl::Comm h, Result* st) {
   FakeComm* f = as_fake(h);
   if (!f) return nccl::kInvalidArgument;
+  InCall in(f);
+  if (in.freed) return nccl::kInvalidUsage;
   if (f->fault.load() == static_cast<int>(FakeFault::async_error)) {
     *st = nccl::kRemoteError;
     return nccl::kSuccess;
@@ -214,12 +276,16 @@ Result comm_get_async_error(nccl::Comm h, Result* st) {
 Result comm_count(nccl::Comm h, int* n) {
   FakeComm* f = as_fake(h);
   if (!f) return nccl::kInvalidArgument;
+  InCall in(f);
+  if (in.freed) return nccl::kInvalidUsage;
   *n = f->c->size();
   return nccl::kSuccess;
 }
 Result comm_user_rank(nccl::Comm h, int* r) {
   FakeComm* f = as_fake(h);
   if (!f) return nccl::kInvalidArgument;
+  InCall in(f);
+  if (in.freed) return nccl::kInvalidUsage;
   *r = f->c->rank();
   return nccl::kSuccess;
 }
@@ -235,7 +301,11 @@ const char* get_error_string(Result r) {
   }
 }
 const char* get_last_error(nccl::Comm h) {
-  if (FakeComm* f = as_fake(h)) return f->last_error.c_str();
+  if (FakeComm* f = as_fake(h)) {
+    InCall in(f);
+    if (in.freed) return "the communicator was freed by ncclCommAbort";
+    return f->last_error.c_str();
+  }
   return tl() ? tl()->init_error.c_str() : "";
 }
 
@@ -378,6 +448,8 @@ FakeNcclScope::~FakeNcclScope() {
   delete tl();
   tl_slot() = nullptr;
 }
+
+FakeNcclStats fake_nccl_stats() { return {g_destroyed.load(), g_aborted.load(), g_unsafe.load()}; }
 
 void fake_nccl_inject(nccl::Comm comm, FakeFault f) {
   TD_CHECK(comm != nullptr, "fake_nccl_inject: null communicator");

@@ -9,6 +9,10 @@
 // operation kInProgress once before it settles, so NcclCommunicator's polling path runs too. Errors raised by
 // the emulator (a mismatch, a deadlock, a failed peer) become kSystemError with the report as ncclGetLastError.
 //
+// Like the real library, an id serves one ncclCommInitRank per rank (a reused id is refused with kInvalidUsage),
+// and ncclCommAbort frees the communicator: any later call on the handle, an abort during another call on it, or
+// a second abort is an unsafe use, refused and counted (fake_nccl_stats), so tests can demand none.
+//
 // Limits: one world per id (ncclCommInitRank over a subset of ranks is refused: use ncclCommSplit), collectives
 // inside a group run at once (the step groups only send/recv).
 #pragma once
@@ -40,8 +44,17 @@ enum class FakeFault {
   none,
   async_error,   // ncclCommGetAsyncError reports ncclRemoteError from now on (the watchdog aborts the comm)
   stuck,         // every later operation stays kInProgress forever (the deadline checker aborts the comm)
+  error_during_call,  // the next operation raises async_error as it starts and takes 50 ms more to return (an
+                      // abort that does not wait for the caller frees the communicator during the call)
 };
 void fake_nccl_inject(nccl::Comm comm, FakeFault f);
+
+// Process-wide counts: communicators destroyed (ncclCommDestroy after a finalize), aborted (ncclCommAbort), and
+// unsafe uses (a call on a handle after ncclCommAbort freed it, an abort during a call on it, a second abort).
+struct FakeNcclStats {
+  int64_t destroyed = 0, aborted = 0, unsafe_uses = 0;
+};
+FakeNcclStats fake_nccl_stats();
 
 // The world communicator of every rank of one emulated run, as an NcclCommunicator over the fake NCCL: the first
 // rank to call world() makes the unique id and the others take it (no rank waits for another outside the

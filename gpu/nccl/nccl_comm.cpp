@@ -131,18 +131,19 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::init(const nccl::Api& api, c
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // After this the watchdog never polls this communicator (remove() waits for a poll in progress).
   if (opts_.watchdog_period.count() > 0) NcclWatchdog::get().remove(this);
-  if (!aborted_.load()) {
-    // A finalize that fails (a peer died) falls back to an abort; errors are not thrown from a destructor.
-    if (api_.comm_finalize(comm_) == nccl::kSuccess) {
-      const Result st = settle(api_, comm_, opts_.deadline);
-      if (st == nccl::kSuccess) {
-        api_.comm_destroy(comm_);
-        return;
-      }
-    }
-    api_.comm_abort(comm_);
+  if (aborted_.load()) return;  // ncclCommAbort freed it
+  // ncclCommFinalize flushes the communicator's operations; a non-blocking communicator answers ncclInProgress and
+  // settles later (polled to the deadline). A finalize that fails (a peer died) or does not settle falls back to an
+  // abort; errors are not thrown from a destructor.
+  Result r = api_.comm_finalize(comm_);
+  if (r == nccl::kInProgress) r = settle(api_, comm_, opts_.deadline);
+  if (r == nccl::kSuccess) {
+    api_.comm_destroy(comm_);
+    return;
   }
+  api_.comm_abort(comm_);
 }
 
 void NcclCommunicator::remember(std::string what, loc_t loc) {
@@ -167,11 +168,17 @@ std::string NcclCommunicator::recent_ops() const {
   return s;
 }
 
-void NcclCommunicator::raise(const std::string& what, loc_t loc) {
+std::string NcclCommunicator::last_error() {
+  std::lock_guard cl(call_mu_);
+  if (aborted_.load()) return {};  // the communicator is gone (ncclCommAbort frees it)
   const char* last = api_.get_last_error(comm_);
+  return last ? last : "";
+}
+
+void NcclCommunicator::raise(const std::string& what, loc_t loc) {
+  const std::string last = last_error();
   fail(fmt::format("rank {} of NCCL communicator '{}' (size {}): {} at {}{}{}; last operations (oldest first):\n{}",
-                   rank_, name(), size_, what, site(loc), last && *last ? "; NCCL: " : "", last ? last : "",
-                   recent_ops()));
+                   rank_, name(), size_, what, site(loc), last.empty() ? "" : "; NCCL: ", last, recent_ops()));
 }
 
 void NcclCommunicator::throw_if_aborted(loc_t loc) {
@@ -184,43 +191,63 @@ void NcclCommunicator::throw_if_aborted(loc_t loc) {
   raise("communicator was aborted (" + why + ")", loc);
 }
 
-void NcclCommunicator::check(Result r, const char* call, loc_t loc) {
+void NcclCommunicator::abort_locked(std::string why) {
+  {
+    std::lock_guard lk(mu_);
+    abort_reason_ = std::move(why);
+  }
+  aborted_.store(true);
+  api_.comm_abort(comm_);
+}
+
+template <class F>
+Result NcclCommunicator::locked(F&& f, loc_t loc) {
+  std::unique_lock cl(call_mu_);
+  if (aborted_.load()) {
+    cl.unlock();
+    throw_if_aborted(loc);
+  }
+  return f();
+}
+
+void NcclCommunicator::check(Result r, const char* what, loc_t loc) {
   if (r == nccl::kInProgress) {
     const auto until = std::chrono::steady_clock::now() + opts_.deadline;
     Result st = nccl::kInProgress;
     for (;;) {
-      if (aborted_.load()) throw_if_aborted(loc);
-      r = api_.comm_get_async_error(comm_, &st);
-      if (r != nccl::kSuccess || st != nccl::kInProgress) break;
-      if (std::chrono::steady_clock::now() >= until) {
-        {
-          std::lock_guard lk(mu_);
-          abort_reason_ = fmt::format("{} still in progress after {} ms", call, opts_.deadline.count());
+      {
+        // One poll under the call lock, released between polls so that the watchdog can abort meanwhile.
+        std::unique_lock cl(call_mu_);
+        if (aborted_.load()) {
+          cl.unlock();
+          throw_if_aborted(loc);
         }
-        aborted_.store(true);
-        api_.comm_abort(comm_);
-        throw_if_aborted(loc);
+        r = api_.comm_get_async_error(comm_, &st);
+        if (r != nccl::kSuccess || st != nccl::kInProgress) break;
+        if (std::chrono::steady_clock::now() >= until) {
+          abort_locked(fmt::format("{} still in progress after {} ms", what, opts_.deadline.count()));
+          cl.unlock();
+          throw_if_aborted(loc);
+        }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (r == nccl::kSuccess) r = st;
   }
-  if (r != nccl::kSuccess) raise(fmt::format("{} failed: {}", call, nccl::to_string(r)), loc);
+  if (r != nccl::kSuccess) raise(fmt::format("{} failed: {}", what, nccl::to_string(r)), loc);
   throw_if_aborted(loc);
 }
 
 void NcclCommunicator::watchdog_poll() {
-  if (aborted_.load()) return;
+  // The owner holds the call lock for each NCCL call on this communicator: an abort never lands between its check
+  // of aborted_ and its call, or during the call (ncclCommAbort frees the communicator). A poll that finds the
+  // owner inside a call is skipped; the next period polls again.
+  std::unique_lock cl(call_mu_, std::try_to_lock);
+  if (!cl.owns_lock() || aborted_.load()) return;
   Result st = nccl::kSuccess;
   const Result r = api_.comm_get_async_error(comm_, &st);
   if (r == nccl::kSuccess && (st == nccl::kSuccess || st == nccl::kInProgress)) return;
-  {
-    std::lock_guard lk(mu_);
-    abort_reason_ = fmt::format("the watchdog saw an asynchronous error: {}",
-                                nccl::to_string(r != nccl::kSuccess ? r : st));
-  }
-  aborted_.store(true);
-  api_.comm_abort(comm_);
+  abort_locked(fmt::format("the watchdog saw an asynchronous error: {}", nccl::to_string(r != nccl::kSuccess ? r : st)));
 }
 
 void NcclCommunicator::do_collective(const CollArgs& a, Stream s, loc_t loc) {
@@ -235,22 +262,25 @@ void NcclCommunicator::do_collective(const CollArgs& a, Stream s, loc_t loc) {
   Result r = nccl::kSuccess;
   const char* call = "";
   switch (a.op) {
-    case CollOp::all_gather: call = "ncclAllGather"; r = api_.all_gather(a.send, a.recv, n, t, comm_, st); break;
+    case CollOp::all_gather:
+      call = "ncclAllGather";
+      r = locked([&] { return api_.all_gather(a.send, a.recv, n, t, comm_, st); }, loc);
+      break;
     case CollOp::reduce_scatter:
       call = "ncclReduceScatter";
-      r = api_.reduce_scatter(a.send, a.recv, n, t, nccl_op(a.redop), comm_, st);
+      r = locked([&] { return api_.reduce_scatter(a.send, a.recv, n, t, nccl_op(a.redop), comm_, st); }, loc);
       break;
     case CollOp::all_reduce:
       call = "ncclAllReduce";
-      r = api_.all_reduce(a.send, a.recv, n, t, nccl_op(a.redop), comm_, st);
+      r = locked([&] { return api_.all_reduce(a.send, a.recv, n, t, nccl_op(a.redop), comm_, st); }, loc);
       break;
     case CollOp::broadcast:
       call = "ncclBroadcast";
-      r = api_.broadcast(a.send, a.recv, n, t, a.root, comm_, st);
+      r = locked([&] { return api_.broadcast(a.send, a.recv, n, t, a.root, comm_, st); }, loc);
       break;
     case CollOp::reduce:
       call = "ncclReduce";
-      r = api_.reduce(a.send, a.recv, n, t, nccl_op(a.redop), a.root, comm_, st);
+      r = locked([&] { return api_.reduce(a.send, a.recv, n, t, nccl_op(a.redop), a.root, comm_, st); }, loc);
       break;
     default: fail(fmt::format("NcclCommunicator: {} is not a collective", to_string(a.op)));
   }
@@ -262,7 +292,8 @@ void NcclCommunicator::do_send(const void* buf, size_t count, DataType t, int pe
   size_t scale = 1;
   const nccl::DType nt = nccl_type(t, &scale);
   remember(fmt::format("send {} x {} to {}", count, to_string(t), peer), loc);
-  check(api_.send(buf, count * scale, nt, peer, comm_, dev_.native_stream(s)), "ncclSend", loc);
+  void* st = dev_.native_stream(s);
+  check(locked([&] { return api_.send(buf, count * scale, nt, peer, comm_, st); }, loc), "ncclSend", loc);
 }
 
 void NcclCommunicator::do_recv(void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) {
@@ -270,19 +301,20 @@ void NcclCommunicator::do_recv(void* buf, size_t count, DataType t, int peer, St
   size_t scale = 1;
   const nccl::DType nt = nccl_type(t, &scale);
   remember(fmt::format("recv {} x {} from {}", count, to_string(t), peer), loc);
-  check(api_.recv(buf, count * scale, nt, peer, comm_, dev_.native_stream(s)), "ncclRecv", loc);
+  void* st = dev_.native_stream(s);
+  check(locked([&] { return api_.recv(buf, count * scale, nt, peer, comm_, st); }, loc), "ncclRecv", loc);
 }
 
 void NcclCommunicator::do_group_start(loc_t loc) {
   throw_if_aborted(loc);
   if (api_.set_call_site) api_.set_call_site(&loc);
-  check(api_.group_start(), "ncclGroupStart", loc);
+  check(locked([&] { return api_.group_start(); }, loc), "ncclGroupStart", loc);
 }
 
 void NcclCommunicator::do_group_end(loc_t loc) {
   throw_if_aborted(loc);
   remember("group_end", loc);
-  check(api_.group_end(), "ncclGroupEnd", loc);
+  check(locked([&] { return api_.group_end(); }, loc), "ncclGroupEnd", loc);
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key, std::string name, loc_t loc) {
@@ -290,7 +322,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key, std
   remember(fmt::format("split color {} key {} -> '{}'", color, key, name), loc);
   if (api_.set_next_comm_name) api_.set_next_comm_name(name.c_str());
   nccl::Comm c = nullptr;
-  Result r = api_.comm_split(comm_, color < 0 ? nccl::kSplitNoColor : color, key, &c, opts_.blocking ? 1 : 0);
+  Result r = locked([&] { return api_.comm_split(comm_, color < 0 ? nccl::kSplitNoColor : color, key, &c,
+                                               opts_.blocking ? 1 : 0); }, loc);
   if (r == nccl::kInProgress && c) {  // a non-blocking split completes on the child
     r = settle(api_, c, opts_.deadline);
     if (r != nccl::kSuccess) api_.comm_abort(c);

@@ -9,8 +9,11 @@
 // ncclCommGetAsyncError until it settles or the deadline passes (then the communicator is aborted); any other
 // error throws trident::Error naming the rank, the communicator, the call site, NCCL's last error and the ring of
 // the communicator's last operations with their call sites. A process-wide watchdog thread polls every live
-// communicator's async error; on an error it aborts the communicator (ncclCommAbort), so a rank blocked in NCCL
-// is released, and the next call on that communicator throws the report.
+// communicator's async error; on an error it aborts the communicator (ncclCommAbort), so a rank waiting on its
+// stream is released, and the next call on that communicator throws the report. The watchdog and the owning thread
+// share a lock around every NCCL call on the communicator (ncclCommAbort frees it): the watchdog skips a poll while
+// the owner is inside a call, so a call blocked inside NCCL is released only on a non-blocking communicator (the
+// default), whose calls return at once and are polled.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -67,6 +70,12 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void raise(const std::string& what, loc_t loc);
   void remember(std::string what, loc_t loc);
   void throw_if_aborted(loc_t loc);
+  // NCCL's last error for this communicator ("" once aborted: ncclCommAbort freed it); takes the call lock.
+  std::string last_error();
+  // Runs one NCCL call on comm_ (f) under the call lock, after checking that the communicator was not aborted.
+  template <class F>
+  nccl::Result locked(F&& f, loc_t loc);
+  void abort_locked(std::string why);  // records why, marks aborted, ncclCommAbort; the call lock held
   void watchdog_poll();  // called by the watchdog thread
 
   const nccl::Api& api_;
@@ -75,6 +84,10 @@ class NcclCommunicator final : public Communicator {
   NcclOptions opts_;
   int rank_ = 0, size_ = 0;
   std::atomic<bool> aborted_{false};
+  // The call lock: held by the owning thread around each NCCL call on comm_ (and each poll of an operation in
+  // progress), and by the watchdog around its poll and abort, so that ncclCommAbort (which frees the communicator)
+  // never runs during, or between the owner's abort check and, a call on it. Taken before mu_.
+  std::mutex call_mu_;
   mutable std::mutex mu_;       // guards ring_, abort_reason_
   std::string abort_reason_;
   struct Op {

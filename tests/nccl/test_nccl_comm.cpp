@@ -131,6 +131,7 @@ TEST_P(FakeNcclOps, SameBitsAsTheEmulatorsCommunicator) {
   NcclOptions o;
   o.blocking = blocking;
   FakeNcclWorld fw(o);
+  const emu::FakeNcclStats s0 = emu::fake_nccl_stats();
   emu::spawn(W, [&](RankContext& ctx) {
     emu_out[static_cast<size_t>(ctx.rank())] = exercise(ctx.world(), seed);
     FakeNcclScope scope(ctx);
@@ -144,6 +145,9 @@ TEST_P(FakeNcclOps, SameBitsAsTheEmulatorsCommunicator) {
     EXPECT_TRUE(same_bits(emu_out[static_cast<size_t>(r)], nccl_out[static_cast<size_t>(r)]))
         << "rank " << r << " of " << W << (blocking ? " (blocking)" : " (non-blocking)") << "; repro: seed " << seed;
   }
+  // every communicator was finalized and destroyed (none aborted), none used after it was freed
+  EXPECT_EQ(emu::fake_nccl_stats().aborted - s0.aborted, 0);
+  EXPECT_EQ(emu::fake_nccl_stats().unsafe_uses - s0.unsafe_uses, 0);
 }
 INSTANTIATE_TEST_SUITE_P(Worlds, FakeNcclOps,
                          ::testing::Combine(::testing::Values(2, 3, 5, 8), ::testing::Values(true, false)));
@@ -189,6 +193,7 @@ TEST(FakeNccl, MismatchReportNamesCallSitesAndRecentOps) {
 
 // The watchdog sees an asynchronous error and aborts the communicator; the next call throws within a second.
 TEST(FakeNccl, WatchdogAbortsOnAsyncError) {
+  const int64_t u0 = emu::fake_nccl_stats().unsafe_uses;
   FakeNcclWorld fw(NcclOptions{.blocking = false, .deadline = std::chrono::seconds(5),
                                .watchdog_period = std::chrono::milliseconds(10)});
   emu::spawn(1, [&](RankContext& ctx) {
@@ -210,6 +215,7 @@ TEST(FakeNccl, WatchdogAbortsOnAsyncError) {
       EXPECT_NE(m.find("#1 all_reduce 1 x f32"), std::string::npos) << m;
     }
   });
+  EXPECT_EQ(emu::fake_nccl_stats().unsafe_uses - u0, 0);
 }
 
 // An operation that never completes on a non-blocking communicator fails at the deadline (never a hang).
@@ -249,6 +255,92 @@ TEST(FakeNccl, InitRefusesAForeignIdAndAPartialWorld) {
       EXPECT_NE(std::string(e.what()).find("whole emulated world only"), std::string::npos) << e.what();
     }
   });
+}
+
+// Like the real library, the fake serves one ncclCommInitRank per rank and id: a second init with the same id is
+// refused (a test that reuses an id would pass on counters and fail on NCCL's bootstrap).
+TEST(FakeNccl, ReusedIdIsRefused) {
+  emu::spawn(1, [&](RankContext& ctx) {
+    FakeNcclScope scope(ctx);
+    nccl::UniqueId id{};
+    ASSERT_EQ(emu::fake_nccl().get_unique_id(&id), nccl::kSuccess);
+    auto first = NcclCommunicator::init(emu::fake_nccl(), id, 1, 0, ctx.device(), "first");
+    try {
+      auto again = NcclCommunicator::init(emu::fake_nccl(), id, 1, 0, ctx.device(), "again");
+      ADD_FAILURE() << "a reused unique id was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("already initialised a communicator with this unique id"),
+                std::string::npos) << e.what();
+    }
+    ASSERT_EQ(emu::fake_nccl().get_unique_id(&id), nccl::kSuccess);
+    EXPECT_NO_THROW(NcclCommunicator::init(emu::fake_nccl(), id, 1, 0, ctx.device(), "fresh"));
+  });
+}
+
+// A communicator that ends normally is finalized and destroyed, never aborted, in both modes: ncclCommFinalize of
+// a non-blocking communicator answers ncclInProgress and must be polled to completion, not taken for a failure.
+TEST(FakeNccl, EndedCommunicatorsAreFinalizedNotAborted) {
+  for (const bool blocking : {true, false}) {
+    SCOPED_TRACE(blocking ? "blocking" : "non-blocking");
+    const emu::FakeNcclStats before = emu::fake_nccl_stats();
+    FakeNcclWorld fw(NcclOptions{.blocking = blocking});
+    emu::spawn(2, [&](RankContext& ctx) {
+      FakeNcclScope scope(ctx);
+      auto w = fw.world(ctx);
+      auto sub = w->split(0, ctx.rank(), "sub");
+      float x = 1.f, y = 0.f;
+      sub->all_reduce(&x, &y, 1, DataType::f32, ReduceOp::sum);
+      EXPECT_EQ(y, 2.f);
+    });
+    const emu::FakeNcclStats after = emu::fake_nccl_stats();
+    EXPECT_EQ(after.destroyed - before.destroyed, 4) << "2 ranks x (world + split)";
+    EXPECT_EQ(after.aborted - before.aborted, 0);
+    EXPECT_EQ(after.unsafe_uses - before.unsafe_uses, 0);
+  }
+}
+
+// The fake treats ncclCommAbort as the real library does (it frees the communicator): a later call on the handle,
+// or a second abort, is refused and counted.
+TEST(FakeNccl, CallsAfterAnAbortAreCounted) {
+  emu::spawn(1, [&](RankContext& ctx) {
+    FakeNcclScope scope(ctx);
+    const nccl::Api& api = emu::fake_nccl();
+    nccl::UniqueId id{};
+    ASSERT_EQ(api.get_unique_id(&id), nccl::kSuccess);
+    nccl::Comm c = nullptr;
+    ASSERT_EQ(api.comm_init_rank(&c, 1, id, 0, 1), nccl::kSuccess);
+    const int64_t u0 = emu::fake_nccl_stats().unsafe_uses;
+    int n = 0;
+    EXPECT_EQ(api.comm_count(c, &n), nccl::kSuccess);
+    EXPECT_EQ(emu::fake_nccl_stats().unsafe_uses, u0);
+    EXPECT_EQ(api.comm_abort(c), nccl::kSuccess);
+    EXPECT_EQ(api.comm_count(c, &n), nccl::kInvalidUsage);
+    EXPECT_EQ(api.comm_abort(c), nccl::kSuccess);
+    EXPECT_EQ(emu::fake_nccl_stats().unsafe_uses, u0 + 2);
+  });
+}
+
+// The watchdog and the owning thread share the call lock: an error NCCL finds while the owner is inside a call is
+// acted on after the call returns, never by freeing the communicator under it (the fake's call takes 50 ms after
+// raising the error; the watchdog polls every 2 ms). Run under ThreadSanitizer too (label tsan).
+TEST(FakeNccl, WatchdogNeverAbortsDuringACall) {
+  const int64_t u0 = emu::fake_nccl_stats().unsafe_uses;
+  FakeNcclWorld fw(NcclOptions{.blocking = false, .deadline = std::chrono::seconds(5),
+                               .watchdog_period = std::chrono::milliseconds(2)});
+  emu::spawn(1, [&](RankContext& ctx) {
+    FakeNcclScope scope(ctx);
+    auto w = fw.world(ctx);
+    float x = 1.f, y = 0.f;
+    w->all_reduce(&x, &y, 1, DataType::f32, ReduceOp::sum);
+    emu::fake_nccl_inject(w->handle(), emu::FakeFault::error_during_call);
+    EXPECT_THROW(w->all_reduce(&x, &y, 1, DataType::f32, ReduceOp::sum), Error);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!w->aborted() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(w->aborted());
+    EXPECT_THROW(w->all_reduce(&x, &y, 1, DataType::f32, ReduceOp::sum), Error);
+  });
+  EXPECT_EQ(emu::fake_nccl_stats().unsafe_uses - u0, 0) << "the communicator was used after (or aborted during) a call";
 }
 
 // ---- unique-id exchanges ----------------------------------------------------------------------------------------
