@@ -24,6 +24,7 @@
 #include "gpu/fast/check.h"
 #include "gpu/fast/host_kernels.h"
 #include "gpu/ref/host_kernels.h"
+#include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
 #ifdef TRIDENT_HAVE_CUDA
@@ -319,15 +320,13 @@ int run_check_fast(const CheckOpts& o, const Backend& be, const golden::Primitiv
     j["golden"] = path;
     j["backend"] = o.backend;
     j["mode"] = "tolerance (gpu rows) for the fast ops, bitwise for the others";
-    std::ofstream os(o.report);
-    if (!os) fail(fmt::format("--report '{}': cannot write", o.report));
-    os << j.dump(2) << "\n";
-    if (!os) fail(fmt::format("--report '{}': write failed", o.report));
+    io::write_file(o.report, j.dump(2) + "\n", "--report");
   }
   return sum.failures.empty() ? 0 : 1;
 }
 
 int run_check(const CheckOpts& o) {
+  if (!o.report.empty()) io::check_writable(o.report, "--report");  // before the check, not after it
   const Backend be = parse_backend(o.backend);
   const std::string path = primitives_path(o.golden);
   const golden::PrimitivesFile f = golden::read_primitives(path);
@@ -372,10 +371,7 @@ int run_check(const CheckOpts& o) {
     j["golden"] = path;
     j["backend"] = o.backend;
     j["mode"] = co.bitwise ? "bitwise" : "tolerance";
-    std::ofstream os(o.report);
-    if (!os) fail(fmt::format("--report '{}': cannot write", o.report));
-    os << j.dump(2) << "\n";
-    if (!os) fail(fmt::format("--report '{}': write failed", o.report));
+    io::write_file(o.report, j.dump(2) + "\n", "--report");
   }
   return sum.failures.empty() ? 0 : 1;
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "gpu/nccl/nccl_bootstrap.h"
 #include "reference/check.h"
 
 namespace {
@@ -68,6 +69,8 @@ int launch(const Opts& o) {
   if (o.args.empty()) fail("launch: no command: `trident launch --nproc N -- emulate --backend nccl ...`");
   if (o.args.front() == "launch") fail("launch: the command must not be `launch` itself");
   const int port = o.port > 0 ? static_cast<int>(o.port) : free_port();
+  // The job's secret: only processes started here can prove it and receive NCCL's unique id (docs/security.md).
+  const std::string secret = nccl::make_job_secret();
   std::vector<std::string> argv_s = {"trident"};
   argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
   std::vector<char*> argv;
@@ -94,6 +97,8 @@ int launch(const Opts& o) {
       ::setenv("LOCAL_WORLD_SIZE", n.c_str(), 1);
       ::setenv("MASTER_ADDR", o.addr.c_str(), 1);
       ::setenv("MASTER_PORT", ps.c_str(), 1);
+      ::setenv("TRIDENT_NCCL_ID_PORT", ps.c_str(), 1);  // nothing else of this job listens on MASTER_PORT
+      ::setenv("TRIDENT_JOB_SECRET", secret.c_str(), 1);
       ::execv("/proc/self/exe", argv.data());
       std::fprintf(stderr, "trident: error: launch: rank %d: exec of /proc/self/exe failed: %s\n", r,
                    std::strerror(errno));
@@ -174,7 +179,8 @@ TRIDENT_COMMAND({"launch", "start N local processes of a trident command, one pe
                        "Example: trident launch --nproc 8 -- emulate --backend nccl --kernels cuda-ref "
                        "--mesh fsdp=2,cp=2,e_fsdp=2,ep=2 --check-reference\n"
                        "Each process gets RANK, LOCAL_RANK (its GPU), WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
-                       "MASTER_PORT; rank 0 hands NCCL's unique id to the others over MASTER_ADDR:MASTER_PORT. "
+                       "MASTER_PORT; rank 0 hands NCCL's unique id to the others over MASTER_ADDR:MASTER_PORT, each proving "
+                       "the job's secret (TRIDENT_JOB_SECRET, made here per job; docs/security.md). "
                        "One node; across nodes start each node's processes with torchrun or mpirun and the same "
                        "variables (docs/gpu.md).");
                    sub.add_option("--nproc", o->nproc, "processes to start (one per GPU of this node)")

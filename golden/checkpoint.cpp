@@ -137,12 +137,16 @@ void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::ve
   const fs::path target = target_path(dir);
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   std::error_code ec;
-  static std::atomic<int> counter{0};
-  const fs::path tmp =
-      parent / fmt::format(".{}.tmp-{}-{}", target.filename().string(), ::getpid(), counter.fetch_add(1));
-  if (!fs::create_directory(tmp, ec) || ec)
-    fail(fmt::format("cannot save checkpoint '{}': cannot create '{}': {}", dir, tmp.string(),
-                     ec ? ec.message() : "it exists"));
+  // A private sibling with a random name, created exclusively (mkdtemp, mode 0700): nothing planted next to DIR can
+  // stand in for it (docs/security.md section 1).
+  auto private_dir = [&](const char* kind) {
+    std::string t = (parent / fmt::format(".{}.{}-XXXXXX", target.filename().string(), kind)).string();
+    if (::mkdtemp(t.data()) == nullptr)
+      fail(fmt::format("cannot save checkpoint '{}': cannot create a folder in '{}': {}", dir, parent.string(),
+                       errno_text()));
+    return fs::path(t);
+  };
+  const fs::path tmp = private_dir("tmp");
   try {
     json files = json::array();
     for (int64_t r = 0; r < W; ++r) {
@@ -201,8 +205,7 @@ void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::ve
       } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
         // A file system without RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
         // leaves no DIR, and the old checkpoint complete at .NAME.old-PID-N (docs/checkpoints.md).
-        const fs::path old = parent / fmt::format(".{}.old-{}-{}", target.filename().string(), ::getpid(),
-                                                  counter.fetch_add(1));
+        const fs::path old = private_dir("old");  // empty: the rename below replaces it
         if (::rename(target.c_str(), old.c_str()) != 0)
           fail(fmt::format("cannot rename '{}' to '{}': {}", target.string(), old.string(), errno_text()));
         if (::rename(tmp.c_str(), target.c_str()) != 0) {

@@ -10,7 +10,7 @@
 //                     in /params/<name>, /exp_avg/<name> (AdamW m) and /exp_avg_sq/<name> (AdamW v).
 // `trident train` writes a one-rank checkpoint (mesh 1x1x1x1x1), so train and emulate checkpoints interchange.
 //
-// Crash safety: save writes everything into a hidden sibling directory (.NAME.tmp-PID-N), fsyncs every file and the
+// Crash safety: save writes everything into a hidden sibling directory (.NAME.tmp-XXXXXX, a random name made by mkdtemp), fsyncs every file and the
 // directory, writes manifest.json last, then atomically exchanges it with DIR (renameat2 RENAME_EXCHANGE; a
 // first save renames) and fsyncs the parent. A save that dies at any point leaves DIR as it was; the temporary
 // directory has no manifest (or is never at DIR's name), so it never loads as DIR.

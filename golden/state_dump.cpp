@@ -21,6 +21,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/model/config.h"
 #include "reference/model/params.h"
@@ -466,29 +467,18 @@ std::string resolve_loss_dtype(const StateDump& s) {
 }
 
 // Why a file cannot be created at `path` (for the error message), or "" when nothing obvious is wrong.
-std::string unwritable_reason(const fs::path& path) {
-  std::error_code ec;
-  fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  if (!fs::exists(dir, ec)) return fmt::format("directory '{}' does not exist", dir.string());
-  if (!fs::is_directory(dir, ec)) return fmt::format("'{}' is not a directory", dir.string());
-  if (fs::is_directory(path, ec)) return "the path is a directory";
-  if (::access(dir.c_str(), W_OK) != 0) return fmt::format("directory '{}' is not writable", dir.string());
-  return "";
-}
-
 }  // namespace
 
 void check_writable(const std::string& path) {
   TD_CHECK(!path.empty(), "state dump: empty path");
-  if (std::string why = unwritable_reason(fs::path(path)); !why.empty())
+  if (std::string why = io::unwritable_reason(path); !why.empty())
     fail(fmt::format("cannot write state dump '{}': {}", path, why));
 }
 
 void write_state(const std::string& path, const StateDump& s, const WriteOptions& opt) {
   H5::Exception::dontPrint();
-  const fs::path target(path);
   TD_CHECK(!path.empty(), "write_state: empty path");
-  if (std::string why = unwritable_reason(target); !why.empty())
+  if (std::string why = io::unwritable_reason(path); !why.empty())
     fail(fmt::format("cannot write state dump '{}': {}", path, why));
   StateDump checked_view;  // validate_state on the metadata and shapes as they will be stored
   {
@@ -517,13 +507,15 @@ void write_state(const std::string& path, const StateDump& s, const WriteOptions
   }
   const std::string loss_dtype = resolve_loss_dtype(s);
 
-  const fs::path tmp = target.parent_path() /
-                       fmt::format(".{}.tmp.{}", target.filename().string(), static_cast<long>(::getpid()));
+  // Staged in a private folder next to the target and renamed onto it (reference/atomic_write.h): no name a
+  // planted link could sit at, and a reader never sees a partial file.
+  io::StagedFile out(path, "state dump");
+  const fs::path tmp(out.path());
   try {
     {
       H5::FileCreatPropList fcpl;
       if (opt.checksum) fcpl.setUserblock(kChecksumBlock);
-      H5::H5File f(tmp.string(), H5F_ACC_TRUNC, fcpl);
+      H5::H5File f(tmp.string(), H5F_ACC_EXCL, fcpl);
       H5::Group root = f.openGroup("/");
       write_scalar_attr<int32_t>(root, "schema_version", H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32,
                                  kSchemaVersion);
@@ -560,17 +552,9 @@ void write_state(const std::string& path, const StateDump& s, const WriteOptions
       f.flush(H5F_SCOPE_GLOBAL);
     }
     if (opt.checksum) seal_checksum(tmp.string());
-    std::error_code ec;
-    fs::rename(tmp, target, ec);
-    if (ec) fail(fmt::format("cannot write state dump '{}': rename failed: {}", path, ec.message()));
+    out.commit();
   } catch (const H5::Exception& e) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
     fail(fmt::format("cannot write state dump '{}': HDF5: {} ({})", path, e.getDetailMsg(), e.getFuncName()));
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
   }
 }
 

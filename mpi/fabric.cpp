@@ -16,14 +16,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kTagData = 1, kTagHeartbeat = 2, kTagAbort = 3;
 
-// One MPI message of a (possibly chunked) transport message.
-struct Header {
-  uint64_t ctx;
-  int32_t src, dst;
-  uint32_t sig, pad;
-  uint64_t total, offset;
-};
-static_assert(sizeof(Header) == 40);
+using Header = ChunkHeader;  // one MPI message of a (possibly chunked) transport message (mpi/wire.h)
 
 std::string mpi_error(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -194,7 +187,7 @@ void Fabric::progress_main() {
     std::vector<char> buf;
   };
   std::vector<std::deque<Arrival>> recvs(static_cast<size_t>(nproc_));  // per source, in match order
-  std::map<std::tuple<uint64_t, int, int>, std::pair<Msg, uint64_t>> partial;  // reassembly: message, bytes so far
+  Reassembler reassembly(WireLayout{nproc_, k_, proc_, chunk_});  // checks every chunk (mpi/wire.h)
   std::vector<Clock::time_point> heard(static_cast<size_t>(nproc_), Clock::now());
   auto last_hb = Clock::now() - std::chrono::hours(1);
   bool aborts_sent = false, barrier_posted = false;
@@ -266,7 +259,7 @@ void Fabric::progress_main() {
       if (mpi_failed(MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &mh, &st), "MPI_Improbe") || !flag) break;
       active = true;
       int bytes = 0;
-      MPI_Get_count(&st, MPI_BYTE, &bytes);
+      if (MPI_Get_count(&st, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < 0) bytes = 0;  // MPI_UNDEFINED: none
       auto& q = recvs[static_cast<size_t>(st.MPI_SOURCE)];
       q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::vector<char>(static_cast<size_t>(bytes))});
       if (mpi_failed(MPI_Imrecv(q.back().buf.data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
@@ -282,32 +275,24 @@ void Fabric::progress_main() {
         q.pop_front();
         const std::vector<char>& buf = a.buf;
         if (a.tag == kTagAbort) {
-          set_failure(fmt::format("{} failed: {}", describe_process(from), std::string(buf.begin(), buf.end())), true);
+          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(buf)), true);
         } else if (a.tag == kTagData) {
-          Header h;
-          std::memcpy(&h, buf.data(), sizeof h);
-          const size_t n = buf.size() - sizeof h;
-          auto key = std::make_tuple(h.ctx, int{h.src}, int{h.dst});
-          if (h.offset == 0 && n == h.total) {  // whole message in one chunk
-            Msg m;
-            m.sig = h.sig;
-            m.data.assign(buf.begin() + sizeof h, buf.end());
-            deliver(h.ctx, h.src, h.dst, std::move(m));
-            continue;
+          try {
+            if (std::optional<Delivery> d = reassembly.take(from, buf))
+              deliver(d->ctx, d->src, d->dst, std::move(d->msg));
+          } catch (const Error& e) {
+            set_failure(e.what(), true);
+          } catch (const std::bad_alloc&) {
+            set_failure(fmt::format("mpi: out of memory reassembling a message from {}", describe_process(from)),
+                        true);
           }
-          auto& [m, got] = partial[key];
-          if (h.offset == 0) {
-            m.sig = h.sig;
-            m.data.resize(h.total);
-            got = 0;
-          }
-          std::memcpy(m.data.data() + h.offset, buf.data() + sizeof h, n);
-          got += n;
-          if (got == h.total) {
-            Msg done = std::move(m);
-            partial.erase(key);
-            deliver(h.ctx, h.src, h.dst, std::move(done));
-          }
+        } else if (a.tag == kTagHeartbeat) {
+          if (!buf.empty())
+            set_failure(fmt::format("mpi: {} sent a malformed heartbeat ({} bytes; a heartbeat is empty)",
+                                    describe_process(from), buf.size()),
+                        true);
+        } else {
+          set_failure(fmt::format("mpi: {} sent a message with unknown tag {}", describe_process(from), a.tag), true);
         }
       }
     }

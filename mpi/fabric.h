@@ -16,6 +16,7 @@
 //  - a process that fails (a rank's error, a silent process, an MPI error) sends its error once to every other
 //    process, which fail at once with it (so one detection is enough, whatever the others saw);
 //  - a rank waiting longer than wait_timeout_s for one message fails naming what it waited for.
+// Every arriving message is checked before use (mpi/wire.h): a malformed one fails the run naming its process.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -36,6 +37,8 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include "mpi/wire.h"
+
 namespace trident::mpi {
 
 struct FabricOptions {
@@ -44,12 +47,6 @@ struct FabricOptions {
   double peer_timeout_s = 6.0;    // a process silent this long is reported dead
   double wait_timeout_s = 600.0;  // one receive waiting longer fails (a rank stuck in compute, a lost message)
   size_t chunk_bytes = 0;         // largest MPI message payload; 0: INT_MAX - 64 (tests use small values)
-};
-
-// What a receive gets: the sender's signature (op, dtype, phase; checked by the receiver) and the bytes.
-struct Msg {
-  uint32_t sig = 0;
-  std::vector<char> data;
 };
 
 // The MPI side of this process. MPI must be initialised (MpiSession) before and finalised after.

@@ -9,6 +9,7 @@
 
 #include "planner/plan.h"
 #include "planner/report.h"
+#include "reference/atomic_write.h"
 #include "reference/check.h"
 
 namespace trident::planner {
@@ -115,9 +116,7 @@ int run_plan(const PlanInput& in, const RunOptions& opt, std::ostream& out, std:
   const Recommendation rec = recommend(in, shown.world());
 
   if (!opt.svg_path.empty()) {
-    std::ofstream f(opt.svg_path);
-    if (!f) throw Error(fmt::format("--svg: cannot write '{}'", opt.svg_path));
-    f << render_svg(in, shown, p);
+    io::write_file(opt.svg_path, render_svg(in, shown, p), "--svg");
   }
 
   if (opt.json) {

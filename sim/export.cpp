@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 
+#include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/xml_escape.h"
 
@@ -153,22 +154,10 @@ std::string timeline_svg(const std::vector<RankTrace>& traces, const Timeline& t
   return o;
 }
 
-void check_writable_file(const std::string& path, const std::string& flag) {
-  std::FILE* e = std::fopen(path.c_str(), "rb");
-  const bool existed = e != nullptr;
-  if (e) std::fclose(e);
-  std::FILE* f = std::fopen(path.c_str(), "ab");
-  if (!f) fail(fmt::format("cannot write '{}': check the path given to {}", path, flag));
-  std::fclose(f);
-  if (!existed) std::remove(path.c_str());
-}
+void check_writable_file(const std::string& path, const std::string& flag) { io::check_writable(path, flag); }
 
 void write_text_file(const std::string& path, const std::string& text, const std::string& flag) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail(fmt::format("cannot write '{}': check the path given to {}", path, flag));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) fail(fmt::format("writing '{}' failed (disk full?): check the path given to {}", path, flag));
+  io::write_file(path, text, flag);
 }
 
 }  // namespace trident::sim

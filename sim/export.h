@@ -23,7 +23,8 @@ std::string timeline_svg(const std::vector<RankTrace>& traces, const Timeline& t
 
 // Fails now (trident::Error naming `flag`) when `path` cannot be written, so a long run does not end in an error.
 void check_writable_file(const std::string& path, const std::string& flag);
-// Writes text to a file; throws trident::Error naming `flag` when it cannot.
+// Writes text to a file through a private staging folder and a rename (reference/atomic_write.h: a link
+// planted at any name is never followed); throws trident::Error naming `flag` when it cannot.
 void write_text_file(const std::string& path, const std::string& text, const std::string& flag);
 
 }  // namespace trident::sim

@@ -12,6 +12,7 @@
 
 #include "emulator/device.h"
 #include "golden/primitives/primitives.h"
+#include "reference/atomic_write.h"
 #include "reference/check.h"
 
 namespace trident::golden {
@@ -251,12 +252,11 @@ std::vector<CommRecord> comm_records(const RankTrace& trace) {
 
 void write_primitives(const std::string& path, const PrimitivesFile& f) {
   H5::Exception::dontPrint();
-  const fs::path target(path);
-  const fs::path tmp = target.parent_path() /
-                       fmt::format(".{}.tmp.{}", target.filename().string(), static_cast<long>(::getpid()));
+  io::StagedFile staged(path, "primitive golden");  // a private folder + rename (reference/atomic_write.h)
+  const fs::path tmp(staged.path());
   try {
     {
-      H5::H5File file(tmp.string(), H5F_ACC_TRUNC);
+      H5::H5File file(tmp.string(), H5F_ACC_EXCL);
       H5::Group root = file.openGroup("/");
       str_attr(root, "schema", "trident-primitives");
       int_attr(root, "schema_version", kPrimitivesSchemaVersion);
@@ -298,17 +298,9 @@ void write_primitives(const std::string& path, const PrimitivesFile& f) {
       }
       file.flush(H5F_SCOPE_GLOBAL);
     }
-    std::error_code ec;
-    fs::rename(tmp, target, ec);
-    if (ec) fail(fmt::format("cannot write '{}': rename failed: {}", path, ec.message()));
+    staged.commit();
   } catch (const H5::Exception& e) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
     fail(fmt::format("cannot write '{}': HDF5: {} ({})", path, e.getDetailMsg(), e.getFuncName()));
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
   }
 }
 

@@ -5,7 +5,9 @@ input (one 'trident_golden: error: ...' line)."""
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
 
 from .check import check
 
@@ -51,10 +53,26 @@ def main(argv=None):
     print(f"trident_golden check {a.golden} --impl {a.impl}: {res.passed}/{res.checked} cases passed, "
           f"{res.skipped} skipped (not implemented)")
     if a.report:
-        with open(a.report, "w") as fh:
-            json.dump({"checked": res.checked, "passed": res.passed, "skipped": res.skipped,
-                       "failures": [f.__dict__ for f in res.failures]}, fh, indent=2)
+        _write_atomic(a.report, json.dumps({"checked": res.checked, "passed": res.passed, "skipped": res.skipped,
+                                            "failures": [f.__dict__ for f in res.failures]}, indent=2) + "\n")
     return 0 if res.ok else 1
+
+
+def _write_atomic(path, text):
+    """Writes through a private folder next to the target and a rename, as Trident's own writers do
+    (docs/security.md section 1): a link planted at the target or beside it is replaced, never followed."""
+    parent = os.path.dirname(os.path.abspath(path))
+    tmpdir = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", dir=parent)
+    staged = os.path.join(tmpdir, os.path.basename(path))
+    try:
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(staged, path)
+    finally:
+        if os.path.exists(staged):
+            os.unlink(staged)
+        os.rmdir(tmpdir)
 
 
 if __name__ == "__main__":
