@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "emulator/memory.h"
 #include "emulator/run_step.h"
+#include "fuzz/layout.h"
 #include "golden/checkpoint.h"
 #include "gpu/fast/host_kernels.h"
 #include "gpu/fast/step_check.h"
@@ -44,6 +45,7 @@ struct Opts {
   bool recompute = false;
   bool lower_exact_sum = false;
   std::string comm = "emu";
+  std::string plant = "none";  // test hook (docs/fuzz.md): a planted bug of the step
   std::string kernels = "cpu";
   std::string gpu_name;  // --kernels cuda-ref|cuda-fast: the device, for the header
   bool nccl_blocking = false;
@@ -135,6 +137,10 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
   for (const Range& r : vs.embed_rows) er = std::max(er, r.end - r.begin);
   std::printf("vocabulary gradients in slices: lm_head %zu x <= %lld columns, embedding %zu x <= %lld rows per shard\n",
               vs.head_cols.size(), static_cast<long long>(hw), vs.embed_rows.size(), static_cast<long long>(er));
+  if (o.kernels.starts_with("cpu-ulp:"))
+    std::printf("kernels: %s (the CPU kernels with the last bit of one element of one op's first output flipped: a "
+                "planted kernel bug)\n",
+                o.kernels.c_str());
   if (o.kernels == "cuda-ref-host")
     std::printf("kernels: cuda-ref-host (the CUDA ref tier's kernel bodies, gpu/ref/, run on the CPU)\n");
   if (o.kernels == "cuda-fast-host")
@@ -289,6 +295,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   emu::KernelFactory<T> kernels;  // null: the CPU kernels
   if (o.kernels == "cuda-ref-host") kernels = [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); };
   if (o.kernels == "cuda-fast-host") kernels = [](int, Device& dev) { return gpu::make_fast_host_kernels<T>(dev); };
+  if (o.kernels.starts_with("cpu-ulp:")) kernels = fuzz::kernel_factory<T>(fuzz::parse_kernels(o.kernels));
 #ifdef TRIDENT_HAVE_CUDA
   if (o.kernels == "cuda-ref") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_ref_kernels<T>(dev); };
   if (o.kernels == "cuda-fast") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_fast_kernels<T>(dev); };
@@ -538,15 +545,32 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--comm", o->comm,
                                   "communicator: emu (the emulator's) or nccl-fake (the CUDA path's "
                                   "NcclCommunicator over a fake NCCL on the emulator; bits unchanged)")
-                       ->check(CLI::IsMember({"emu", "nccl-fake"}))
+                       ->check(CLI::Validator(
+                           [](std::string& v) -> std::string {
+                             if (v == "emu" || v == "nccl-fake" || v.starts_with("emu-drop:")) return {};
+                             return "must be emu or nccl-fake, got " + v;
+                           },
+                           "emu|nccl-fake"))
                        ->capture_default_str();
+                   sub.add_option("--plant", o->plant,
+                                  "test hook: a planted bug of the step (none, zigzag-off-by-one, chunk-drops-token; "
+                                  "docs/fuzz.md)")
+                       ->group("");  // hidden, as emu-drop:OP:COUNT of --comm
                    sub.add_option("--kernels", o->kernels,
                                   "kernel set of every rank: cpu (the reference's CPU kernels), cuda-ref-host (the "
                                   "CUDA ref tier's kernel bodies run on the CPU, gpu/ref/; bits unchanged) or "
                                   "cuda-fast-host (the fast tier on the CPU, gpu/fast/; --check-reference compares "
                                   "with the tolerance table's step rows); cuda-ref and cuda-fast run the same tiers "
                                   "as CUDA kernels, every rank on GPU 0 (built with CUDA; docs/gpu.md)")
-                       ->check(CLI::IsMember({"cpu", "cuda-ref-host", "cuda-fast-host", "cuda-ref", "cuda-fast"}))
+                       ->check(CLI::Validator(
+                           [](std::string& v) -> std::string {
+                             for (const char* k : {"cpu", "cuda-ref-host", "cuda-fast-host", "cuda-ref", "cuda-fast"})
+                               if (v == k) return {};
+                             if (v.starts_with("cpu-ulp:")) return {};  // checked with the op list when run
+                             return "must be one of cpu, cuda-ref-host, cuda-fast-host, cuda-ref, cuda-fast, "
+                                    "cpu-ulp:OP[:INDEX], got " + v;
+                           },
+                           "KERNELS"))
                        ->capture_default_str();
                    sub.add_flag("--nccl-blocking", o->nccl_blocking,
                                 "with --comm nccl-fake: blocking NCCL communicators (default: non-blocking, "
@@ -696,6 +720,13 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                      spec.vocab_slices = o->vocab_slices;
                      spec.lower_exact_sum = o->lower_exact_sum;
                      spec.comm = o->comm == "nccl-fake" ? emu::CommBackend::nccl_fake : emu::CommBackend::emu;
+                     if (o->comm.starts_with("emu-drop:")) {  // the planted communicator (test hook, docs/fuzz.md)
+                       const auto [op, n] = emu::parse_comm_drop(o->comm);
+                       spec.drop_op = op;
+                       spec.drop_count = n;
+                     }
+                     spec.plant = emu::parse_plant(o->plant);
+                     if (o->kernels.starts_with("cpu-ulp:")) (void)fuzz::parse_kernels(o->kernels);
                      if (o->nccl_blocking && spec.comm != emu::CommBackend::nccl_fake && o->backend != "nccl")
                        fail("--nccl-blocking needs --comm nccl-fake or --backend nccl");
                      spec.nccl_blocking = o->nccl_blocking;

@@ -17,6 +17,9 @@ struct Command {
   std::string name;
   std::string help;
   std::function<Action(CLI::App& sub)> setup;
+  // Exit code of a bad command line (and of an error thrown by the action): 1, or 2 where 1 means a finding
+  // (`trident fuzz`: 1 when a property failed).
+  int usage_exit = 1;
 };
 
 bool register_command(Command cmd);

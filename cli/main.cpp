@@ -54,14 +54,21 @@ int main(int argc, char** argv) {
       msg += ")";
     }
     std::fprintf(stderr, "trident: error: %s (see trident --help)\n", msg.c_str());
+    for (const Command& c : cmds)
+      if (argc > 1 && c.name == argv[1]) return c.usage_exit;
     return 1;
   }
+  int usage_exit = 1;
   try {
     for (auto& [sub, act] : actions)
-      if (sub->parsed()) return act();
+      if (sub->parsed()) {
+        for (const Command& c : cmds)
+          if (c.name == sub->get_name()) usage_exit = c.usage_exit;
+        return act();
+      }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trident: error: %s\n", e.what());
-    return 1;
+    return usage_exit;
   }
   return 0;
 }

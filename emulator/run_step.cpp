@@ -24,6 +24,44 @@ namespace md = trident::model;
 
 std::string_view to_string(CommBackend b) { return b == CommBackend::nccl_fake ? "nccl-fake" : "emu"; }
 
+std::string_view to_string(StepPlant p) {
+  switch (p) {
+    case StepPlant::zigzag_off_by_one: return "zigzag-off-by-one";
+    case StepPlant::chunk_drops_token: return "chunk-drops-token";
+    default: return "none";
+  }
+}
+StepPlant parse_plant(const std::string& s) {
+  for (StepPlant p : {StepPlant::none, StepPlant::zigzag_off_by_one, StepPlant::chunk_drops_token})
+    if (s == to_string(p)) return p;
+  fail(fmt::format("unknown planted bug '{}' (none, zigzag-off-by-one, chunk-drops-token)", s));
+}
+std::pair<CollOp, size_t> parse_comm_drop(const std::string& s) {
+  const std::string pre = "emu-drop:";
+  const size_t c = s.find(':', pre.size());
+  if (s.rfind(pre, 0) != 0 || c == std::string::npos)
+    fail(fmt::format("communicator '{}': the planted communicator is emu-drop:OP:COUNT (e.g. emu-drop:all_reduce:1)",
+                     s));
+  const std::string op = s.substr(pre.size(), c - pre.size()), cnt = s.substr(c + 1);
+  std::optional<CollOp> o;
+  for (CollOp k : {CollOp::all_gather, CollOp::reduce_scatter, CollOp::all_reduce, CollOp::broadcast, CollOp::reduce})
+    if (op == to_string(k)) o = k;
+  if (!o)
+    fail(fmt::format("communicator '{}': unknown collective '{}' (all_gather, reduce_scatter, all_reduce, broadcast, "
+                     "reduce)",
+                     s, op));
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(cnt, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != cnt.size() || cnt.empty() || n < 1)
+    fail(fmt::format("communicator '{}': COUNT must be an integer >= 1 (elements of the collective)", s));
+  return {*o, static_cast<size_t>(n)};
+}
+
 std::string EmulateSpec::repro(bool check_reference) const {
   ReproLine r("trident emulate");
   md::add_model_flags(r, preset, config_path, cfg);
@@ -33,10 +71,12 @@ std::string EmulateSpec::repro(bool check_reference) const {
   r.opt_if("--chunks", ep_chunks, 1);
   r.opt_if("--vocab-slices", vocab_slices, 0);
   r.flag("--lower-exact-sum", lower_exact_sum);
-  if (comm != CommBackend::emu) r.opt("--comm", std::string(to_string(comm)));
+  if (drop_count > 0) r.opt("--comm", fmt::format("emu-drop:{}:{}", to_string(drop_op), drop_count));
+  else if (comm != CommBackend::emu) r.opt("--comm", std::string(to_string(comm)));
   r.flag("--nccl-blocking", comm == CommBackend::nccl_fake && nccl_blocking);
   if (device.mode == DeviceMode::deferred) r.opt("--device", "deferred").opt_if("--device-seed", device.seed, 0);
   else r.flag("--check-hazards", device.check_hazards);
+  if (plant != StepPlant::none) r.opt("--plant", std::string(to_string(plant)));
   r.flag("--check-reference", check_reference);
   return r.str();
 }
@@ -96,6 +136,7 @@ StepShared<T> step_shared(const EmulateSpec& spec, const md::ParamSet<T>& init, 
   }
   sh.skip_wait = spec.skip_wait;
   sh.fault = spec.fault;
+  sh.plant = spec.plant;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
   return sh;
@@ -138,6 +179,10 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   so.lower_exact_sum = spec.lower_exact_sum;
   so.exec = spec.exec;
   so.workers = spec.workers;
+  so.drop_op = spec.drop_op;
+  so.drop_count = spec.drop_count;
+  if (spec.drop_count > 0 && spec.comm != CommBackend::emu)
+    fail("emulate: the planted communicator emu-drop is the emulator's own (not --comm nccl-fake)");
   std::optional<FakeNcclWorld> fake_world;
   if (spec.comm == CommBackend::nccl_fake) {
     NcclOptions no;

@@ -24,6 +24,11 @@ namespace trident::emu {
 
 enum class CommBackend { emu, nccl_fake };
 std::string_view to_string(CommBackend b);  // "emu", "nccl-fake"
+std::string_view to_string(StepPlant p);    // "none", "zigzag-off-by-one", "chunk-drops-token"
+StepPlant parse_plant(const std::string& s);  // the names above; throws trident::Error naming them otherwise
+// "emu-drop:OP:COUNT" (the planted communicator, EmulateSpec::drop_count): op and count; throws trident::Error on
+// another form, an unknown collective (all_gather, reduce_scatter, all_reduce, broadcast, reduce) or COUNT < 1.
+std::pair<CollOp, size_t> parse_comm_drop(const std::string& s);
 
 // One thread per rank: emulate() rejects larger meshes (docs/emulator.md gives the memory per rank).
 inline constexpr int64_t kMaxEmulatedRanks = 65536;
@@ -63,6 +68,13 @@ struct EmulateSpec {
   // gpu/nccl/nccl_comm.h) over the fake NCCL (emulator/fake_nccl.h). Same bits.
   CommBackend comm = CommBackend::emu;
   bool nccl_blocking = false;     // CommBackend::nccl_fake: blocking communicators (default: non-blocking)
+  // Test hooks for `trident fuzz`'s planted bugs (docs/fuzz.md section 5); off in every real run. plant: a bug in the
+  // step (StepShared::plant). drop_count > 0: the emulator's communicator drops rank 1's contribution to every
+  // collective drop_op of drop_count elements (SpawnOptions::drop_op; CommBackend::emu only). Both print in repro()
+  // (--plant NAME, --comm emu-drop:OP:COUNT), so the line fails alone the way the fuzzed run failed.
+  StepPlant plant = StepPlant::none;
+  CollOp drop_op = CollOp::all_reduce;
+  size_t drop_count = 0;
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const RankStepStats&)> progress;
   // The `trident emulate ...` command line of this spec (synthetic data, no overrides): every flag that differs

@@ -540,8 +540,9 @@ class EmuComm final : public Communicator {
   int size() const override { return g_->size(); }
 
  protected:
-  void do_collective(const CollArgs& a, Stream s, loc_t loc) override {
+  void do_collective(const CollArgs& call, Stream s, loc_t loc) override {
     check_no_open_group(loc);
+    CollArgs a = call;
     CallDesc c{a.op, a.count, a.dtype, a.redop, a.root, seq_, loc.file_name(), loc.line()};
     const size_t es = dtype_size(a.dtype), n = static_cast<size_t>(size());
     {  // the device ranges it reads and writes (checked against the rank's other streams; deferred: runs s first)
@@ -561,6 +562,12 @@ class EmuComm final : public Communicator {
         default: acc = {Access{a.send, b(one), false}, Access{a.recv, b(one), true}}; break;
       }
       dev_.before_comm(s, to_string(a.op), acc, loc);
+    }
+    // Test hook (SpawnOptions::drop_count, `trident fuzz`'s planted communicator): rank 1 contributes zeros.
+    std::vector<char> dropped;
+    if (w_.opts.drop_count > 0 && a.op == w_.opts.drop_op && a.count == w_.opts.drop_count && crank_ == 1) {
+      dropped.assign((a.op == CollOp::reduce_scatter ? n : 1) * a.count * es, 0);
+      a.send = dropped.data();
     }
     // Eager protocol for small calls: each rank first copies its input into its slot's staging buffer (two,
     // alternating by sequence parity), then reads only staging after the rendezvous, so no rank waits for the

@@ -46,6 +46,10 @@ struct SpawnOptions {
   // exact_sum is merged natively (accumulators combined in rank order). true: every communicator reports no
   // native exact_sum, so Communicator lowers it onto i64 sums (parallel/exact_lowering.h), as on NCCL; same bits.
   bool lower_exact_sum = false;
+  // Test hook (`trident fuzz`'s planted communicator bug, docs/fuzz.md section 5): in every collective `drop_op` of
+  // `drop_count` elements, communicator rank 1 contributes zeros instead of its input. 0: off (every real run).
+  CollOp drop_op = CollOp::all_reduce;
+  size_t drop_count = 0;
 };
 
 struct World;

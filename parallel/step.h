@@ -50,6 +50,12 @@ struct StepFault {
   int64_t stall_ms = 0;  // stall: how long the rank stays in "compute" before it goes on
 };
 
+// Test hook of the step: a planted bug, so `trident fuzz` can show it finds and shrinks one (docs/fuzz.md section 5).
+// none in every real run. zigzag_off_by_one: every cp rank but the first takes the mirror chunk 2cp-c instead of
+// 2cp-1-c (needs cp >= 2 to show). chunk_drops_token: the last token row of every EP chunk but the last is not
+// dispatched to its experts (needs 2 or more EP chunks to show).
+enum class StepPlant : uint8_t { none, zigzag_off_by_one, chunk_drops_token };
+
 // Everything one run shares read-only between its ranks (built once by the driver).
 template <class T>
 struct StepShared {
@@ -70,6 +76,8 @@ struct StepShared {
   std::string skip_wait;
   // Test hook: a fault injected into the real step (StepFault). Kind none in every real run.
   StepFault fault;
+  // Test hook: a planted bug (StepPlant). none in every real run.
+  StepPlant plant = StepPlant::none;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

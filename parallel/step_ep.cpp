@@ -44,8 +44,10 @@ void StepImpl<T>::ep_dispatch(int64_t c, LayerState& st, Stream s, const std::st
   const int64_t ep = sh.mesh.ep, t0 = chunk_tile[sz(c)], t1 = chunk_tile[sz(c + 1)], nt = t1 - t0;
   EpChunk& C = st.chunks[sz(c)];
   std::vector<std::vector<int64_t>> lists(sz(E * nt));  // (expert, tile) -> (row*K + k), from the host routing
+  // test hook (StepShared::plant, step.h): every chunk but the last loses its last token row
+  const int64_t lost = sh.plant == StepPlant::chunk_drops_token && c + 1 < sh.ep_chunks ? 1 : 0;
   for (int64_t t = t0; t < t1; ++t)
-    for (int64_t r = rows.segs[sz(t)]; r < rows.segs[sz(t + 1)]; ++r)
+    for (int64_t r = rows.segs[sz(t)]; r < rows.segs[sz(t + 1)] - (t + 1 == t1 ? lost : 0); ++r)
       for (int64_t k = 0; k < Kt; ++k) lists[sz(st.sel_h[sz(r * Kt + k)] * nt + (t - t0))].push_back(r * Kt + k);
   const int64_t nc = ep * Eloc * nt;
   std::vector<int64_t> cs(sz(nc), 0);

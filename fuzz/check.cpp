@@ -1,0 +1,544 @@
+// The properties of one layout and the shrinker (fuzz/check.h).
+#include "fuzz/check.h"
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "emulator/memory.h"
+#include "golden/checkpoint.h"
+#include "planner/plan.h"
+#include "reference/check.h"
+#include "reference/model/repro.h"
+#include "reference/model/train.h"
+#include "sim/hardware.h"
+#include "sim/timeline.h"
+
+namespace trident::fuzz {
+
+const char* to_string(Property p) {
+  switch (p) {
+    case Property::runs: return "runs";
+    case Property::bits: return "bits";
+    case Property::scheduler: return "scheduler";
+    case Property::hazards: return "hazards";
+    case Property::memory: return "memory";
+    case Property::planner: return "planner";
+    case Property::timeline: return "timeline";
+    case Property::resume: return "resume";
+  }
+  return "?";
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where the resume property saves its checkpoint (the repro line names the same directory).
+// Memory-backed /dev/shm where there is one: the save syncs every file, which costs little there.
+std::string resume_dir() {
+  std::error_code ec;
+  if (fs::is_directory("/dev/shm", ec)) return "/dev/shm/trident-fuzz-resume";
+  const char* t = std::getenv("TMPDIR");
+  return (fs::path(t && *t ? t : "/tmp") / "trident-fuzz-resume").string();
+}
+
+// ---- the reference, computed once per batch ----------------------------------------------------------------------
+// The single-rank reference depends on the model and the batch, not on the layout: layouts that share a model,
+// policy and batch (sequences, length, documents, steps) share one reference run. A bounded cache (the last
+// kRefCacheEntries batches).
+constexpr size_t kRefCacheEntries = 24;
+template <class T>
+struct RefRun {
+  std::vector<double> loss;
+  std::vector<model::ParamSet<T>> grads, params;  // per step
+};
+template <class T>
+std::shared_ptr<const RefRun<T>> reference_run(const emu::EmulateSpec& s) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const RefRun<T>>> cache;
+  static std::deque<std::string> order;
+  ReproLine key("ref");
+  model::RunConfig run = s.run;
+  run.recompute = false;  // changes no bit (docs/checkpoints.md: recompute, token chunk, mesh, chunks)
+  run.token_chunk = model::RunConfig().token_chunk;
+  model::add_model_flags(key, s.preset, s.config_path, s.cfg);
+  model::add_run_flags(key, run);
+  key.opt("--first-step", s.first_step);
+  const std::string k = key.str();
+  const bool cacheable = s.overrides.empty() && s.batches.empty();
+  if (cacheable) {
+    std::lock_guard lk(mu);
+    if (auto it = cache.find(k); it != cache.end()) return it->second;
+  }
+  auto r = std::make_shared<RefRun<T>>();
+  model::Trainer<T> tr(s.cfg, s.run);
+  tr.params = emu::spec_init<T>(s);
+  for (const model::Batch& b : emu::spec_batches(s)) {
+    r->loss.push_back(tr.step(b).loss);
+    r->grads.push_back(tr.grads);
+    r->params.push_back(tr.params);
+  }
+  if (cacheable) {
+    std::lock_guard lk(mu);
+    if (cache.emplace(k, r).second) order.push_back(k);
+    while (order.size() > kRefCacheEntries) {
+      cache.erase(order.front());
+      order.pop_front();
+    }
+  }
+  return r;
+}
+
+template <class T>
+emu::TensorCheck compare(int64_t step, const char* what, const std::string& name, const T* got, const T* want,
+                         int64_t n) {
+  emu::TensorCheck c;
+  c.step = step;
+  c.what = what;
+  c.name = name;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
+      c.equal = false;
+      c.first_index = i;
+      c.got = static_cast<double>(got[i]);
+      c.want = static_cast<double>(want[i]);
+      break;
+    }
+  return c;
+}
+
+// emu::check_reference against the cached reference run (the same checks: loss, every trainable gradient, every
+// parameter and buffer after each step).
+template <class T>
+emu::CheckReport check_against_reference(const emu::EmulateSpec& s, const emu::EmulateResult<T>& got) {
+  const std::shared_ptr<const RefRun<T>> ref = reference_run<T>(s);
+  emu::CheckReport rep;
+  for (int64_t st = 0; st < s.run.steps; ++st) {
+    const size_t i = static_cast<size_t>(st);
+    rep.checks.push_back(compare<double>(st, "loss", "", &got.steps[i].loss, &ref->loss[i], 1));
+    const model::ParamSet<T>& g = got.grads[i];
+    const model::ParamSet<T>& p = got.params[i];
+    const model::ParamSet<T>& rg = ref->grads[i];
+    const model::ParamSet<T>& rp = ref->params[i];
+    for (size_t t = 0; t < rp.size(); ++t) {
+      const std::string& n = rp.info[t].name;
+      if (rp.info[t].trainable)
+        rep.checks.push_back(compare<T>(st, "grad", n, g.t[t].ptr(), rg.t[t].ptr(), rg.t[t].size()));
+      rep.checks.push_back(compare<T>(st, "param", n, p.t[t].ptr(), rp.t[t].ptr(), rp.t[t].size()));
+    }
+  }
+  return rep;
+}
+
+bool is_hazard(const std::string& what) { return what.find("stream hazard") != std::string::npos; }
+
+// The first difference between two traces (entries compared field by field, timings aside), or "".
+std::string trace_difference(const std::vector<RankTrace>& a, const std::vector<RankTrace>& b) {
+  if (a.size() != b.size()) return fmt::format("{} vs {} ranks traced", a.size(), b.size());
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (a[r].size() != b[r].size()) return fmt::format("rank {}: {} vs {} streams", r, a[r].size(), b[r].size());
+    for (size_t s = 0; s < a[r].size(); ++s) {
+      const auto& x = a[r][s].entries;
+      const auto& y = b[r][s].entries;
+      if (x.size() != y.size())
+        return fmt::format("rank {} stream '{}': {} vs {} entries", r, a[r][s].name, x.size(), y.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const TraceEntry& p = x[i];
+        const TraceEntry& q = y[i];
+        const bool same = p.kind == q.kind && p.name == q.name && p.comm == q.comm && p.seq == q.seq &&
+                          p.op == q.op && p.dtype == q.dtype && p.redop == q.redop && p.count == q.count &&
+                          p.peer == q.peer && p.recv_hash == q.recv_hash && p.bytes == q.bytes &&
+                          p.flops == q.flops && p.event == q.event && p.event_stream == q.event_stream &&
+                          p.event_index == q.event_index && p.issue == q.issue;
+        if (!same)
+          return fmt::format("rank {} stream '{}' entry {}: '{}' ({} {} bytes, received hash {:x}) vs '{}' ({} {} "
+                             "bytes, received hash {:x})",
+                             r, a[r][s].name, i, p.name, p.comm, p.bytes, p.recv_hash, q.name, q.comm, q.bytes,
+                             q.recv_hash);
+      }
+    }
+  }
+  return "";
+}
+
+template <class T>
+std::string result_difference(const emu::EmulateResult<T>& a, const emu::EmulateResult<T>& b) {
+  for (size_t s = 0; s < a.steps.size(); ++s) {
+    if (std::memcmp(&a.steps[s].loss, &b.steps[s].loss, sizeof(double)) != 0)
+      return fmt::format("step {} loss {:.9g} vs {:.9g}", s + 1, a.steps[s].loss, b.steps[s].loss);
+    for (size_t i = 0; i < a.grads[s].size(); ++i) {
+      const auto& g = a.grads[s].t[i];
+      const auto& h = b.grads[s].t[i];
+      if (std::memcmp(g.ptr(), h.ptr(), sizeof(T) * static_cast<size_t>(g.size())) != 0)
+        return fmt::format("step {} gradient {}", s + 1, a.grads[s].info[i].name);
+      const auto& p = a.params[s].t[i];
+      const auto& q = b.params[s].t[i];
+      if (std::memcmp(p.ptr(), q.ptr(), sizeof(T) * static_cast<size_t>(p.size())) != 0)
+        return fmt::format("step {} parameter {}", s + 1, a.params[s].info[i].name);
+    }
+  }
+  return "";
+}
+
+// The planner's 2D-CP traffic against the recorded cp_outer / cp_inner bytes of every rank (the formula of
+// tests/step/test_step_layouts.cpp Step2dCp.PlannerTrafficEqualsRecordedBytes). Applies to 2D-CP layouts on the
+// emulator's communicator with native exact sums and the fp32 or fp64 policy.
+bool planner_applies(const Layout& l) {
+  const emu::EmulateSpec& s = l.spec;
+  return s.mesh.cp_2d() && s.comm == emu::CommBackend::emu && !s.lower_exact_sum && s.cfg.policy != Policy::bf16;
+}
+template <class T>
+std::string planner_difference(const emu::EmulateSpec& s, const emu::EmulateResult<T>& r) {
+  planner::PlanInput in;
+  in.model.params = 1e6;
+  in.model.layers = s.cfg.layers;
+  in.model.hidden = s.cfg.d_model;
+  in.model.experts = s.cfg.experts;
+  in.model.top_k = s.cfg.top_k;
+  in.model.dense_fraction = 0.5;
+  in.model.kv_latent_bytes_per_token = static_cast<double>(s.cfg.payload_dim()) * sizeof(T);
+  in.cluster.gpu_memory_gb = 80;
+  in.cluster.nvl = s.mesh.cp_inner;
+  in.cluster.rdma_GBps = 50;
+  in.cluster.peak_tflops = 1000;
+  in.workload.context = s.run.seq_len;
+  in.workload.sequences_per_cp_group = s.run.sequences / (s.mesh.d_rep * s.mesh.fsdp);
+  const MeshShape pm{1, 1, s.mesh.cp, 1, s.mesh.ep};  // the planner derives cp_inner from the NVLink domain
+  const planner::MeshCheck chk = planner::check_mesh(in, pm);
+  if (chk.cp_inner != s.mesh.cp_inner || chk.cp_outer != s.mesh.cp_outer())
+    return fmt::format("the planner splits cp = {} as {} x {}, the run as {} x {}", s.mesh.cp, chk.cp_outer,
+                       chk.cp_inner, s.mesh.cp_outer(), s.mesh.cp_inner);
+  const planner::Plan plan = planner::evaluate(in, pm, chk);
+  const double passes = (s.run.recompute ? 2.0 : 1.0) + double(sizeof(ExactAcc<T>)) / double(sizeof(T));
+  const planner::CpTraffic want = planner::cp_traffic(plan.kv_bytes, s.mesh.cp, chk.cp_inner, chk.cp_outer, passes);
+  const double per_layer = double(s.run.steps * s.cfg.layers);
+  for (int64_t rank = 0; rank < s.mesh.world(); ++rank) {
+    auto wire = [&](const char* comm, int64_t n) {
+      double b = 0;
+      const auto& st = r.rank_stats[static_cast<size_t>(rank)];
+      if (auto it = st.find(comm); it != st.end())
+        for (const OpStats& o : it->second) b += double(o.bytes);
+      return b * double(n - 1) / double(n) / per_layer;
+    };
+    const double outer = wire("cp_outer", s.mesh.cp_outer()), inner = wire("cp_inner", s.mesh.cp_inner);
+    if (outer != want.rdma || inner != want.nvlink)
+      return fmt::format("rank {}: recorded cp_outer {} B and cp_inner {} B per layer, the planner's cp_traffic {} B "
+                         "(RDMA) and {} B (NVLink)",
+                         rank, outer, inner, want.rdma, want.nvlink);
+  }
+  return "";
+}
+
+std::string timeline_difference(const emu::EmulateSpec& s, const std::vector<RankTrace>& traces) {
+  const std::string dtype = s.cfg.policy == Policy::bf16 ? "bf16" : s.cfg.policy == Policy::fp32 ? "f32" : "f64";
+  sim::Timeline tl;
+  try {
+    tl = sim::simulate(traces, sim::hardware_model("h100"), {.dtype = dtype, .mesh = &s.mesh});
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (!(std::isfinite(tl.makespan) && tl.makespan > 0)) return fmt::format("makespan {}", tl.makespan);
+  if (tl.spans.size() != traces.size()) return fmt::format("{} of {} ranks simulated", tl.spans.size(), traces.size());
+  for (size_t r = 0; r < traces.size(); ++r) {
+    if (tl.spans[r].size() != traces[r].size()) return fmt::format("rank {}: streams missing", r);
+    for (size_t st = 0; st < traces[r].size(); ++st) {
+      if (tl.spans[r][st].size() != traces[r][st].entries.size())
+        return fmt::format("rank {} stream '{}': {} of {} entries simulated", r, traces[r][st].name,
+                           tl.spans[r][st].size(), traces[r][st].entries.size());
+      for (const sim::Span& sp : tl.spans[r][st])
+        if (!(std::isfinite(sp.start) && std::isfinite(sp.end) && sp.start >= 0 && sp.end >= sp.start &&
+              sp.end <= tl.makespan))
+          return fmt::format("rank {} stream '{}': a span [{}, {}) outside [0, {}]", r, traces[r][st].name,
+                             sp.start, sp.end, tl.makespan);
+    }
+  }
+  return "";
+}
+
+template <class T>
+CaseResult check_t(const Layout& l, int only) {
+  CaseResult res;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto want = [&](Property p) { return only < 0 || only == static_cast<int>(p); };
+  auto mark = std::chrono::steady_clock::now();
+  auto spent = [&](Property p) {  // the time since the last mark goes to p
+    const auto now = std::chrono::steady_clock::now();
+    res.property_seconds[static_cast<int>(p)] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  auto done = [&]() {
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+  };
+  auto failed = [&](Property p, std::string detail, std::string repro) {
+    spent(p);
+    res.ok = false;
+    res.failed = p;
+    res.detail = std::move(detail);
+    res.repro = std::move(repro);
+    return done();
+  };
+  const emu::KernelFactory<T> kf = kernel_factory<T>(parse_kernels(l.kernels));
+  emu::EmulateSpec a = l.spec;
+  a.keep_tensors = true;
+  a.record_trace = want(Property::scheduler) || want(Property::timeline);
+  a.keep_state = want(Property::resume) && l.resume;
+  a.watchdog_s = 120;
+  res.checked.push_back(Property::runs);
+  if (a.device.mode == emu::DeviceMode::deferred || a.device.check_hazards) res.checked.push_back(Property::hazards);
+  std::optional<emu::EmulateResult<T>> ra;
+  try {
+    ra.emplace(emu::emulate<T>(a, kf));
+  } catch (const std::exception& e) {
+    return failed(is_hazard(e.what()) ? Property::hazards : Property::runs, e.what(), l.repro());
+  }
+  spent(Property::runs);
+  if (want(Property::bits)) {
+    res.checked.push_back(Property::bits);
+    const emu::CheckReport rep = check_against_reference<T>(a, *ra);
+    if (!rep.ok()) return failed(Property::bits, rep.summary(), l.repro());
+    spent(Property::bits);
+  }
+  if (want(Property::memory)) {
+    res.checked.push_back(Property::memory);
+    const emu::MemoryEstimate est = emu::estimate_emulate(
+        {a.cfg, a.run, a.mesh, a.ep_chunks, a.vocab_slices, /*keep_tensors=*/true, /*check_reference=*/true});
+    const int64_t peak = *std::max_element(ra->device_peak_bytes.begin(), ra->device_peak_bytes.end());
+    if (est.device_bytes() < static_cast<double>(peak))
+      return failed(Property::memory,
+                    fmt::format("estimated device bytes per rank {:.0f} < measured peak {} ({})", est.device_bytes(),
+                                peak, est.describe()),
+                    l.repro());
+    spent(Property::memory);
+  }
+  if (want(Property::planner) && planner_applies(l)) {
+    res.checked.push_back(Property::planner);
+    if (std::string d = planner_difference<T>(a, *ra); !d.empty()) return failed(Property::planner, d, l.repro());
+    spent(Property::planner);
+  }
+  if (want(Property::timeline)) {
+    res.checked.push_back(Property::timeline);
+    if (std::string d = timeline_difference(a, ra->traces); !d.empty())
+      return failed(Property::timeline, d, l.repro() + " --hardware h100");
+    spent(Property::timeline);
+  }
+  if (want(Property::scheduler)) {
+    res.checked.push_back(Property::scheduler);
+    emu::EmulateSpec b = a;  // keep_state as a: saving the state issues work too
+    b.device = emu::DeviceOptions{};
+    b.device.mode = emu::DeviceMode::deferred;
+    b.device.seed = l.seed2;
+    b.record_trace = true;
+    Layout lb = l;
+    lb.spec.device = b.device;
+    try {
+      const emu::EmulateResult<T> rb = emu::emulate<T>(b, kf);
+      std::string d = result_difference(*ra, rb);
+      if (d.empty()) d = trace_difference(ra->traces, rb.traces);
+      if (!d.empty())
+        return failed(Property::scheduler,
+                      fmt::format("scheduler seed {} differs from the first run ({}): {}", l.seed2,
+                                  l.spec.device.mode == emu::DeviceMode::deferred
+                                      ? fmt::format("deferred, seed {}", l.spec.device.seed)
+                                      : std::string("eager"),
+                                  d),
+                      lb.repro());
+    } catch (const std::exception& e) {
+      return failed(is_hazard(e.what()) ? Property::hazards : Property::scheduler, e.what(), lb.repro());
+    }
+    spent(Property::scheduler);
+  }
+  if (want(Property::resume) && l.resume) {
+    res.checked.push_back(Property::resume);
+    const std::string dir = resume_dir();
+    emu::EmulateSpec b = l.spec;
+    b.mesh = l.resume_mesh;
+    b.ep_chunks = l.resume_chunks;
+    b.run.steps = 1;
+    b.keep_tensors = true;
+    b.watchdog_s = 120;
+    Layout la = l, lb = l;
+    lb.spec = b;
+    lb.resume = false;
+    const std::string kflag = l.kernels != "cpu" ? " --kernels " + l.kernels : "";
+    const std::string repro = la.spec.repro(false) + kflag + " --save " + dir + " && " + lb.repro() + " --resume " + dir;
+    try {
+      golden::CheckpointMeta meta;
+      meta.writer = "emulate";
+      meta.cfg = a.cfg;
+      meta.run = a.run;
+      meta.mesh = a.mesh;
+      meta.ep_chunks = a.ep_chunks;
+      meta.vocab_slices = a.vocab_slices;
+      meta.step = ra->state.front().step;
+      golden::save_checkpoint<T>(dir, meta, ra->state);
+      const model::TrainState<T> st = golden::load_checkpoint<T>(dir);
+      fs::remove_all(dir);
+      b.first_step = st.step;
+      const emu::EmulateResult<T> rb = emu::emulate<T>(b, kf, &st);
+      const emu::CheckReport rep = emu::check_reference<T>(b, rb, &st);
+      if (!rep.ok()) return failed(Property::resume, rep.summary(), repro);
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      return failed(Property::resume, e.what(), repro);
+    }
+    spent(Property::resume);
+  }
+  return done();
+}
+
+// ---- shrinking ----------------------------------------------------------------------------------------------------
+std::vector<int64_t> smaller(int64_t v) {  // 1, v/2, v-1 (distinct, < v)
+  std::vector<int64_t> out;
+  for (int64_t x : {int64_t{1}, v / 2, v - 1})
+    if (x >= 1 && x < v && std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+  return out;
+}
+
+// Simplifications of a layout, the biggest first.
+std::vector<Layout> simplifications(const Layout& l, const GenOptions& fixed, Property p) {
+  std::vector<Layout> out;
+  auto add = [&](Layout c) {
+    if (normalize(c) && c.key() != l.key()) out.push_back(std::move(c));
+  };
+  const emu::EmulateSpec& s = l.spec;
+  if (s.run.steps > 1) {
+    Layout c = l;
+    c.spec.run.steps = 1;
+    add(c);
+  }
+  if (l.resume && p != Property::resume) {
+    Layout c = l;
+    c.resume = false;
+    add(c);
+  }
+  // ranks: each dense dimension down, ep down (the expert mesh follows: e_fsdp = world / ep)
+  auto mesh_variants = [&](auto set) {
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      const int64_t v = dim == 0 ? s.mesh.d_rep : dim == 1 ? s.mesh.fsdp : s.mesh.cp;
+      for (int64_t x : smaller(v)) {
+        Layout c = l;
+        MeshShape& m = c.spec.mesh;
+        (dim == 0 ? m.d_rep : dim == 1 ? m.fsdp : m.cp) = x;
+        set(c);
+        // keep ep when it still divides the world, else the largest that does
+        const int64_t W = m.world();
+        while (m.ep > 1 && (W % m.ep != 0)) --m.ep;
+        add(c);
+      }
+    }
+  };
+  mesh_variants([](Layout&) {});
+  for (int64_t x : smaller(s.mesh.ep)) {
+    Layout c = l;
+    c.spec.mesh.ep = x;
+    add(c);
+  }
+  if (l.resume) {
+    Layout c = l;
+    c.resume_mesh = MeshShape{};
+    add(c);
+  }
+  // tokens
+  if (l.per_group > 1) {
+    Layout c = l;
+    c.per_group = 1;
+    add(c);
+  }
+  if (l.chunk_tiles > 1) {
+    Layout c = l;
+    c.chunk_tiles = 1;
+    add(c);
+  }
+  // features
+  auto feature = [&](bool on, auto off) {
+    if (!on) return;
+    Layout c = l;
+    off(c);
+    add(c);
+  };
+  feature(s.mesh.cp_2d(), [](Layout& c) { c.spec.mesh.cp_inner = 1; });
+  for (int64_t x : smaller(s.ep_chunks)) feature(true, [x](Layout& c) { c.spec.ep_chunks = x; });
+  if (l.resume) for (int64_t x : smaller(l.resume_chunks)) feature(true, [x](Layout& c) { c.resume_chunks = x; });
+  feature(s.vocab_slices != 0, [](Layout& c) { c.spec.vocab_slices = 0; });
+  feature(s.run.recompute, [](Layout& c) { c.spec.run.recompute = false; });
+  for (int64_t x : smaller(s.run.docs_per_seq)) feature(true, [x](Layout& c) { c.spec.run.docs_per_seq = x; });
+  if (p != Property::hazards && p != Property::scheduler) {
+    feature(s.device.mode == emu::DeviceMode::deferred, [](Layout& c) {
+      c.spec.device = emu::DeviceOptions{};
+      c.spec.device.check_hazards = c.kernels == "cpu";
+    });
+    feature(s.device.check_hazards && s.device.mode == emu::DeviceMode::eager,
+            [](Layout& c) { c.spec.device.check_hazards = false; });
+  }
+  if (fixed.comm.empty()) {
+    feature(s.comm != emu::CommBackend::emu, [](Layout& c) {
+      c.spec.comm = emu::CommBackend::emu;
+      c.spec.nccl_blocking = false;
+    });
+  }
+  feature(s.nccl_blocking, [](Layout& c) { c.spec.nccl_blocking = false; });
+  feature(s.lower_exact_sum, [](Layout& c) { c.spec.lower_exact_sum = false; });
+  if (fixed.kernels.empty()) feature(l.kernels != "cpu", [](Layout& c) { c.kernels = "cpu"; });
+  {  // the policy of the model the layout came from
+    Policy base = s.cfg.policy;
+    for (const Model& m : fixed.models)
+      if (m.name() == l.model_name) base = m.cfg.policy;
+    feature(s.cfg.policy != base, [base](Layout& c) { c.spec.cfg.policy = base; });
+  }
+  if (s.cfg.layers > 1)
+    for (int64_t x : smaller(s.cfg.layers)) {
+      Layout c = l;
+      c.spec.cfg.layers = x;
+      c.spec.cfg.dense_layers = std::min(c.spec.cfg.dense_layers, x - 1);
+      try {
+        c.spec.cfg.validate();
+      } catch (const Error&) {
+        continue;
+      }
+      add(c);
+    }
+  return out;
+}
+
+}  // namespace
+
+CaseResult check_layout(const Layout& l, int only) {
+  if (l.spec.cfg.policy == Policy::fp64) return check_t<double>(l, only);
+  return check_t<float>(l, only);
+}
+
+ShrinkResult shrink(const Layout& failing, const CaseResult& failure, const GenOptions& fixed, int64_t max_tries,
+                    const std::function<void(const ShrinkResult&)>& on_try) {
+  ShrinkResult sr{failing, failure, 0, 0};
+  const Property p = failure.failed;
+  bool progress = true;
+  while (progress && sr.tries < max_tries) {
+    progress = false;
+    for (const Layout& c : simplifications(sr.layout, fixed, p)) {
+      if (sr.tries >= max_tries) break;
+      ++sr.tries;
+      // the layout's own property: hazards and runs need the run only; the rest their own check
+      const CaseResult r = check_layout(c, p == Property::runs || p == Property::hazards ? static_cast<int>(Property::runs)
+                                                                                      : static_cast<int>(p));
+      if (on_try) on_try(sr);
+      if (!r.ok && r.failed == p) {
+        sr.layout = c;
+        sr.result = r;
+        ++sr.accepted;
+        progress = true;
+        break;  // restart from the biggest simplification of the smaller layout
+      }
+    }
+  }
+  return sr;
+}
+
+}  // namespace trident::fuzz

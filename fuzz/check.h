@@ -1,0 +1,53 @@
+// The properties `trident fuzz` checks on every layout (docs/fuzz.md section 2), and the shrinker that reduces a
+// failing layout to a minimal one (fewest ranks, steps, tokens and features) failing the same way.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fuzz/layout.h"
+
+namespace trident::fuzz {
+
+enum class Property : uint8_t {
+  runs,       // the run completes (no error, no watchdog, no non-finite loss)
+  bits,       // loss, every gradient and every parameter equal the single-rank reference's bits
+  scheduler,  // a second deferred run with another scheduler seed gives the same bits and the same trace
+  hazards,    // no stream hazard (deferred device, or the eager device's checker)
+  memory,     // the memory estimate (emulator/memory.h) is at or above every rank's measured device peak
+  planner,    // the planner's 2D-CP traffic (planner/plan.h cp_traffic) equals the recorded bytes
+  timeline,   // the traces replay into a complete simulated timeline (sim/timeline.h)
+  resume,     // a checkpoint saved after the run, resumed on another mesh, continues with the reference's bits
+};
+inline constexpr int kNumProperties = 8;
+const char* to_string(Property p);
+
+struct CaseResult {
+  bool ok = true;
+  Property failed = Property::runs;  // when !ok: the first property that failed
+  std::string detail;                // when !ok: what differs
+  std::string repro;                 // when !ok: the command line(s) that show the failure alone
+  std::vector<Property> checked;     // the properties this case checked (planner: only where it applies)
+  double seconds = 0;
+  double property_seconds[kNumProperties] = {};  // the wall time of each property's runs and checks
+};
+
+// Runs the layout and checks every property (only >= 0: that one alone, and what it needs; the shrinker's mode).
+// Never throws for a failing run: an error inside the run is the `runs` (or `hazards`) property failing.
+CaseResult check_layout(const Layout& l, int only = -1);
+
+struct ShrinkResult {
+  Layout layout;      // the smallest layout found that fails the same property
+  CaseResult result;  // its failure
+  int64_t tries = 0, accepted = 0;
+};
+// Greedy shrinking: tries simplifications of the layout (fewer steps, no resume, smaller mesh dimensions, fewer
+// sequences and tokens, features off: EP chunks, vocabulary slices, recompute, packed documents, 2D CP, the
+// device, the communicator, lowered sums, drawn kernels, the policy, fewer layers), keeps each one that still fails
+// the same property, until none does or max_tries runs were spent. `fixed` holds what the user fixed (kernels,
+// comm): never simplified away. on_try is called after every try (progress).
+ShrinkResult shrink(const Layout& failing, const CaseResult& failure, const GenOptions& fixed, int64_t max_tries = 300,
+                    const std::function<void(const ShrinkResult&)>& on_try = nullptr);
+
+}  // namespace trident::fuzz
