@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include "gpu/cuda_memory.h"
+
 #include "reference/check.h"
 
 namespace trident::gpu {
@@ -29,13 +31,15 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   TD_CHECK(ordinal >= 0 && ordinal < n, "CudaDevice: device {} does not exist ({} CUDA devices)", ordinal, n);
   const loc_t here = loc_t::current();
   check(cudaSetDevice(ordinal), "cudaSetDevice", here);
+  (void)memory_pools_in_use();  // the pool's release threshold, set once per device
   for (const char* name : {"compute", "comm"}) (void)create_stream(name);
 }
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   for (cudaStream_t s : streams_) cudaStreamSynchronize(s);
-  for (const auto& [p, bytes] : sizes_) cudaFree(const_cast<void*>(p));
+  for (const auto& [p, bytes] : sizes_)
+    (void)stream_free(const_cast<void*>(p), streams_.empty() ? nullptr : streams_[0]);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (cudaStream_t s : streams_) cudaStreamDestroy(s);
   (void)cudaGetLastError();
@@ -86,14 +90,14 @@ void CudaDevice::synchronize(Stream s, loc_t loc) { check(cudaStreamSynchronize(
 void* CudaDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
   TD_CHECK(bytes >= 0, "CudaDevice::allocate: negative size {} at {}", bytes, site(loc));
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), stream(s));
+  const cudaError_t e = stream_malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), stream(s));
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     std::lock_guard lk(mu_);
     fail(fmt::format("CUDA device {}: out of memory allocating {} bytes at {} ({} bytes in use, peak {})", ordinal_,
                      bytes, site(loc), mem_.cur, mem_.peak));
   }
-  check(e, "cudaMallocAsync", loc);
+  check(e, memory_pools_in_use() ? "cudaMallocAsync" : "cudaMalloc", loc);
   std::lock_guard lk(mu_);
   sizes_[p] = bytes;
   mem_.cur += bytes;
@@ -110,7 +114,7 @@ void CudaDevice::free(void* p, Stream s, loc_t loc) {
     mem_.cur -= it->second;
     sizes_.erase(it);
   }
-  check(cudaFreeAsync(p, stream(s)), "cudaFreeAsync", loc);
+  check(stream_free(p, stream(s)), "cudaFreeAsync", loc);
 }
 
 void CudaDevice::copy(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {

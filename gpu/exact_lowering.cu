@@ -4,6 +4,8 @@
 // unpack then waits for its stream and raises the host's error line.
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "gpu/cuda_device.h"
 #include "parallel/comm.h"
 #include "parallel/exact_lowering.h"
@@ -21,22 +23,30 @@ __global__ void pack_kernel(const ExactAcc<T>* acc, int64_t n, int64_t* out) {
   if (e < n) el::pack(acc[e], out + e * el::words<T>());
 }
 
-// bad[0]: the first failing element + 1 (0: none), bad[1]: its code, bad[2]: its word.
+// *first: the smallest failing element (atomicMin: the same element whatever the threads' order; starts at
+// ~0, none). The host then reads that element's words and names its failure with the same element function.
 template <class T>
-__global__ void unpack_kernel(const int64_t* in, int64_t n, ExactAcc<T>* acc, long long* bad) {
+__global__ void unpack_kernel(const int64_t* in, int64_t n, ExactAcc<T>* acc, unsigned long long* first) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n) return;
   ExactAcc<T> a;
   int word = 0;
   const int code = el::unpack<T>(in + e * el::words<T>(), a, word);
   if (code != el::kOk) {
-    if (atomicCAS(reinterpret_cast<unsigned long long*>(bad), 0ull, static_cast<unsigned long long>(e + 1)) == 0ull) {
-      bad[1] = code;
-      bad[2] = word;
-    }
+    atomicMin(first, static_cast<unsigned long long>(e));
     return;
   }
   acc[e] = a;
+}
+
+// The host side of a failed unpack: element e's words, unpacked again with the device's element function, name
+// the failing word and its value (the host's error line).
+template <class T>
+[[noreturn]] void unpack_failed_at(const int64_t* words, int64_t e) {
+  ExactAcc<T> a;
+  int word = 0;
+  const int code = el::unpack<T>(words, a, word);
+  exact_lowering::unpack_failed(code, e, word, words[word]);
 }
 
 constexpr int kBlock = 128;
@@ -61,24 +71,27 @@ void CudaDevice::exact_unpack(DataType t, const int64_t* in, size_t count, void*
   if (t != DataType::exact_f32 && t != DataType::exact_f64)
     fail(fmt::format("exact_sum lowering: {} is not an exact dtype", to_string(t)));
   const auto n = static_cast<int64_t>(count);
-  auto* bad = static_cast<long long*>(allocate(3 * sizeof(long long), s, loc));
-  check(cudaMemsetAsync(bad, 0, 3 * sizeof(long long), stream(s)), "cudaMemsetAsync", loc);
+  auto* first = static_cast<unsigned long long*>(allocate(sizeof(unsigned long long), s, loc));
+  check(cudaMemsetAsync(first, 0xff, sizeof(unsigned long long), stream(s)), "cudaMemsetAsync", loc);
   if (t == DataType::exact_f32)
-    unpack_kernel<float><<<blocks(count), kBlock, 0, stream(s)>>>(in, n, static_cast<ExactAcc<float>*>(acc), bad);
+    unpack_kernel<float><<<blocks(count), kBlock, 0, stream(s)>>>(in, n, static_cast<ExactAcc<float>*>(acc), first);
   else
-    unpack_kernel<double><<<blocks(count), kBlock, 0, stream(s)>>>(in, n, static_cast<ExactAcc<double>*>(acc), bad);
+    unpack_kernel<double><<<blocks(count), kBlock, 0, stream(s)>>>(in, n, static_cast<ExactAcc<double>*>(acc), first);
   check(cudaGetLastError(), "exact_unpack kernel launch", loc);
-  long long h[3] = {0, 0, 0};
-  check(cudaMemcpyAsync(h, bad, sizeof h, cudaMemcpyDeviceToHost, stream(s)), "cudaMemcpyAsync", loc);
+  unsigned long long h = ~0ull;
+  check(cudaMemcpyAsync(&h, first, sizeof h, cudaMemcpyDeviceToHost, stream(s)), "cudaMemcpyAsync", loc);
   check(cudaStreamSynchronize(stream(s)), "cudaStreamSynchronize (exact_unpack check)", loc);
-  free(bad, s, loc);
-  if (h[0] != 0) {
-    const int64_t e = h[0] - 1;
-    const int word = static_cast<int>(h[2]);
-    const int64_t W = static_cast<int64_t>(exact_lowering::words_per_element(t));
-    int64_t value = 0;
-    check(cudaMemcpy(&value, in + e * W + word, sizeof value, cudaMemcpyDeviceToHost), "cudaMemcpy", loc);
-    exact_lowering::unpack_failed(static_cast<int>(h[1]), e, word, value);
+  free(first, s, loc);
+  if (h != ~0ull) {
+    const auto e = static_cast<int64_t>(h);
+    const size_t W = exact_lowering::words_per_element(t);
+    std::vector<int64_t> words(W);
+    check(cudaMemcpy(words.data(), in + static_cast<size_t>(e) * W, W * sizeof(int64_t), cudaMemcpyDeviceToHost),
+          "cudaMemcpy", loc);
+    if (t == DataType::exact_f32)
+      unpack_failed_at<float>(words.data(), e);
+    else
+      unpack_failed_at<double>(words.data(), e);
   }
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "gpu/fast/cublas_args.h"
+#include "gpu/nccl/nvidia_libs.h"
 #include "gpu/fast/kernels_impl.h"
 #include "gpu/ref/cuda_exec.cuh"
 
@@ -37,6 +38,8 @@ struct Cublas {
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasGetProperty) get_property = nullptr;
+  std::string path;  // the file loaded
 };
 
 const Cublas& cublas() {
@@ -44,14 +47,9 @@ const Cublas& cublas() {
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* h = nullptr;
     std::string tried;
-    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-      h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (h) break;
-      const char* e = dlerror();
-      tried += fmt::format("{}{} ({})", tried.empty() ? "" : ", ", name, e ? e : "not found");
-    }
+    // the loader's search, then the wheel folders (site-packages/nvidia/cublas/lib) where images install cuBLAS
+    void* h = nccl::dlopen_nvidia({"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, "cublas", &tried);
     if (!h) {
       error = "cuda-fast: cuBLAS is not available: dlopen failed for " + tried;
       return;
@@ -66,6 +64,8 @@ const Cublas& cublas() {
     sym(api.set_math_mode, "cublasSetMathMode");
     sym(api.gemm_ex, "cublasGemmEx");
     sym(api.status_string, "cublasGetStatusString");
+    sym(api.get_property, "cublasGetProperty");
+    api.path = nccl::library_path(h);
   });
   if (!error.empty()) fail(error);
   return api;
@@ -138,6 +138,14 @@ struct CublasGemm {
 }  // namespace
 
 void load_cublas() { (void)cublas(); }
+
+std::string cublas_library() {
+  const Cublas& c = cublas();
+  int v[3] = {0, 0, 0};
+  const libraryPropertyType props[3] = {MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL};
+  for (int i = 0; i < 3; ++i) (void)c.get_property(props[i], &v[i]);
+  return fmt::format("cuBLAS {}.{}.{} ({})", v[0], v[1], v[2], c.path.empty() ? "path unknown" : c.path);
+}
 
 template <class T>
 std::unique_ptr<Kernels<T>> make_cuda_fast_kernels(CudaDevice& dev) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpu/nccl/nccl_api.h"
+#include "gpu/nccl/nvidia_libs.h"
 #ifdef TRIDENT_HAVE_NCCL_H
 #include <nccl.h>
 static_assert(sizeof(ncclUniqueId) == trident::nccl::kUniqueIdBytes);
@@ -110,22 +111,16 @@ const Api* load_nccl(const std::string& path, std::string* why) {
   static std::mutex mu;
   std::lock_guard lk(mu);
   if (g_api.get_unique_id) return &g_api;
-  void* lib = nullptr;
   std::string tried;
-  for (const std::string& p : path.empty() ? std::vector<std::string>{"libnccl.so.2", "libnccl.so"}
-                                           : std::vector<std::string>{path}) {
-    lib = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib) {
-      g_name = p;
-      break;
-    }
-    const char* e = dlerror();
-    tried += (tried.empty() ? "" : "; ") + std::string(e ? e : p.c_str());
-  }
+  // the loader's search, then the wheel folders (site-packages/nvidia/nccl/lib) where images install NCCL
+  void* lib = path.empty() ? dlopen_nvidia({"libnccl.so.2", "libnccl.so"}, "nccl", &tried)
+                           : dlopen_nvidia({path}, "nccl", &tried);
   if (!lib) {
     if (why) *why = "cannot load NCCL: " + tried;
     return nullptr;
   }
+  g_name = library_path(lib);
+  if (g_name.empty()) g_name = path.empty() ? "libnccl.so.2" : path;
   bool ok = sym(lib, "ncclGetVersion", g.get_version, why) && sym(lib, "ncclGetUniqueId", g.get_unique_id, why) &&
             sym(lib, "ncclCommInitRank", g.init_rank, why) &&
             sym(lib, "ncclCommInitRankConfig", g.init_rank_config, why) &&

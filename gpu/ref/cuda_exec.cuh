@@ -1,7 +1,8 @@
 // The CUDA executor of the ref tier (gpu/ref/exec.h): for_each launches one thread per index on the op's stream;
-// scratch is stream-ordered (cudaMallocAsync, zeroed, freed with cudaFreeAsync when the executor goes out of scope,
-// after the op's kernels in stream order); host metadata is copied to the device at issue (pageable source: the
-// copy is staged before cudaMemcpyAsync returns, so the caller's vector may go away).
+// scratch is stream-ordered (gpu/cuda_memory.h: cudaMallocAsync from the device's pool, or cudaMalloc where pools
+// are unsupported; zeroed, freed when the executor goes out of scope, after the op's kernels in stream order); host
+// metadata is copied to the device at issue (pageable source: the copy is staged before cudaMemcpyAsync returns, so
+// the caller's vector may go away); constant tables (RoPE) are uploaded once and reused (gpu::device_table).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "gpu/cuda_device.h"
+#include "gpu/cuda_memory.h"
 #include "gpu/emu_cuda.h"
 #include "gpu/ref/exec.h"
 
@@ -35,7 +37,7 @@ class CudaExec {
   explicit CudaExec(cudaStream_t s) : s_(s) {}
   cudaStream_t stream() const { return s_; }  // the op's stream (the fast tier's cuBLAS calls run on it)
   ~CudaExec() {
-    for (void* p : bufs_) (void)cudaFreeAsync(p, s_);
+    for (void* p : bufs_) (void)stream_free(p, s_);
   }
   CudaExec(const CudaExec&) = delete;
   CudaExec& operator=(const CudaExec&) = delete;
@@ -52,7 +54,7 @@ class CudaExec {
   U* scratch(int64_t n) {
     const size_t bytes = static_cast<size_t>(n > 0 ? n : 1) * sizeof(U);
     void* p = nullptr;
-    check(cudaMallocAsync(&p, bytes, s_), "cudaMallocAsync (ref-tier scratch)");
+    check(stream_malloc(&p, bytes, s_), "cudaMallocAsync (ref-tier scratch)");
     bufs_.push_back(p);
     check(cudaMemsetAsync(p, 0, bytes, s_), "cudaMemsetAsync (ref-tier scratch)");
     return static_cast<U*>(p);
@@ -64,6 +66,12 @@ class CudaExec {
     check(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(U), cudaMemcpyHostToDevice, s_),
           "cudaMemcpyAsync (ref-tier metadata)");
     return d;
+  }
+  // A constant table (the RoPE table): the device copy kept for the process, uploaded again only when the host
+  // bytes change (gpu::device_table).
+  template <class U>
+  const U* table(std::span<const U> v) {
+    return static_cast<const U*>(device_table(v.data(), v.size() * sizeof(U)));
   }
   // The data-check flag (gpu/ref/exec.h): a zeroed device int; check_flag waits for the stream and reads it.
   int* flag() {

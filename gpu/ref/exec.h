@@ -82,6 +82,12 @@ class HostExec {
   const U* meta(std::span<const U> v) {
     return v.data();
   }
+  // A constant table read by the bodies (the RoPE table): here, the caller's memory; the CUDA executor keeps one
+  // device copy per table.
+  template <class U>
+  const U* table(std::span<const U> v) {
+    return v.data();
+  }
   // A flag bodies set when the data breaks a rule the reference checks; check_flag throws naming the rule. (On the
   // host the ops check the data first, with the reference's messages, so the flag stays 0 here.)
   int* flag() { return &flag_; }

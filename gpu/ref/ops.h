@@ -401,8 +401,8 @@ void rope(Ex& ex, bool backward, T* x, int64_t ldx, int64_t n_heads, int64_t hea
       TD_CHECK(pos[r] >= 0 && pos[r] < tab.max_pos, "rope: position {} outside the table [0, {})", pos[r], tab.max_pos);
   const int64_t h = tab.D / 2;
   if (N <= 0 || n_heads <= 0 || h <= 0) return;
-  const T* cs = ex.meta(std::span<const T>(tab.cos));
-  const T* sn = ex.meta(std::span<const T>(tab.sin));
+  const T* cs = ex.table(std::span<const T>(tab.cos));  // uploaded once per table on a GPU
+  const T* sn = ex.table(std::span<const T>(tab.sin));
   const int64_t max_pos = tab.max_pos;
   int* bad = ex.flag();
   ex.for_each(N * n_heads * h, [=] TD_REF_LAMBDA(int64_t e) {

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "golden/primitives/primitives.h"
+#include "tests/gpu/golden_dir.h"
 
 namespace trident::reftest {
 
@@ -19,8 +22,22 @@ inline std::map<std::string, int64_t> check_goldens_bitwise(const std::string& b
                                                             const golden::KernelsFactory<double>& f64,
                                                             Device* device = nullptr) {
   std::map<std::string, int64_t> cases;
-  for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"}) {
-    const std::string dir = std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset;
+  // $TRIDENT_GOLDEN_PRESETS (a comma list) narrows the presets, e.g. to `tiny` under compute-sanitizer
+  // (scripts/device-check); the check that every op was covered then does not apply.
+  std::vector<std::string> presets = {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"};
+  const char* only = std::getenv("TRIDENT_GOLDEN_PRESETS");
+  const bool all = !(only && *only);
+  if (!all) {
+    presets.clear();
+    std::string l = only;
+    for (size_t b = 0, e; b <= l.size(); b = e + 1) {
+      e = l.find(',', b);
+      if (e == std::string::npos) e = l.size();
+      if (e > b) presets.push_back(l.substr(b, e - b));
+    }
+  }
+  for (const std::string& preset : presets) {
+    const std::string dir = gputest::golden_data_dir() + "/primitives/" + preset;
     const golden::PrimitivesFile f = golden::read_primitives(dir + "/primitives.h5");
     for (const std::string& op : golden::kernel_ops()) {
       golden::CheckOptions o;
@@ -39,7 +56,9 @@ inline std::map<std::string, int64_t> check_goldens_bitwise(const std::string& b
   for (const std::string& op : golden::kernel_ops()) {
     std::printf("  %-26s %4lld golden cases bitwise (%s)\n", op.c_str(), static_cast<long long>(cases[op]),
                 backend.c_str());
-    EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
+    if (all) {
+      EXPECT_GT(cases[op], 0) << op << ": no golden case checked it";
+    }
   }
   return cases;
 }

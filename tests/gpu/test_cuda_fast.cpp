@@ -12,15 +12,16 @@
 #include "gpu/fast/check.h"
 #include "gpu/fast/cuda_kernels.h"
 #include "gpu/fast/kernels_impl.h"
+#include "tests/gpu/golden_dir.h"
 
 namespace trident {
 namespace {
 
 TEST(CudaFast, GoldensWithinTheGpuRows) {
-  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << gpu::device_status() << ")";
   gpu::CudaDevice dev(0);
   for (const char* preset : {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"}) {
-    const std::string dir = std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset;
+    const std::string dir = gputest::golden_data_dir() + "/primitives/" + preset;
     const golden::PrimitivesFile f = golden::read_primitives(dir + "/primitives.h5");
     golden::CheckOptions o;
     o.backend = "cuda-fast";

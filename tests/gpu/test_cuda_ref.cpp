@@ -17,7 +17,7 @@ namespace trident {
 namespace {
 
 TEST(CudaRef, EveryOpBitwiseOnTheCheckedInGoldens) {
-  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << gpu::device_status() << ")";
   gpu::CudaDevice dev(0);
   reftest::check_goldens_bitwise(
       "cuda-ref", [&](Device&) { return gpu::make_cuda_ref_kernels<float>(dev); },
@@ -26,7 +26,7 @@ TEST(CudaRef, EveryOpBitwiseOnTheCheckedInGoldens) {
 
 // Bad data found by a kernel: the op throws after its kernels, naming the rule.
 TEST(CudaRef, BadTokenIdIsAnErrorNotAWrongRead) {
-  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << gpu::device_status() << ")";
   gpu::CudaDevice dev(0);
   auto k = gpu::make_cuda_ref_kernels<float>(dev);
   const Stream s = dev.compute_stream();

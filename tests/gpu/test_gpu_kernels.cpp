@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -18,7 +19,8 @@ namespace {
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (trident::gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU tests skipped";
+    if (trident::gpu::device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: GPU tests skipped (" << trident::gpu::device_status() << ")";
   }
 };
 
@@ -55,6 +57,32 @@ TEST_F(Gpu, GemmBitwiseVsReference) {
     gemm_case<double>(16, 33, 64, tb, 2);
     gemm_case<float>(1, 1, 1, tb, 3);
   }
+  // more rows than 65,535 blocks of 8 (the grid's height limit): rows stride by the grid
+  gemm_case<float>(600'000, 3, 2, false, 4);
+}
+
+// No device is a skip; a driver that is present but fails is an error (never a skip).
+TEST(DeviceCount, ABrokenSetupIsNotASkip) {
+  using trident::gpu::detail::DeviceCountVerdict;
+  using trident::gpu::detail::classify_device_count;
+  EXPECT_EQ(classify_device_count(cudaSuccess, true), DeviceCountVerdict::ok);
+  EXPECT_EQ(classify_device_count(cudaErrorNoDevice, true), DeviceCountVerdict::none);
+  EXPECT_EQ(classify_device_count(cudaErrorInsufficientDriver, false), DeviceCountVerdict::none);
+  EXPECT_EQ(classify_device_count(cudaErrorStubLibrary, true), DeviceCountVerdict::none);
+  EXPECT_EQ(classify_device_count(cudaErrorInsufficientDriver, true), DeviceCountVerdict::broken);
+  EXPECT_EQ(classify_device_count(cudaErrorSystemDriverMismatch, true), DeviceCountVerdict::broken);
+  EXPECT_EQ(classify_device_count(cudaErrorInitializationError, true), DeviceCountVerdict::broken);
+  EXPECT_EQ(classify_device_count(cudaErrorDevicesUnavailable, false), DeviceCountVerdict::broken);
+  // on this machine: a count or an error, and a status line either way
+  int n = -1;
+  try {
+    n = trident::gpu::device_count();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "CUDA setup broken: " << e.what();
+  }
+  EXPECT_GE(n, 0);
+  EXPECT_FALSE(trident::gpu::device_status().empty());
+  std::printf("CUDA: %s\n", trident::gpu::device_status().c_str());
 }
 
 TEST_F(Gpu, RoundBf16BitwiseVsReference) {
