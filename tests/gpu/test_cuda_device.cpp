@@ -104,6 +104,9 @@ TEST_F(Cuda, ExactLoweringKernelsMatchTheHost) {
 // The fallback for devices without memory pools (cudaMalloc / cudaFree), forced on this one: the same results.
 TEST_F(Cuda, MemoryWithoutPools) {
   gpu::set_memory_pools(false);
+  struct Restore {
+    ~Restore() { gpu::set_memory_pools(true); }
+  } restore;
   {
     gpu::CudaDevice dev(0);
     EXPECT_FALSE(gpu::memory_pools_in_use());
@@ -116,7 +119,6 @@ TEST_F(Cuda, MemoryWithoutPools) {
     EXPECT_EQ(dev.fetch(b.data(), 333, c), h);
     lowering_matches_host<float>(dev, DataType::exact_f32);  // allocates scratch through the same path
   }
-  gpu::set_memory_pools(true);
 }
 
 // A constant table (the RoPE table) is uploaded once per content, and again when its bytes change.
