@@ -83,6 +83,10 @@ nccl::UniqueId MpiExchange::exchange(int rank, int nranks, const nccl::MakeId& m
                          rank, nranks, timeout_.count()));
     }
   }
+  if (buf[0] != 0 && buf[0] != 1)
+    fail(fmt::format("nccl id exchange over MPI: rank {} received a malformed message from rank 0 (status byte {}; "
+                     "0 or 1 expected): the processes run different builds?",
+                     rank, static_cast<int>(static_cast<unsigned char>(buf[0]))));
   if (buf[0] != 0)
     fail(rank == 0 ? fmt::format("nccl id exchange over MPI: making the unique id failed: {}", make_error)
                    : fmt::format("nccl id exchange over MPI: rank 0 failed to make the unique id (rank {} of {})",

@@ -17,12 +17,19 @@ fails=0
 plant() {
   local d=$1 n=$2
   mkdir -p "$d"
-  ln -sfn "$VICTIM" "$d/$n"
-  local p
-  for p in $(seq $$ $(( $$ + 400 ))); do
-    ln -sfn "$VICTIM" "$d/.$n.tmp.$p"
-    ln -sfn "$VICTIM" "$d/$n.tmp.$p"
-  done
+  links "$VICTIM" "$d/$n" "$d/.$n.tmp.%d" "$d/$n.tmp.%d"
+}
+
+# links TARGET NAME [PATTERN...]: NAME and every PATTERN (%d: this and the next 400 process ids) -> TARGET
+links() {
+  python3 - "$$" "$@" <<'PY'
+import os, sys
+pid, target, name, pats = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+for p in [name] + [q % i for q in pats for i in range(pid, pid + 401)]:
+    if os.path.lexists(p):
+        os.unlink(p)
+    os.symlink(target, p)
+PY
 }
 
 # check LABEL PATH...: the victim is untouched and every PATH is a regular file, not a link
@@ -45,8 +52,10 @@ check() {
 # run LABEL CMD...: must succeed
 run() {
   local label=$1; shift
-  if ! "$@" > "$W/out.txt" 2> "$W/err.txt"; then
-    echo "FAIL $label: exit $? ($(head -c 300 "$W/err.txt"))"; fails=$((fails + 1)); return 1
+  "$@" > "$W/out.txt" 2> "$W/err.txt"
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "FAIL $label: exit $rc ($(head -c 300 "$W/err.txt"))"; fails=$((fails + 1)); return 1
   fi
 }
 
@@ -59,7 +68,7 @@ run "train --dump --json" "$T" train --preset tiny --steps 1 --dump "$D/state.h5
 plant "$D" t.json
 plant "$D" t.svg
 plant "$D" run.json
-run "emulate --trace --timeline --json" "$T" emulate --preset tiny --mesh fsdp=2 --steps 1 --hardware h100 \
+run "emulate --trace --timeline --json" "$T" emulate --preset tiny --mesh fsdp=2,ep=2 --steps 1 --hardware h100 \
     --trace "$D/t.json" --timeline "$D/t.svg" --json "$D/run.json" &&
   check "emulate --trace, --timeline, --json" "$D/t.json" "$D/t.svg" "$D/run.json"
 
@@ -77,27 +86,31 @@ plant "$D" plan.svg
 run "plan --svg" "$T" plan "$ROOT/planner/examples/nvl72_1m.json" --svg "$D/plan.svg" &&
   check "plan --svg" "$D/plan.svg"
 
-# checkpoints: a link at DIR pointing at a victim directory, and links at the old temporary names
-VD=$W/victim-dir
-mkdir -p "$VD"
-echo precious > "$VD/keep"
-mkdir -p "$D"
-ln -sfn "$VD" "$D/ck"
-for p in $(seq $$ $(( $$ + 400 ))); do ln -sfn "$VD" "$D/.ck.tmp-$p-0"; done
-if "$T" train --preset tiny --steps 1 --save "$D/ck" > "$W/out.txt" 2> "$W/err.txt"; then
-  if [ "$(cat "$VD/keep")" = precious ] && [ "$(ls "$VD")" = keep ] && [ ! -L "$D/ck" ] && [ -f "$D/ck/manifest.json" ]; then
-    echo "ok   train --save (the link at DIR replaced by the checkpoint)"
+# checkpoints: a link at DIR pointing at a victim directory (one holding a file, one empty), and links at the
+# temporary names checkpoints used before
+for kind in full empty; do
+  VD=$W/victim-$kind
+  rm -rf "$VD" "$D/ck"
+  mkdir -p "$VD" "$D"
+  [ $kind = full ] && echo precious > "$VD/keep"
+  before=$(ls -A "$VD")
+  links "$VD" "$D/ck" "$D/.ck.tmp-%d-0" "$D/.ck.old-%d-0"
+  if "$T" train --preset tiny --steps 1 --save "$D/ck" > "$W/out.txt" 2> "$W/err.txt"; then
+    if [ "$(ls -A "$VD")" = "$before" ] && [ ! -L "$D/ck" ] && [ -f "$D/ck/manifest.json" ]; then
+      echo "ok   train --save over a link to a $kind directory: the link replaced by the checkpoint"
+    else
+      echo "FAIL train --save ($kind): the victim directory changed or DIR is not the checkpoint"; fails=$((fails + 1))
+    fi
   else
-    echo "FAIL train --save: the victim directory changed or DIR is not the checkpoint"; fails=$((fails + 1))
+    lines=$(grep -c . "$W/err.txt")
+    if [ "$(ls -A "$VD")" = "$before" ] && [ "$lines" = 1 ] && grep -q "^trident: error: " "$W/err.txt"; then
+      echo "ok   train --save over a link to a $kind directory refused: $(cat "$W/err.txt")"
+    else
+      echo "FAIL train --save ($kind): $(cat "$W/err.txt")"; fails=$((fails + 1))
+    fi
   fi
-else
-  lines=$(grep -c . "$W/err.txt")
-  if [ "$(cat "$VD/keep")" = precious ] && [ "$(ls "$VD")" = keep ] && [ "$lines" = 1 ] && grep -q "^trident: error: " "$W/err.txt"; then
-    echo "ok   train --save refused: $(cat "$W/err.txt")"
-  else
-    echo "FAIL train --save: $(cat "$W/err.txt")"; fails=$((fails + 1))
-  fi
-fi
+  [ $kind = full ] && [ "$(cat "$VD/keep")" != precious ] && { echo "FAIL train --save: victim file changed"; fails=$((fails + 1)); }
+done
 
 # nothing left behind: every entry of D is a planted link, an output, or a directory this script made
 left=$(find "$D" -maxdepth 2 -name '.*' ! -type l | grep -v "^$D/golden$" || true)

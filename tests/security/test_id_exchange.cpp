@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -337,4 +338,53 @@ TEST(IdExchange, TheIdFileNeverFollowsAPlantedLink) {
   }
   EXPECT_NE(err.find("writable by its owner only"), std::string::npos) << err;
   fs::remove_all(dir);
+}
+
+TEST(IdExchange, RandomConnectionsNeverBreakTheExchange) {
+  // 200 strangers with random bytes (a third of them starting with a valid hello's magic) during a 3-rank exchange;
+  // seed 20261202. The ranks get the id; no stranger gets a byte of it.
+  const int port = free_port();
+  std::vector<std::string> errs(3);
+  std::vector<std::thread> ranks;
+  ranks.emplace_back([&] {
+    try {
+      nccl::TcpExchange("127.0.0.1", port, std::chrono::seconds(30), kSecret).exchange(0, 3, [] { return test_id('k'); });
+    } catch (const std::exception& e) {
+      errs[0] = e.what();
+    }
+  });
+  auto start = [&](int r) {
+    ranks.emplace_back([&, r] {
+      try {
+        nccl::TcpExchange("127.0.0.1", port, std::chrono::seconds(30), kSecret).exchange(r, 3, [] {
+          return test_id('x');
+        });
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  };
+  std::mt19937_64 rng(20261202);
+  int leaked = 0;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = connect_raw(port);
+    if (fd < 0) {
+      ADD_FAILURE() << "stranger " << i << " could not connect; rank 0: " << errs[0];
+      break;
+    }
+    std::string junk(rng() % 120, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    if (i % 3 == 0) junk = "TRIDNCH2" + junk;
+    ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    if (i % 2 == 0) ::shutdown(fd, SHUT_WR);
+    if (has_id_bytes(drain(fd, i % 10 == 0 ? 50 : 5))) ++leaked;
+    ::close(fd);
+    if (i == 100) start(1);  // rank 1 among the strangers; rank 2 after them (rank 0 then stops listening)
+  }
+  start(2);
+  for (auto& t : ranks) t.join();
+  for (const std::string& e : errs) EXPECT_EQ(e, "");
+  EXPECT_EQ(leaked, 0);
+  std::printf("repro: test_id_exchange --gtest_filter=IdExchange.RandomConnectionsNeverBreakTheExchange (seed "
+              "20261202)\n");
 }
