@@ -82,7 +82,13 @@ struct Opts {
   std::string repro_flags() const {
     ReproLine r("");
     if (kernels != "cpu") r.opt_nonempty("--kernels", kernels);
-    if (backend == "nccl") r.opt("--backend", backend);
+    if (backend != "emulator") r.opt("--backend", backend);
+    if (backend == "mpi") {
+      r.opt_if("--ranks-per-process", ranks_per_process, 1);
+      r.opt_if("--mpi-peer-timeout", mpi_peer_timeout, 6.0).opt_if("--mpi-wait-timeout", mpi_wait_timeout, 600.0);
+      r.opt_if("--mpi-chunk-bytes", mpi_chunk_bytes, 0);
+    }
+    r.opt_nonempty("--resume", resume).opt_nonempty("--save", save);
     if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
     r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
@@ -103,8 +109,9 @@ struct RunInfo {
   const model::TrainState<T>* resume = nullptr;
 };
 
+// launcher: what starts the command ("mpirun -np 4 " under the MPI backend), so the repro line runs as printed.
 template <class T>
-std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
+std::string print_header(const Opts& o, const emu::EmulateSpec& spec, const std::string& launcher = "") {
   const auto& c = spec.cfg;
   const auto& m = spec.mesh;
   const int64_t W = m.world();
@@ -165,7 +172,7 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec) {
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
   // The exact command: the spec's flags (one builder, reference/repro.h) and the display flag --verbose.
-  const std::string repro = spec.repro(o.check) + (o.verbose ? " --verbose" : "") + o.repro_flags();
+  const std::string repro = launcher + spec.repro(o.check) + (o.verbose ? " --verbose" : "") + o.repro_flags();
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   return repro;
@@ -261,6 +268,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   // Refused here, before any allocation, when the estimate exceeds the available memory or --max-memory.
   emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
                               o.check};
+  mi.lower_exact_sum = spec.lower_exact_sum || spec.comm == emu::CommBackend::nccl_fake;  // NCCL always lowers
   info.est = emu::estimate_emulate(mi);
   emu::check_memory(info.est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
   if (o.backend == "mpi") {
@@ -272,7 +280,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     fo.chunk_bytes = static_cast<size_t>(o.mpi_chunk_bytes);
     const mpi::MpiRunResult<T> mr = mpi::run_mpi<T>(spec, fo, [&](int p, int np) {
       if (p != 0) return;
-      info.repro = print_header<T>(o, spec);
+      info.repro = print_header<T>(o, spec, fmt::format("mpirun -np {} ", np));
       std::printf("memory estimate: %s\n", info.est.describe().c_str());
       std::printf("MPI backend: %d process(es) x %d rank(s) per process (threads; in-process exchange in memory, "
                   "between processes over MPI)\n",

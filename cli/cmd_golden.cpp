@@ -27,6 +27,7 @@
 #include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
+#include "reference/repro.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "gpu/cuda_device.h"
 #include "gpu/gemm.h"
@@ -115,7 +116,10 @@ int run_golden(const GoldenOpts& o) {
                   "--cases-per-op {}{} --out {}",
                   o.run.preset, spec.mesh.spec(), to_string(spec.cfg.policy), o.run.seqs, o.run.seq_len,
                   o.run.chunks, o.run.steps, o.cases,
-                  o.run.docs_per_seq > 1 ? fmt::format(" --docs-per-seq {}", o.run.docs_per_seq) : "", o.out);
+                  o.run.docs_per_seq > 1 ? fmt::format(" --docs-per-seq {}", o.run.docs_per_seq) : "",
+                  ReproLine::quote(o.out));
+  std::printf("repro: %s\n", repro.c_str());
+  std::fflush(stdout);
   golden::Recorder rec(o.cases, fmt::format("{} && trident check {} --backend cpu", repro, o.out));
   emu::KernelFactory<T> factory = [&](int rank, Device& dev) {
     return golden::make_recording_kernels<T>(std::make_unique<CpuKernels<T>>(dev), dev, rank, rec);
@@ -328,6 +332,13 @@ int run_check_fast(const CheckOpts& o, const Backend& be, const golden::Primitiv
 int run_check(const CheckOpts& o) {
   if (!o.report.empty()) io::check_writable(o.report, "--report");  // before the check, not after it
   const Backend be = parse_backend(o.backend);
+  {
+    ReproLine r("trident check");
+    r.arg(o.golden).opt("--backend", o.backend).flag("--tolerance", o.tolerance);
+    r.opt_nonempty("--op", o.op).opt_nonempty("--case", o.case_name).opt_if("--rank", o.rank, -1);
+    r.opt_nonempty("--report", o.report);
+    std::printf("repro: %s\n", r.str().c_str());
+  }
   const std::string path = primitives_path(o.golden);
   const golden::PrimitivesFile f = golden::read_primitives(path);
   golden::CheckOptions co;
@@ -386,6 +397,26 @@ struct PairedOpts {
 };
 
 std::string ratio(double a, double b) { return a != 0 ? fmt::format("{:.6g}", b / a) : std::string("-"); }
+
+// The exact command (reference/repro.h), printed first so the run can be repeated as it was.
+void add_run_repro(ReproLine& r, const RunOpts& o) {
+  const RunOpts d;
+  r.opt_if("--preset", o.preset, d.preset).opt_if("--mesh", o.mesh, d.mesh).opt_nonempty("--policy", o.policy);
+  r.opt_if("--seqs", o.seqs, d.seqs).opt_if("--seq-len", o.seq_len, d.seq_len).opt_if("--chunks", o.chunks, d.chunks);
+  r.opt_if("--docs-per-seq", o.docs_per_seq, d.docs_per_seq);
+}
+
+void print_paired_repro(const PairedOpts& o) {
+  ReproLine r("trident paired");
+  r.arg(o.a).arg(o.b);
+  if (o.golden.empty()) {
+    add_run_repro(r, o.run);
+  } else {
+    r.opt("--golden", o.golden).opt_nonempty("--op", o.op).opt_nonempty("--case", o.case_name);
+    r.opt_if("--repeats", o.repeats, PairedOpts{}.repeats);
+  }
+  std::printf("repro: %s\n", r.str().c_str());
+}
 
 template <class T>
 int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
@@ -487,6 +518,7 @@ int paired_primitive(const PairedOpts& o, const Backend& A, const Backend& B) {
 
 int run_paired(const PairedOpts& o) {
   const Backend A = parse_backend(o.a), B = parse_backend(o.b);
+  print_paired_repro(o);
   if (!o.golden.empty()) {
     if (o.op.empty()) fail("paired --golden needs --op (the primitive to run)");
     const golden::PrimitivesFile f = golden::read_primitives(primitives_path(o.golden));

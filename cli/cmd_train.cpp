@@ -52,6 +52,7 @@ std::string repro_line(const Opts& o, const Config& c, const RunConfig& rc) {
   add_run_flags(r, rc);
   r.opt_nonempty("--dump", o.dump);
   r.opt_nonempty("--json", o.json);
+  r.opt_nonempty("--resume", o.resume).opt_nonempty("--save", o.save);  // a resumed run reproduces only from there
   return r.str();
 }
 

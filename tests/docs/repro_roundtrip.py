@@ -37,16 +37,33 @@ CASES = [
     "selfcheck --seed 7 --threads 2",
     # plan with every flag that changes the text report
     "plan planner/examples/nvl72_1m_search.toml --world 128 --top 2 --search",
+    # checkpoints: a resumed run's line names its --resume (and --save) source (SETUP made the checkpoints)
+    "train --preset tiny --steps 2 --resume /tmp/trident_repro_roundtrip_ck --save /tmp/trident_repro_roundtrip_ck2",
+    "emulate --preset tiny --mesh fsdp=2,ep=2 --seqs 8 --steps 1 --resume /tmp/trident_repro_roundtrip_eck",
+    # primitive goldens, their check and a paired run of two kernel sets on them
+    "golden --preset tiny --mesh fsdp=2,ep=2 --cases-per-op 1 --out /tmp/trident_repro_roundtrip_golden",
+    "check /tmp/trident_repro_roundtrip_golden --backend cuda-ref-host --op mm --rank 1",
+    "paired cpu cpu-ulp:mm:0 --preset tiny-gqa --seqs 4",
+]
+
+# Commands run once before the cases (the checkpoints the resume cases start from).
+SETUP = [
+    "train --preset tiny --steps 1 --save /tmp/trident_repro_roundtrip_ck",
+    "emulate --preset tiny --mesh fsdp=2,ep=2 --seqs 8 --steps 1 --save /tmp/trident_repro_roundtrip_eck",
 ]
 
 # Wall-clock numbers ("0.08s", "0.75s/step", "wall time 0.08 s (0.08 s/step)") are masked before comparing.
-TIMING = re.compile(r"\d+(?:\.\d+)?\s*(?:s/step|s\b)")
+TIMING = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?\s*(?:s/step|s\b|ms\b|us\b)")
 # Resident-set sizes of the process ("peak RSS of this process: 21.84 MiB") vary between runs too.
 RSS = re.compile(r"(peak RSS[^:]*:).*")
 
 
+# `paired` prints a row of measured times ("time (s)   0.0897   0.0458   0.510777").
+TIME_ROW = re.compile(r"^(time\b[^0-9]*).*")
+
+
 def mask(line):
-    return RSS.sub(r"\1 <rss>", TIMING.sub("<t>", line))
+    return TIME_ROW.sub(r"\1<times>", RSS.sub(r"\1 <rss>", TIMING.sub("<t>", line)))
 
 
 def run(trident, root, args):
@@ -63,6 +80,11 @@ def repro_of(out):
 def main(argv):
     trident, root = argv[1], argv[2]
     failures = 0
+    for cmd in SETUP:
+        rc, out = run(trident, root, shlex.split(cmd))
+        if rc != 0:
+            print(f"FAIL setup `trident {cmd}` exited {rc}:\n{out}")
+            return 1
     for case in CASES:
         args = shlex.split(case)
         rc, out = run(trident, root, args)
