@@ -3,13 +3,16 @@ implementation against them.
 
     import trident_golden as tg
     g = tg.load_primitives("golden/data/primitives/tiny")
+    print(g)                   # a summary: ops and their case counts (never array contents)
     for case in g.cases:
-        print(case.op, case.name, {k: v.shape for k, v in case.inputs.items()})
+        print(repr(case))      # op/name, rank, input and output names with dtypes and shapes
+    g.find("mm", "c0")         # an unknown op, case or rank raises NotFound (a KeyError) listing what exists
 
-    python -m trident_golden check golden/data/primitives/tiny --impl mykernels:run
+    trident-golden check golden/data/primitives/tiny --impl mykernels:kernels    (or python -m trident_golden)
 """
-from .reader import (Case, Primitives, bf16_to_f32, load_primitives, load_state, verify_checksum)
+from .reader import (Case, NotFound, Primitives, State, Tensors, bf16_to_f32, load_primitives, load_state,
+                     verify_checksum)
 from .check import Failure, Result, check
 
-__all__ = ["Case", "Primitives", "bf16_to_f32", "load_primitives", "load_state", "verify_checksum", "Failure",
-           "Result", "check"]
+__all__ = ["Case", "NotFound", "Primitives", "State", "Tensors", "bf16_to_f32", "load_primitives", "load_state",
+           "verify_checksum", "Failure", "Result", "check"]

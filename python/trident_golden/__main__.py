@@ -1,4 +1,7 @@
-"""python -m trident_golden check GOLDEN --impl module:function [--op OP] [--case C] [--rank R] [--report r.json]
+"""trident-golden check GOLDEN --impl module:function [--op OP] [--case C] [--rank R] [--report r.json]
+(or python -m trident_golden ...; `trident-golden` is the console command an install of ./python adds).
+
+The module of --impl is imported from the current directory or PYTHONPATH.
 
 Exit 0 when every checked case passes, 1 when one fails (one line and a repro line per failure), 2 on bad usage or
 input (one 'trident_golden: error: ...' line)."""
@@ -16,6 +19,8 @@ def load_impl(spec):
     if ":" not in spec:
         raise ValueError(f"--impl '{spec}': expected module:function")
     mod, fn = spec.split(":", 1)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())   # as `python -m` does; the console command's sys.path[0] is its bin folder
     try:
         m = importlib.import_module(mod)
     except ImportError as e:
@@ -27,11 +32,14 @@ def load_impl(spec):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m trident_golden")
+    prog = "trident-golden" if os.path.basename(sys.argv[0] or "") == "trident-golden" else "python -m trident_golden"
+    p = argparse.ArgumentParser(prog=prog, description="Check a kernel implementation against Trident's primitive "
+                                "goldens (docs/golden.md \"Python package\").")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="check an implementation against a primitive golden")
     c.add_argument("golden", help="golden directory or primitives.h5")
-    c.add_argument("--impl", required=True, help="module:function, called as f(op, inputs, shapes)")
+    c.add_argument("--impl", required=True, help="module:function, called as f(op, inputs, shapes); the module is "
+                   "imported from the current directory or PYTHONPATH")
     c.add_argument("--op")
     c.add_argument("--case")
     c.add_argument("--rank", type=int)
@@ -44,8 +52,8 @@ def main(argv=None):
         print(f"trident_golden: error: {e}", file=sys.stderr)
         return 2
     if res.checked == 0:
-        print(f"trident_golden: error: {a.impl} implements none of the matching cases of {a.golden} "
-              f"({res.skipped} skipped)", file=sys.stderr)
+        print(f"trident_golden: error: {a.impl} implements none of the {res.skipped} matching cases of {a.golden} "
+              f"(it returned None for each)", file=sys.stderr)
         return 2
     for f in res.failures:
         print(f"FAIL {f.message}")

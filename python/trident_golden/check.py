@@ -5,6 +5,7 @@ implement (skipped). `inputs` maps each input name to a numpy array (the golden'
 scalar arguments. Outputs it returns are compared with the golden: under the stored error bound
 |got - want| <= (k_const + k_per_term * n_terms) * u * sum_abs where the golden stores one (sum_abs), bit for bit
 otherwise. Outputs it does not return are not compared."""
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,12 +69,11 @@ def compare(case, name, got, want):
 
 
 def check(golden, impl, op=None, case=None, rank=None, impl_name="module:function"):
-    """Runs impl on every case of `golden` (a path or a Primitives) and compares. Returns a Result."""
-    g = load_primitives(golden) if isinstance(golden, str) else golden
+    """Runs impl on every case of `golden` (a path or a Primitives) matching the filters and compares. Returns a
+    Result. A filter that matches nothing raises NotFound (a KeyError) listing the ops, cases or ranks there are."""
+    g = load_primitives(golden) if isinstance(golden, (str, os.PathLike)) else golden
     res = Result()
-    for c in g.cases:
-        if (op and c.op != op) or (case and c.name != case) or (rank is not None and c.rank != rank):
-            continue
+    for c in g.select(op or None, case or None, rank):
         out = impl(c.op, {k: v.copy() for k, v in c.inputs.items()}, dict(c.shapes))
         if out is None:
             res.skipped += 1

@@ -2,13 +2,61 @@
 (primitives.h5). h5py and numpy only."""
 import json
 import os
+import textwrap
 import zlib
 from dataclasses import dataclass, field
 
-import h5py
 import numpy as np
 
+try:
+    import h5py
+except ImportError as e:   # installed with --no-deps (docs/golden.md "Python package")
+    raise ImportError(f"trident_golden needs h5py ({e}): apt-get install python3-h5py, or pip install h5py") from e
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+class NotFound(KeyError):
+    """A failed lookup (op, case, rank, tensor or group name); the message lists what exists. A KeyError whose
+    message prints as written (KeyError's own str() quotes it)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+def names(items, limit=40):
+    """'a, b, c' for an error message: at most `limit` names, then how many more; '(none)' when empty."""
+    items = [str(x) for x in items]
+    if not items:
+        return "(none)"
+    more = f", ... ({len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def describe(a):
+    """'float32[32, 64]': dtype and shape of an array, never its contents."""
+    if isinstance(a, np.ndarray):
+        return f"{a.dtype}[{', '.join(str(n) for n in a.shape)}]"
+    return type(a).__name__
+
+
+class Tensors(dict):
+    """name -> numpy array, in argument or parameter order. A plain dict whose repr lists names, dtypes and shapes
+    (never the values), and whose failed lookup names what it holds."""
+
+    def __init__(self, items=(), what="tensors"):
+        super().__init__(items)
+        self.what = what   # for messages: "mm/c0 inputs", "weights"
+
+    def __missing__(self, key):
+        raise NotFound(f"{self.what}: no '{key}' (has: {names(self)})")
+
+    def __repr__(self):
+        items = [f"{k}: {describe(v)}" for k, v in self.items()]
+        if len(items) <= 6:
+            return "{" + ", ".join(items) + "}"
+        shown = items[:16] + ([f"... ({len(items) - 16} more)"] if len(items) > 16 else [])
+        return "{" + ",\n ".join(shown) + "}"
 
 
 def bf16_to_f32(a):
@@ -44,15 +92,43 @@ def verify_checksum(path):
     return True
 
 
+STATE_GROUPS = ("weights", "grads", "weights_after", "adam_m", "adam_v", "adam_m_after", "adam_v_after")
+
+
+class State(dict):
+    """A state dump (load_state): a dict whose repr is a summary and whose failed lookup lists the keys."""
+
+    def __init__(self, items=(), path=""):
+        super().__init__(items)
+        self.path = path
+
+    def __missing__(self, key):
+        raise NotFound(f"{self.path or 'state dump'}: no key '{key}' (keys: {names(self)})")
+
+    def __repr__(self):
+        groups = ", ".join(f"{g} ({len(self[g])})" for g in STATE_GROUPS if g in self)
+        return f"<State {self.path}: step {self.get('step')}, loss {self.get('loss')!r}, " \
+               f"tokens {describe(self.get('tokens'))}; groups {groups or '(none)'}>"
+
+    def __str__(self):
+        cfg = self.get("config", {})
+        lines = [repr(self),
+                 "  config: " + names([f"{k}={v}" for k, v in cfg.items() if not isinstance(v, dict)], 12),
+                 f"  seed {self.get('seed')}, repro: {self.get('repro', '')}"]
+        if "weights" in self:
+            lines.append(f"  weights: {names([f'{k} {describe(v)}' for k, v in self['weights'].items()], 8)}")
+        return "\n".join(lines)
+
+
 def load_state(path):
-    """A state dump as a dict: config, optimizer, seed, repro, step (0 when absent), tokens, targets, loss, and the
-    groups weights, grads, weights_after (and adam_m, adam_v, adam_m_after, adam_v_after when stored), each a dict
-    name -> array in parameter order."""
+    """A state dump as a State (a dict; .path is the file): config, optimizer, seed, repro, step (0 when absent), tokens,
+    targets, loss, and the groups weights, grads, weights_after (and adam_m, adam_v, adam_m_after, adam_v_after
+    when stored), each a Tensors (dict name -> array) in parameter order."""
     verify_checksum(path)
     with h5py.File(path, "r") as f:
         if int(f.attrs["schema_version"]) != 1:
             raise ValueError(f"{path}: schema_version {f.attrs['schema_version']} is not 1")
-        out = {
+        out = State({
             "config": json.loads(f.attrs["config"]),
             "optimizer": json.loads(f.attrs["optimizer"]),
             "seed": int(f.attrs["seed"]),
@@ -61,10 +137,10 @@ def load_state(path):
             "tokens": f["inputs/tokens"][()],
             "targets": f["inputs/targets"][()],
             "loss": float(f["loss"][()]),
-        }
-        for g in ("weights", "grads", "weights_after", "adam_m", "adam_v", "adam_m_after", "adam_v_after"):
+        }, path=path)
+        for g in STATE_GROUPS:
             if g in f:
-                out[g] = {k: as_array(v) for k, v in f[g].items()}
+                out[g] = Tensors(((k, as_array(v)) for k, v in f[g].items()), what=g)
     return out
 
 
@@ -72,16 +148,16 @@ def _s(x):
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-@dataclass
+@dataclass(repr=False)
 class Case:
-    """One captured call of one op (docs/golden.md "Primitive goldens")."""
+    """One captured call of one op (docs/golden.md "Primitive goldens"). repr(): one line; str(): a few lines."""
     op: str
     name: str
     rank: int
     dtype: str            # "f32" or "f64": the kernel set's element type
     policy: str           # "fp32", "bf16", "fp64", or "" for ops without a precision policy
     shapes: dict          # the scalar arguments (and "config" for attention ops)
-    inputs: dict          # name -> numpy array, in argument order
+    inputs: dict          # name -> numpy array, in argument order (a Tensors)
     outputs: dict         # name -> numpy array (the reference's bits)
     sum_abs: dict         # output name -> sum |terms| per element (only for outputs with an error bound)
     n_terms: dict         # output name -> n_terms
@@ -90,15 +166,42 @@ class Case:
 
     def bound(self, output):
         """The elementwise error bound (k_const + k_per_term * n_terms) * u * sum_abs, or None (bitwise)."""
+        if output not in self.outputs:
+            raise NotFound(f"{self.op}/{self.name}: no output '{output}' (outputs: {names(self.outputs)})")
         if output not in self.sum_abs:
             return None
         t = self.tolerance[output]
         k = t["k_const"] + t["k_per_term"] * self.n_terms[output]
         return k * t["u"] * self.sum_abs[output].astype(np.float64)
 
+    def _tensors(self, group, limit=None):
+        items = [f"{k} {describe(v)}" + (" (bound)" if group is self.outputs and k in self.sum_abs else "")
+                 for k, v in group.items()]
+        if limit is not None and len(items) > limit:
+            items = items[:limit] + [f"+{len(items) - limit} more"]
+        return ", ".join(items) or "-"
 
-@dataclass
+    def __repr__(self):
+        return f"<Case {self.op}/{self.name} rank {self.rank} {self.dtype}" + \
+               (f" policy {self.policy}" if self.policy else "") + \
+               f": {self._tensors(self.inputs, 3)} -> {self._tensors(self.outputs, 3)}>"
+
+    def __str__(self):
+        shapes = " ".join(f"{k}={v}" if not isinstance(v, dict) else f"{k}={{{len(v)} keys}}"
+                          for k, v in self.shapes.items())
+        return "\n".join([
+            f"Case {self.op}/{self.name} (rank {self.rank}, {self.dtype}" +
+            (f", policy {self.policy})" if self.policy else ")"),
+            f"  inputs:  {self._tensors(self.inputs)}",
+            f"  outputs: {self._tensors(self.outputs)}   ((bound): compared under the stored error "
+            f"bound; others bit for bit)",
+            f"  shapes:  {shapes or '-'}",
+            f"  repro:   {self.repro}"])
+
+
+@dataclass(repr=False)
 class Primitives:
+    """A primitives.h5 (load_primitives). repr(): one line; str(): a few lines (ops with their case counts)."""
     path: str
     config: dict
     mesh: dict
@@ -107,11 +210,54 @@ class Primitives:
     cases: list = field(default_factory=list)
     comm: dict = field(default_factory=dict)   # rank -> list of {op, comm, seq, count, dtype, peer, recv_hash}
 
+    @property
+    def ops(self):
+        """The op names that have cases, sorted."""
+        return sorted({c.op for c in self.cases})
+
+    def select(self, op=None, name=None, rank=None):
+        """The cases matching every filter given (None: any). A filter naming nothing that exists raises NotFound
+        listing what does (the ops; the cases of that op; the ranks holding it)."""
+        cases = self.cases
+        if op is not None:
+            cases = [c for c in cases if c.op == op]
+            if not cases:
+                raise NotFound(f"{self.path}: no op '{op}' (ops: {names(self.ops)})")
+        if rank is not None:
+            on_rank = [c for c in cases if c.rank == rank]
+            if not on_rank:
+                what = f"op '{op}'" if op is not None else "no case"
+                ranks = sorted({c.rank for c in cases})
+                raise NotFound(f"{self.path}: {what} {'has no case ' if op is not None else ''}on rank {rank} "
+                               f"(ranks{' with ' + op if op is not None else ''}: {names(ranks)})")
+            cases = on_rank
+        if name is not None:
+            named = [c for c in cases if c.name == name]
+            if not named:
+                where = (f" of op '{op}'" if op is not None else "") + (f" on rank {rank}" if rank is not None else "")
+                listed = sorted({c.name for c in cases})
+                raise NotFound(f"{self.path}: no case '{name}'{where} (cases: {names(listed)})")
+            cases = named
+        return list(cases)
+
     def find(self, op, name=None, rank=0):
+        """The first case of `op` (named `name`, if given) on `rank`; NotFound (a KeyError) listing what exists."""
+        return self.select(op, name, rank)[0]
+
+    def __repr__(self):
+        return f"<Primitives {self.path}: {len(self.cases)} cases of {len(self.ops)} ops, {self.ranks} " \
+               f"rank{'s' if self.ranks != 1 else ''}>"
+
+    def __str__(self):
+        counts = {}
         for c in self.cases:
-            if c.op == op and c.rank == rank and (name is None or c.name == name):
-                return c
-        raise KeyError(f"{self.path}: no case {op}/{name or '*'} on rank {rank}")
+            counts[c.op] = counts.get(c.op, 0) + 1
+        ops = textwrap.wrap(", ".join(f"{o} ({n})" for o, n in sorted(counts.items())), 110)
+        if len(ops) > 10:
+            ops = ops[:10] + ["..."]
+        mesh = self.mesh.get("spec", "") if isinstance(self.mesh, dict) else self.mesh
+        return "\n".join([repr(self), f"  mesh: {mesh}", f"  repro: {self.repro}", "  ops (cases):"] +
+                          ["    " + line for line in ops])
 
 
 def primitives_path(path):
@@ -127,9 +273,9 @@ def _read_cases(group, rank, out):
             out.append(Case(
                 op=op, name=name, rank=rank, dtype=_s(a["dtype"]), policy=_s(a["policy"]),
                 shapes=json.loads(a["shapes"]),
-                inputs={k: v[()] for k, v in g["inputs"].items()},
-                outputs={k: v[()] for k, v in g["outputs"].items()},
-                sum_abs={k: v[()] for k, v in g["sum_abs"].items()},
+                inputs=Tensors(((k, v[()]) for k, v in g["inputs"].items()), what=f"{op}/{name} inputs"),
+                outputs=Tensors(((k, v[()]) for k, v in g["outputs"].items()), what=f"{op}/{name} outputs"),
+                sum_abs=Tensors(((k, v[()]) for k, v in g["sum_abs"].items()), what=f"{op}/{name} sum_abs (outputs with an error bound)"),
                 n_terms=json.loads(a["n_terms"]), tolerance=json.loads(a["tolerance"]), repro=_s(a["repro"])))
 
 

@@ -2,8 +2,10 @@
 
 A numpy re-implementation of two primitives (mm under the stored gemm bound, residual_forward bitwise) passes; the
 same with one element one ulp beyond the bound fails with a repro line; one at the last float inside the bound
-passes; the command line gives exit codes 0 / 1 / 2."""
+passes; the command line gives exit codes 0 / 1 / 2; repr()/str() are short summaries (never array contents);
+a failed lookup (op, case, rank, tensor, state key) names what exists."""
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -14,6 +16,7 @@ import numpy_kernels
 import trident_golden as tg
 
 GOLDEN = None
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class TridentGolden(unittest.TestCase):
@@ -54,6 +57,76 @@ class TridentGolden(unittest.TestCase):
     def test_at_the_bound_passes(self):
         res = tg.check(GOLDEN, numpy_kernels.at_bound)
         self.assertEqual(res.failures, [])
+
+    def test_reprs_are_short(self):
+        # repr()/str() of the golden, a case, its tensors and a state dump: a few lines, names with dtypes and
+        # shapes, never array contents (numpy's "array(" or "[[", or the long runs of digits of a printed array).
+        g = tg.load_primitives(GOLDEN)
+        state = tg.load_state(os.path.join(ROOT, "golden", "data", "micro_bf16_step1.h5"))
+        objs = [g, g.cases, state, state["weights"]]
+        for c in g.cases:
+            objs += [c, c.inputs, c.outputs]
+        for o in objs:
+            for text in (repr(o), str(o)):
+                if o is g.cases:
+                    self.assertLess(len(text), 300 * len(g.cases))   # one line per case
+                    continue
+                self.assertLessEqual(len(text.splitlines()), 20, text)
+                self.assertLess(len(text), 3000, text)
+                self.assertNotIn("array(", text)
+                self.assertNotIn("[[", text)
+                self.assertIsNone(re.search(r"(\d+\.\d+(e[+-]\d+)?,?\s+){8}", text), text)
+        mm = g.find("mm")
+        self.assertEqual(len(repr(mm).splitlines()), 1)
+        for want in ("mm/c0", "rank 0", "A float32[", "C float32[", "(bound)"):
+            self.assertIn(want.replace("float32", "float64" if mm.dtype == "f64" else "float32"), repr(mm))
+        self.assertIn("mm (", str(g))
+        self.assertIn(f"{len(g.cases)} cases of {len(g.ops)} ops", repr(g))
+        self.assertIn("weights (", repr(state))
+        # still plain dicts of arrays
+        self.assertIsInstance(mm.inputs, dict)
+        self.assertIsInstance(mm.inputs["A"], np.ndarray)
+
+    def test_lookups_list_what_exists(self):
+        g = tg.load_primitives(GOLDEN)
+        with self.assertRaises(KeyError) as e:
+            g.find("no_such_op")
+        self.assertIn("no op 'no_such_op'", str(e.exception))
+        for op in ("mm", "residual_forward", "adamw_step"):
+            self.assertIn(op, str(e.exception))
+        with self.assertRaises(KeyError) as e:
+            g.find("mm", "c99")
+        self.assertIn("no case 'c99' of op 'mm'", str(e.exception))
+        self.assertIn("(cases: c0", str(e.exception))
+        with self.assertRaises(KeyError) as e:
+            g.find("mm", rank=99)
+        self.assertIn("ranks with mm: 0", str(e.exception))
+        mm = g.find("mm")
+        with self.assertRaises(KeyError) as e:
+            mm.inputs["Z"]
+        self.assertIn("mm/c0 inputs: no 'Z' (has: A, B)", str(e.exception))
+        with self.assertRaises(KeyError) as e:
+            mm.bound("Z")
+        self.assertIn("(outputs: C)", str(e.exception))
+        state = tg.load_state(os.path.join(ROOT, "golden", "data", "micro_bf16_step1.h5"))
+        with self.assertRaises(KeyError) as e:
+            state["adam_m"]   # not stored in this dump
+        self.assertIn("keys: config, optimizer", str(e.exception))
+        with self.assertRaises(KeyError) as e:
+            state["weights"]["nope"]
+        self.assertIn("weights: no 'nope' (has: embed, ", str(e.exception))
+        # a long list is cut: at most 40 names, then how many more
+        long = tg.reader.names(range(100))
+        self.assertIn("39, ... (60 more)", long)
+        # check() with a filter that matches nothing: the same message (the command line: exit 2, one line)
+        with self.assertRaises(KeyError) as e:
+            tg.check(g, numpy_kernels.kernels, op="mmm")
+        self.assertIn("(ops: adamw_step", str(e.exception))
+        bad = subprocess.run([sys.executable, "-m", "trident_golden", "check", GOLDEN, "--impl",
+                              "numpy_kernels:kernels", "--op", "mm", "--case", "c99"], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
+        self.assertEqual(bad.stderr.strip().splitlines(),
+                         [f"trident_golden: error: {g.path}: no case 'c99' of op 'mm' (cases: c0)"])
 
     def cli(self, impl):
         env = dict(os.environ)
