@@ -16,6 +16,7 @@
 #include "gpu/fast/host_kernels.h"
 #include "gpu/fast/step_check.h"
 #include "gpu/ref/host_kernels.h"
+#include "reference/counted.h"
 #include "reference/check.h"
 #include "reference/repro.h"
 #include "sim/collectives.h"
@@ -121,9 +122,9 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec, const std:
               static_cast<long long>(c.top_k), std::string(to_string(c.policy)).c_str(),
               static_cast<long long>(c.tile));
   const int64_t groups = m.d_rep * m.fsdp;
-  std::printf("mesh %s: %lld ranks; %lld data groups x %lld sequences of %lld tokens, zig-zag over cp = %lld "
+  std::printf("mesh %s: %s; %lld data groups x %lld sequences of %lld tokens, zig-zag over cp = %lld "
               "(%lld local tokens per rank); EP chunks %lld%s\n",
-              m.str().c_str(), static_cast<long long>(W), static_cast<long long>(groups),
+              m.str().c_str(), counted(W, "rank").c_str(), static_cast<long long>(groups),
               static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1)),
               static_cast<long long>(spec.run.seq_len), static_cast<long long>(m.cp),
               static_cast<long long>(spec.run.sequences / std::max<int64_t>(groups, 1) * spec.run.seq_len / m.cp),
@@ -230,21 +231,24 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     golden::check_resumable(meta, spec.cfg, spec.run, o.resume);
     resume = std::make_unique<model::TrainState<T>>(golden::load_checkpoint<T>(o.resume, &meta));
     spec.first_step = resume->step;
-    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
+    std::printf("resumed from %s: %s taken (written by %s on mesh %s), re-sharded onto this mesh; loaded in "
                 "%.2f s\n",
-                o.resume.c_str(), static_cast<long long>(resume->step), meta.writer.c_str(), meta.mesh.spec().c_str(),
+                o.resume.c_str(), counted(resume->step, "step").c_str(), meta.writer.c_str(), meta.mesh.spec().c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<cli::Ticker> ticker;  // started with the run: "  ... step 1/3: 20 s so far" on long steps
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const int width = 30, fill = static_cast<int>(width * (s + 1) / spec.run.steps);
     const std::string ilos = spec.cfg.dsa() ? fmt::format("  indexer_loss {:.6f}", st.indexer_loss) : std::string();
-    std::printf("step %3lld/%lld  loss %.6f%s  grad_norm %.4f  clip %.4f  [%.*s%*s]  %.2fs\n",
-                static_cast<long long>(spec.first_step + s + 1),
-                static_cast<long long>(spec.first_step + spec.run.steps), st.loss, ilos.c_str(), st.grad_norm, st.clip,
-                fill, "##############################", width - fill, "", el);
-    std::fflush(stdout);
+    cli::print_step_line(spec.first_step + s + 1, spec.first_step + spec.run.steps, s + 1, spec.run.steps,
+                         fmt::format("loss {:.6f}{}  grad_norm {:.4f}  clip {:.4f}", st.loss, ilos, st.grad_norm,
+                                     st.clip),
+                         el);
+    if (ticker)
+      ticker->note(s + 1 < spec.run.steps
+                       ? fmt::format("step {}/{}", spec.first_step + s + 2, spec.first_step + spec.run.steps)
+                       : std::string("gathering the ranks' results"));
   };
   spec.keep_tensors = o.check;
   spec.keep_state = !o.save.empty();
@@ -308,7 +312,11 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   if (o.kernels == "cuda-ref") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_ref_kernels<T>(dev); };
   if (o.kernels == "cuda-fast") kernels = [](int, Device& dev) { return gpu::make_emu_cuda_fast_kernels<T>(dev); };
 #endif
+  ticker = std::make_unique<cli::Ticker>(
+      fmt::format("setting up {} and running step {}/{}", counted(spec.mesh.world(), "rank"), spec.first_step + 1,
+                  spec.first_step + spec.run.steps));
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, kernels, resume.get());
+  ticker->note(o.check ? "checking against the single-rank reference" : "reporting");
   std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());
   return report<T>(o, spec, r, info);
 }
@@ -345,10 +353,11 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   const auto t0 = std::chrono::steady_clock::now();
   sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs});
   const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("timeline on %s (%s; compute in %s%s): %lld steps take %.3f ms of simulated time; replayed %lld trace "
+  std::printf("timeline on %s (%s; compute in %s%s): %s %s %.3f ms of simulated time; replayed %lld trace "
               "entries of %zu ranks in %.2f s\n",
               hw.name.c_str(), hw.description.c_str(), dtype.c_str(),
-              o.no_fixed_costs ? "; no launch or latency costs" : "", static_cast<long long>(spec.run.steps),
+              o.no_fixed_costs ? "; no launch or latency costs" : "", counted(spec.run.steps, "step").c_str(),
+              spec.run.steps == 1 ? "takes" : "take",
               tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
   std::string path;
   for (const auto& [name, v] : tl.path_comm_s)
@@ -466,7 +475,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     write_json();
     return 0;
   }
-  std::printf("checking against the single-rank reference (%lld steps)...\n", static_cast<long long>(spec.run.steps));
+  std::printf("checking against the single-rank reference (%s)...\n", counted(spec.run.steps, "step").c_str());
   std::fflush(stdout);
   if (o.kernels == "cuda-fast-host" || o.kernels == "cuda-fast") {  // the fast tier: the step rows, not bits
     const gpu::fast::StepCheckReport rep = gpu::fast::check_step_tolerance<T>(spec, r, info.resume);

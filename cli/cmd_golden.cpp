@@ -24,6 +24,7 @@
 #include "gpu/fast/check.h"
 #include "gpu/fast/host_kernels.h"
 #include "gpu/ref/host_kernels.h"
+#include "reference/counted.h"
 #include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
@@ -226,12 +227,12 @@ Backend parse_backend(const std::string& s) {
     const std::string host = s + "-host";
 #ifdef TRIDENT_HAVE_CUDA
     if (gpu::device_count() > 0) return {s, s, "", 0};
-    const char* why = "no CUDA device found on this machine";
+    const char* why = "this machine has none usable (CUDA: no device found)";
 #else
-    const char* why = "this trident binary has no CUDA kernel set built in (no nvcc at build time)";
+    const char* why = "this trident binary has no CUDA kernels built in (no nvcc at build time)";
 #endif
-    fail(fmt::format("backend '{}' is not available: {}; --backend {} runs the same kernel bodies on the CPU (the "
-                     "CPU backends are cpu, cuda-ref-host, cuda-fast-host and cpu-ulp:OP[:INDEX])",
+    fail(fmt::format("--backend {} needs a CUDA device, and {}; --backend {} runs the same kernel bodies on the CPU "
+                     "(the CPU backends are cpu, cuda-ref-host, cuda-fast-host and cpu-ulp:OP[:INDEX])",
                      s, why, host));
   }
   fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cuda-fast-host, cpu-ulp:OP[:INDEX]; cuda-ref and "
@@ -398,6 +399,26 @@ struct PairedOpts {
 
 std::string ratio(double a, double b) { return a != 0 ? fmt::format("{:.6g}", b / a) : std::string("-"); }
 
+// Whether a cpu-ulp perturbation fired: "0 elements differ" means something only when it did.
+void print_perturbation(const Backend& A, const Backend& B) {
+  for (const Backend* b : {&A, &B}) {
+    if (b->name != "cpu-ulp") continue;
+    const golden::PerturbStats& st = golden::perturb_stats();
+    if (st.flips.load() > 0)
+      std::printf("perturbation %s: one ulp flipped in %s of %s (%s)\n", b->spec.c_str(),
+                  counted(st.flips.load(), "call").c_str(), b->perturb_op.c_str(),
+                  counted(st.calls.load(), "call", "calls in all").c_str());
+    else
+      std::printf("perturbation %s: NEVER FIRED: %s; the comparison above saw the unperturbed kernels\n",
+                  b->spec.c_str(),
+                  (st.calls.load() == 0
+                      ? fmt::format("op {} was not called in this run", b->perturb_op)
+                      : fmt::format("op {}'s output never had element {} ({})", b->perturb_op, b->perturb_index,
+                                    counted(st.calls.load(), "call")))
+                      .c_str());
+  }
+}
+
 // The exact command (reference/repro.h), printed first so the run can be repeated as it was.
 void add_run_repro(ReproLine& r, const RunOpts& o) {
   const RunOpts d;
@@ -442,9 +463,8 @@ int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
   }
   const double pa = static_cast<double>(*std::max_element(ra.peak_bytes.begin(), ra.peak_bytes.end()));
   const double pb = static_cast<double>(*std::max_element(rb.peak_bytes.begin(), rb.peak_bytes.end()));
-  std::printf("trident paired %s %s: one step of %s on mesh %s (%lld ranks), both in this run\n", A.spec.c_str(),
-              B.spec.c_str(), o.run.preset.c_str(), spec.mesh.spec().c_str(),
-              static_cast<long long>(spec.mesh.world()));
+  std::printf("trident paired %s %s: one step of %s on mesh %s (%s), both in this run\n", A.spec.c_str(),
+              B.spec.c_str(), o.run.preset.c_str(), spec.mesh.spec().c_str(), counted(spec.mesh.world(), "rank").c_str());
   std::printf("%-22s %18s %18s %12s\n", "measure", "A", "B", "B/A");
   std::printf("%-22s %18.9g %18.9g %12s\n", "loss", la, lb, ratio(la, lb).c_str());
   std::printf("%-22s %18.9g %18.9g %12s\n", "grad norm", std::sqrt(na), std::sqrt(nb),
@@ -454,6 +474,7 @@ int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
   std::printf("loss |A-B| %.3g; grad: %lld of %lld elements differ, max |A-B| %.3g, ||A-B|| / ||A|| %.3g\n",
               std::fabs(la - lb), static_cast<long long>(ndiff), static_cast<long long>(total), maxdiff,
               na > 0 ? std::sqrt(nd / na) : 0.0);
+  print_perturbation(A, B);
   return 0;
 }
 
@@ -513,6 +534,7 @@ int paired_primitive(const PairedOpts& o, const Backend& A, const Backend& B) {
   std::printf("%-28s %18.6f %18.6f %12s\n", "time (s)", ma.seconds, mb.seconds, ratio(ma.seconds, mb.seconds).c_str());
   std::printf("outputs: %lld of %lld elements differ, max |A-B| %.3g\n", static_cast<long long>(ndiff),
               static_cast<long long>(total), maxdiff);
+  print_perturbation(A, B);
   return 0;
 }
 

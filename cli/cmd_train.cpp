@@ -10,6 +10,7 @@
 #include "emulator/memory.h"
 #include "golden/checkpoint.h"
 #include "golden/state_dump.h"
+#include "reference/counted.h"
 #include "reference/check.h"
 #include "reference/model/repro.h"
 #include "reference/model/train.h"
@@ -83,8 +84,8 @@ int run(const Opts& o, const Config& cfg) {
     golden::CheckpointMeta meta = golden::read_checkpoint_meta(o.resume);
     golden::check_resumable(meta, cfg, rc, o.resume);
     tr.restore(golden::load_checkpoint<T>(o.resume, &meta));
-    std::printf("resumed from %s: %lld steps taken (written by %s on mesh %s; loaded in %.2f s)\n", o.resume.c_str(),
-                static_cast<long long>(tr.step_count), meta.writer.c_str(), meta.mesh.spec().c_str(),
+    std::printf("resumed from %s: %s taken (written by %s on mesh %s; loaded in %.2f s)\n", o.resume.c_str(),
+                counted(tr.step_count, "step").c_str(), meta.writer.c_str(), meta.mesh.spec().c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const int64_t first = tr.step_count;  // synthetic data position
@@ -102,6 +103,7 @@ int run(const Opts& o, const Config& cfg) {
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
+  cli::Ticker ticker(fmt::format("step {}/{}", first + 1, first + o.steps));
   nlohmann::json steps_json = nlohmann::json::array();
   for (int64_t s = 0; s < o.steps; ++s) {
     const Batch batch = synthetic_batch(cfg, rc, first + s);
@@ -110,14 +112,12 @@ int run(const Opts& o, const Config& cfg) {
     if (last && !o.dump.empty()) before = tr.params, m_before = tr.m, v_before = tr.v;
     const StepStats st = tr.step(batch);
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const int width = 30;
-    const int fill = static_cast<int>(width * (s + 1) / o.steps);
     const std::string ilos = cfg.dsa() ? fmt::format("  indexer_loss {:.6f}", st.indexer_loss) : std::string();
-    std::printf("step %5lld/%lld  loss %.6f%s  grad_norm %.4f  clip %.4f  [%.*s%*s] %5.1f%%  %.2fs/step\n",
-                static_cast<long long>(first + s + 1), static_cast<long long>(first + o.steps), st.loss, ilos.c_str(),
-                st.grad_norm, st.clip, fill,
-                "##############################", width - fill, "", 100.0 * (s + 1) / o.steps, el / (s + 1));
-    std::fflush(stdout);
+    cli::print_step_line(first + s + 1, first + o.steps, s + 1, o.steps,
+                         fmt::format("loss {:.6f}{}  grad_norm {:.4f}  clip {:.4f}", st.loss, ilos, st.grad_norm,
+                                     st.clip),
+                         el);
+    ticker.note(fmt::format("step {}/{}", first + s + 2, first + o.steps));
     steps_json.push_back({{"step", first + s + 1}, {"loss", st.loss}, {"grad_norm", st.grad_norm}, {"clip", st.clip}});
     if (cfg.dsa()) steps_json.back()["indexer_loss"] = st.indexer_loss;
     if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))

@@ -2,11 +2,15 @@
 // Each file registers itself with TRIDENT_COMMAND; main() builds the CLI11 app from the registry.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 namespace trident::cli {
 
@@ -35,6 +39,69 @@ inline int64_t peak_rss_bytes() {
   std::fclose(f);
   return kb * 1024;
 }
+
+// One progress line per step, the same for train and emulate:
+// "step   2/3  loss 6.178918  grad_norm 1.1003  clip 0.9088  [####      ]  67%  0.24 s/step  0.48 s"
+// (metrics: the step's numbers; elapsed: seconds since the first step started; done/total: steps of this run).
+inline void print_step_line(int64_t step, int64_t last_step, int64_t done, int64_t total, const std::string& metrics,
+                            double elapsed) {
+  const int width = 30;
+  const int fill = total > 0 ? static_cast<int>(width * done / total) : width;
+  std::printf("step %3lld/%lld  %s  [%.*s%*s] %3.0f%%  %.2f s/step  %.2f s\n", static_cast<long long>(step),
+              static_cast<long long>(last_step), metrics.c_str(), fill, "##############################",
+              width - fill, "", total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+              done > 0 ? elapsed / static_cast<double>(done) : 0.0, elapsed);
+  std::fflush(stdout);
+}
+
+// Progress inside long work: while nothing was printed for `period` seconds, prints "  ... WHAT: 20 s so far" (what
+// is running now, set by note()), so a step of a large mesh is never silent for long.
+class Ticker {
+ public:
+  explicit Ticker(std::string what, double period = 10.0) : what_(std::move(what)), period_(period) {
+    last_ = since_ = std::chrono::steady_clock::now();
+    th_ = std::thread([this] { loop(); });
+  }
+  ~Ticker() {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  Ticker(const Ticker&) = delete;
+  Ticker& operator=(const Ticker&) = delete;
+  // A line was printed and `what` runs now.
+  void note(std::string what) {
+    std::lock_guard lk(m_);
+    what_ = std::move(what);
+    last_ = since_ = std::chrono::steady_clock::now();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lk(m_);
+    while (!stop_) {
+      const auto due = last_ + std::chrono::duration<double>(period_);
+      if (cv_.wait_until(lk, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(due),
+                         [&] { return stop_; }))
+        break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now < last_ + std::chrono::duration<double>(period_)) continue;
+      std::printf("  ... %s: %.0f s so far\n", what_.c_str(), std::chrono::duration<double>(now - since_).count());
+      std::fflush(stdout);
+      last_ = now;
+    }
+  }
+  std::string what_;
+  double period_;
+  std::chrono::steady_clock::time_point last_, since_;
+  bool stop_ = false;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::thread th_;
+};
 
 // The --preset option's help: "model preset: tiny, tiny-gqa, ..." from the preset list (reference/model/config.h).
 std::string preset_help();

@@ -53,7 +53,11 @@ int main(int argc, char** argv) {
       for (const Command& c : cmds) msg += " " + c.name;
       msg += ")";
     }
-    std::fprintf(stderr, "trident: error: %s (see trident --help)\n", msg.c_str());
+    // Point at the help that lists the flag: the subcommand's own when one was named.
+    std::string help = "trident --help";
+    for (const Command& c : cmds)
+      if (argc > 1 && c.name == argv[1]) help = "trident " + c.name + " --help";
+    std::fprintf(stderr, "trident: error: %s (see %s)\n", msg.c_str(), help.c_str());
     for (const Command& c : cmds)
       if (argc > 1 && c.name == argv[1]) return c.usage_exit;
     return 1;

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "parallel/mesh_comm.h"
+#include "reference/counted.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
 
@@ -60,11 +61,11 @@ bool RankRunResult::ok() const {
 }
 
 std::string RankRunResult::summary() const {
-  if (!checked) return fmt::format("{} steps run (not checked)", steps.size());
+  if (!checked) return fmt::format("{} run (not checked)", counted(static_cast<int64_t>(steps.size()), "step"));
   if (ok())
     return fmt::format("bitwise equal to the single-rank reference: every rank's part of every gradient and "
-                       "parameter over {} steps ({} elements, each written by exactly one rank) and the loss",
-                       steps.size(), world_elements);
+                       "parameter over {} ({} elements, each written by exactly one rank) and the loss",
+                       counted(static_cast<int64_t>(steps.size()), "step"), world_elements);
   std::string s = fmt::format("MISMATCH: {} tensor part(s) differ over all ranks, {} loss(es) differ; the ranks' "
                               "parts cover {} of {} elements",
                               world_mismatches, world_loss_mismatches, world_elements, expected_elements);

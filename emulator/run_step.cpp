@@ -14,6 +14,7 @@
 #include "emulator/fake_nccl.h"
 #include "emulator/world.h"
 #include "parallel/mesh_comm.h"
+#include "reference/counted.h"
 #include "reference/check.h"
 #include "reference/model/repro.h"
 #include "reference/model/train.h"
@@ -256,9 +257,9 @@ std::string CheckReport::summary() const {
   if (!m) {
     int64_t steps = 0;
     for (const TensorCheck& c : checks) steps = std::max(steps, c.step + 1);
-    return fmt::format("bitwise equal to the single-rank reference: {} tensors over {} steps (loss, every gradient, "
+    return fmt::format("bitwise equal to the single-rank reference: {} tensors over {} (loss, every gradient, "
                        "every parameter and router bias after each step)",
-                       checks.size(), steps);
+                       checks.size(), counted(steps, "step"));
   }
   int64_t bad = 0;
   for (const TensorCheck& c : checks) bad += c.equal ? 0 : 1;

@@ -456,16 +456,20 @@ void check_resumable(const CheckpointMeta& saved, const md::Config& cfg, const m
   for (const auto& [k, v] : b.items())
     if (!a.contains(k)) fail(fmt::format("checkpoint '{}' is incompatible: model config '{}' is absent there", dir, k));
   const json ra = saved.run.to_json(), rb = run.to_json();
-  for (const char* k : {"sequences", "seq_len", "lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm",
-                        "data_seed"})
+  // Named by the flag that sets each (the optimizer's constants have none: they are the run's defaults).
+  const std::pair<const char*, const char*> keys[] = {
+      {"sequences", "--seqs"}, {"seq_len", "--seq-len"},           {"lr", "--lr"},
+      {"beta1", "AdamW beta1"}, {"beta2", "AdamW beta2"},          {"eps", "AdamW eps"},
+      {"weight_decay", "AdamW weight decay"}, {"max_grad_norm", "max grad norm"}, {"data_seed", "--data-seed"}};
+  for (const auto& [k, flag] : keys)
     if (ra.at(k) != rb.at(k))
-      fail(fmt::format("checkpoint '{}' is incompatible: run setting '{}' is {} in the checkpoint, {} here (resume "
-                       "with the same batch, optimizer and data settings)",
-                       dir, k, ra.at(k).dump(), rb.at(k).dump()));
+      fail(fmt::format("checkpoint '{}' is incompatible: {} is {} in the checkpoint, {} here (resume with the same "
+                       "batch, optimizer and data settings: {} {})",
+                       dir, flag, ra.at(k).dump(), rb.at(k).dump(), flag, ra.at(k).dump()));
   if (saved.run.docs_per_seq != run.docs_per_seq)
-    fail(fmt::format("checkpoint '{}' is incompatible: run setting 'docs_per_seq' is {} in the checkpoint, {} here "
-                     "(resume with the same batch, optimizer and data settings)",
-                     dir, saved.run.docs_per_seq, run.docs_per_seq));
+    fail(fmt::format("checkpoint '{}' is incompatible: --docs-per-seq is {} in the checkpoint, {} here (resume with "
+                     "the same batch, optimizer and data settings: --docs-per-seq {})",
+                     dir, saved.run.docs_per_seq, run.docs_per_seq, saved.run.docs_per_seq));
 }
 
 template void save_checkpoint<float>(const std::string&, const CheckpointMeta&, const std::vector<ShardState<float>>&);

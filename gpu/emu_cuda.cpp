@@ -30,9 +30,9 @@ EmuGpuInfo check_emu_gpu() {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
-    fail(fmt::format("--kernels cuda-ref|cuda-fast needs a CUDA device: {} (the -host variants run the same kernel "
-                     "bodies on the CPU)",
-                     e != cudaSuccess ? std::string(cudaGetErrorString(e)) : "none found"));
+    fail(fmt::format("--kernels cuda-ref and cuda-fast need a CUDA device, and this machine has none usable (CUDA: "
+                     "{}); --kernels cuda-ref-host and cuda-fast-host run the same kernel bodies on the CPU",
+                     e != cudaSuccess ? std::string(cudaGetErrorString(e)) : "no device found"));
   }
   cudaDeviceProp prop{};
   e = cudaGetDeviceProperties(&prop, 0);

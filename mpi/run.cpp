@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -173,9 +174,18 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   auto fabric_owner = std::make_unique<Fabric>(opt);  // freed before MPI_Finalize
   Fabric& fabric = *fabric_owner;
   const int W = fabric.world();
-  if (spec.mesh.world() != W)
-    fail(fmt::format("mesh {} has {} ranks but mpirun started {} process(es) x --ranks-per-process {} = {} ranks",
-                     spec.mesh.str(), spec.mesh.world(), fabric.processes(), fabric.ranks_per_process(), W));
+  if (spec.mesh.world() != W) {
+    const int64_t need = spec.mesh.world(), k = fabric.ranks_per_process();
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+    const std::string fix =
+        need % k == 0 ? fmt::format("start it as `mpirun -np {} trident emulate ... --backend mpi{}`", need / k,
+                                    k > 1 ? fmt::format(" --ranks-per-process {}", k) : std::string())
+                      : fmt::format("--ranks-per-process must divide the {} ranks", need);
+    fail(fmt::format("mesh {} has {} rank{} but {} {} process{} x --ranks-per-process {} = {} rank{}: {}{}",
+                     spec.mesh.str(), need, need == 1 ? "" : "s", launched ? "mpirun started" : "this is",
+                     fabric.processes(), fabric.processes() == 1 ? "" : "es", k, W, W == 1 ? "" : "s", fix,
+                     launched ? "" : " (--backend mpi runs under mpirun; docs/mpi.md)"));
+  }
 
   const md::ParamSet<T> init = emu::spec_init<T>(spec);
   const StepShared<T> sh = emu::step_shared<T>(spec, init);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "reference/counted.h"
 #include "reference/check.h"
 
 namespace trident::sim {
@@ -42,8 +43,8 @@ std::string format_collectives(const std::vector<CollRow>& rows, int64_t steps) 
   bool timed = false;
   for (const CollRow& r : rows) timed = timed || r.timed;
   std::string out = fmt::format(
-      "collectives (all ranks, {} steps; bytes: the nccl-tests size per call, exact: exact-accumulator elements)\n",
-      steps);
+      "collectives (all ranks, {}; bytes: the nccl-tests size per call, exact: exact-accumulator elements)\n",
+      counted(steps, "step"));
   out += fmt::format("  {:<10} {:<16} {:>5} {:>10} {:>14} {:>14}", "comm", "op", "ranks", "calls", "bytes",
                      "exact bytes");
   if (timed) out += fmt::format(" {:>12} {:>11} {:>11}", "sim time", "algbw GB/s", "busbw GB/s");

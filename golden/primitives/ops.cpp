@@ -986,6 +986,8 @@ class RecordingKernels final : public Kernels<T> {
 };
 
 // ---- the perturbed kernel set: the first output of one op gets one ulp flipped at one element ------------------
+PerturbStats perturb_stats_;
+
 template <class T>
 class PerturbedKernels final : public Kernels<T> {
  public:
@@ -1190,7 +1192,10 @@ class PerturbedKernels final : public Kernels<T> {
  private:
   // Flips the lowest mantissa bit of out[index_] (one ulp), on stream s after the op.
   void flip(const char* op, T* out, int64_t n, Stream s) {
-    if (op_ != op || index_ >= n || !out) return;
+    if (op_ != op) return;
+    perturb_stats_.calls.fetch_add(1);
+    if (index_ >= n || !out) return;
+    perturb_stats_.flips.fetch_add(1);
     T v{};
     dev_.download(&v, out + index_, static_cast<int64_t>(sizeof(T)), s);
     dev_.synchronize(s);
@@ -1205,6 +1210,8 @@ class PerturbedKernels final : public Kernels<T> {
 };
 
 }  // namespace
+
+PerturbStats& perturb_stats() { return perturb_stats_; }
 
 const std::vector<std::string>& kernel_ops() {
   static const std::vector<std::string> ops = {

@@ -9,6 +9,7 @@
 // a case is self-contained and any backend's Kernels<T> recomputes it the same way (run_case). The same bind
 // function per op drives capture and replay, so the two cannot disagree on an argument.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -90,6 +91,12 @@ std::unique_ptr<Kernels<T>> make_recording_kernels(std::unique_ptr<Kernels<T>> i
 
 // A kernel set that forwards to `inner` and then flips the last bit (one ulp) of element `index` of the first
 // output of op `op` (every call of it): the deliberately wrong backend of the tests and of `trident paired`.
+// How often the perturbation met its op, and how often it flipped a bit (the op's output had element `index`), over
+// every perturbed kernel set of the process: `trident paired` says whether it ever fired.
+struct PerturbStats {
+  std::atomic<int64_t> calls{0}, flips{0};
+};
+PerturbStats& perturb_stats();
 template <class T>
 std::unique_ptr<Kernels<T>> make_perturbed_kernels(std::unique_ptr<Kernels<T>> inner, Device& dev, std::string op,
                                                    int64_t index = 0);

@@ -26,6 +26,7 @@
 
 #include "reference/atomic_write.h"
 #include "reference/check.h"
+#include "reference/counted.h"
 
 namespace trident::nccl {
 namespace {
@@ -265,10 +266,14 @@ void serve(int lfd, int nranks, const UniqueId& id, const std::string& secret, c
     const auto now = clk::now();
     if (now >= until) {
       for (size_t i = conns.size(); i-- > 0;) close_conn(i);
-      fail(fmt::format("NCCL id exchange (tcp): rank 0 waited {} ms on {}; {} of {} ranks received the id{}{}",
-                       timeout.count(), where, served.size(), nranks - 1,
-                       refused ? fmt::format("; {} refused (wrong secret, rank or WORLD_SIZE)", refused) : "",
-                       strangers ? fmt::format("; {} connections closed that were not Trident ranks", strangers) : ""));
+      fail(fmt::format("NCCL id exchange (tcp): rank 0 waited {} ms on {}; {} of the other {} received the id{}{}",
+                       timeout.count(), where, served.size(), counted(nranks - 1, "rank"),
+                       refused ? fmt::format("; {} refused (wrong secret, rank or WORLD_SIZE)",
+                                             counted(refused, "connection"))
+                               : "",
+                       strangers ? fmt::format("; {} closed that were not Trident ranks",
+                                               counted(strangers, "connection"))
+                                 : ""));
     }
     std::vector<pollfd> p;
     p.push_back(pollfd{lfd, POLLIN, 0});

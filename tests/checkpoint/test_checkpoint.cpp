@@ -480,10 +480,10 @@ TEST_F(Damaged, WrongDtypeAndIncompatibleRuns) {
   refused(f64, m.run, "model config 'policy'");
   md::RunConfig r = m.run;
   r.lr = 1e-3;
-  refused(m.cfg, r, "run setting 'lr'");
+  refused(m.cfg, r, "--lr is");
   r = m.run;
   r.data_seed = 8;
-  refused(m.cfg, r, "run setting 'data_seed'");
+  refused(m.cfg, r, "--data-seed is");
   // what never changes a bit may differ
   r = m.run;
   r.recompute = !r.recompute;

@@ -173,7 +173,7 @@ TEST(IdExchange, AWrongSecretIsRefusedWithOneError) {
             std::string::npos)
       << o.errors[1];
   EXPECT_FALSE(o.got_id[1]);
-  EXPECT_NE(o.errors[0].find("0 of 1 ranks received the id; 1 refused"), std::string::npos) << o.errors[0];
+  EXPECT_NE(o.errors[0].find("0 of the other 1 rank received the id; 1 connection refused"), std::string::npos) << o.errors[0];
 }
 
 TEST(IdExchange, EachRankIsServedOnce) {
