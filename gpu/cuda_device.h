@@ -1,6 +1,7 @@
 // CudaDevice: the Device seam (parallel/device.h) on one CUDA GPU. Streams are non-blocking cudaStream_t, events
-// cudaEvent_t (timing disabled), memory is stream-ordered (cudaMallocAsync / cudaFreeAsync) with current and peak
-// bytes tracked. launch() runs its function at once on the calling thread: on this device a kernel set's function
+// cudaEvent_t (timing disabled), memory is stream-ordered (cudaMallocAsync / cudaFreeAsync from the device's pool,
+// which keeps freed memory; cudaMalloc / cudaFree where pools are unsupported: gpu/cuda_memory.h) with current and
+// peak bytes tracked. launch() runs its function at once on the calling thread: on this device a kernel set's function
 // enqueues CUDA kernels on native_stream(s); the launch then checks cudaGetLastError and names the kernel and its
 // call site on failure. Every CUDA error throws trident::Error naming the call and the site.
 #pragma once
