@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs every documented `trident` command of README.md and docs/*.md, as written, and checks what the doc claims.
 
-What it reads (the conventions the docs follow; README.md "Documented commands are tested" says the same):
+What it reads (the conventions the docs follow; docs/testing.md "Documented commands are tested" says the same):
   - A ```sh block is a list of shell commands run from the repository root. Each command (a line, or lines joined
     by a trailing backslash) that starts with `trident` runs with `trident` mapped to the built binary; a block
     without such a command is not run (e.g. ./scripts/setup).
