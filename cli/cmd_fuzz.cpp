@@ -32,7 +32,7 @@ struct Opts {
   std::string config;
   int64_t cases = 0;    // 0: not given
   double time_s = 0;    // 0: not given
-  int64_t max_world = 16;
+  int64_t max_world = 8;
   int64_t seed = 1;
   std::string kernels, comm, plant = "none", json;
   int64_t shrink_tries = 300;

@@ -1,4 +1,4 @@
-# Runs TRIDENT with ARGS (a ;-list), expects exit code EXPECT_RC and REGEX in stdout+stderr. With EXPECT_RC 1 the
+# Runs TRIDENT with ARGS (a ;-list), expects exit code EXPECT_RC and REGEX in stdout+stderr. With EXPECT_RC 1 (or 2) the
 # error must be EXPECT_LINES lines on stderr (default 1: one clear error line; a mesh that breaks several rules
 # prints a summary line and one line per rule).
 execute_process(COMMAND ${TRIDENT} ${ARGS} WORKING_DIRECTORY ${WORKDIR}
@@ -13,7 +13,7 @@ endif()
 if(NOT DEFINED EXPECT_LINES OR EXPECT_LINES STREQUAL "")
   set(EXPECT_LINES 1)
 endif()
-if(EXPECT_RC STREQUAL "1")
+if(EXPECT_RC STREQUAL "1" OR EXPECT_RC STREQUAL "2")  # 2: bad input where 1 means a finding (fuzz)
   string(REGEX MATCHALL "\n" lines "${err}")
   list(LENGTH lines nl)
   if(NOT nl EQUAL EXPECT_LINES)

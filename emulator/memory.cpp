@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "parallel/exact_lowering.h"
 #include "reference/check.h"
 #include "reference/exact_acc.h"
 #include "reference/model/attention.h"
@@ -224,6 +225,10 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
       {"staging", 8.0 * 2 * static_cast<double>(in.eager_bytes) + N * 32 + 64 * 1024},
       {"stack", static_cast<double>(in.stack_bytes)},
   };
+  if (in.lower_exact_sum)  // the packed words of the largest lowered reduction (the arena's accumulators)
+    e.per_rank.push_back({"lowering scratch", arena * 8.0 * static_cast<double>(exact_lowering::words_per_element(
+                                                                cfg.policy == Policy::fp64 ? DataType::exact_f64
+                                                                                           : DataType::exact_f32))});
   const double steps = static_cast<double>(run.steps);
   e.host = {
       {"program", kProgramBytes},

@@ -55,6 +55,10 @@ struct EmulateMemoryInputs {
   bool check_reference = false;    // the single-rank reference runs afterwards (estimate_train on top)
   size_t eager_bytes = 32 * 1024;  // SpawnOptions::eager_bytes
   size_t stack_bytes = 1 << 20;    // SpawnOptions::stack_bytes
+  // Exact sums lowered onto i64 sums (EmulateSpec::lower_exact_sum, and every NCCL communicator): each lowered
+  // reduction packs its accumulators into a scratch buffer of i64 words (parallel/exact_lowering.h), up to the
+  // accumulator arena's worth at once.
+  bool lower_exact_sum = false;
 };
 // `trident emulate`: per rank the parameter shards and AdamW state, the gathered FSDP units, the exact gradient
 // accumulator arena, the saved activations (all layers, or layer inputs with recompute), the gathered CP KV, the

@@ -50,19 +50,27 @@ std::string resume_dir() {
 
 // ---- the reference, computed once per batch ----------------------------------------------------------------------
 // The single-rank reference depends on the model and the batch, not on the layout: layouts that share a model,
-// policy and batch (sequences, length, documents, steps) share one reference run. A bounded cache (the last
-// kRefCacheEntries batches).
-constexpr size_t kRefCacheEntries = 24;
+// policy and batch (sequences, length, documents, steps) share one reference run. A bounded cache (the last batches'
+// runs, kRefCacheBytes of tensors at most).
+constexpr double kRefCacheBytes = 256.0 * 1024 * 1024;
 template <class T>
 struct RefRun {
   std::vector<double> loss;
   std::vector<model::ParamSet<T>> grads, params;  // per step
+  double bytes() const {
+    double b = 0;
+    for (const auto* v : {&grads, &params})
+      for (const model::ParamSet<T>& p : *v)
+        for (const auto& t : p.t) b += static_cast<double>(t.size()) * sizeof(T);
+    return b;
+  }
 };
 template <class T>
 std::shared_ptr<const RefRun<T>> reference_run(const emu::EmulateSpec& s) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const RefRun<T>>> cache;
   static std::deque<std::string> order;
+  static double total = 0;
   ReproLine key("ref");
   model::RunConfig run = s.run;
   run.recompute = false;  // changes no bit (docs/checkpoints.md: recompute, token chunk, mesh, chunks)
@@ -84,10 +92,14 @@ std::shared_ptr<const RefRun<T>> reference_run(const emu::EmulateSpec& s) {
     r->grads.push_back(tr.grads);
     r->params.push_back(tr.params);
   }
-  if (cacheable) {
+  if (cacheable) {  // the newest entries within kRefCacheBytes (the newest always)
     std::lock_guard lk(mu);
-    if (cache.emplace(k, r).second) order.push_back(k);
-    while (order.size() > kRefCacheEntries) {
+    if (cache.emplace(k, r).second) {
+      order.push_back(k);
+      total += r->bytes();
+    }
+    while (order.size() > 1 && total > kRefCacheBytes) {
+      total -= cache.at(order.front())->bytes();
       cache.erase(order.front());
       order.pop_front();
     }
@@ -307,8 +319,10 @@ CaseResult check_t(const Layout& l, int only) {
   }
   if (want(Property::memory)) {
     res.checked.push_back(Property::memory);
-    const emu::MemoryEstimate est = emu::estimate_emulate(
-        {a.cfg, a.run, a.mesh, a.ep_chunks, a.vocab_slices, /*keep_tensors=*/true, /*check_reference=*/true});
+    emu::EmulateMemoryInputs mi{a.cfg, a.run, a.mesh, a.ep_chunks, a.vocab_slices, /*keep_tensors=*/true,
+                                /*check_reference=*/true};
+    mi.lower_exact_sum = a.lower_exact_sum || a.comm == emu::CommBackend::nccl_fake;  // NCCL always lowers
+    const emu::MemoryEstimate est = emu::estimate_emulate(mi);
     const int64_t peak = *std::max_element(ra->device_peak_bytes.begin(), ra->device_peak_bytes.end());
     if (est.device_bytes() < static_cast<double>(peak))
       return failed(Property::memory,
@@ -493,11 +507,13 @@ std::vector<Layout> simplifications(const Layout& l, const GenOptions& fixed, Pr
       if (m.name() == l.model_name) base = m.cfg.policy;
     feature(s.cfg.policy != base, [base](Layout& c) { c.spec.cfg.policy = base; });
   }
+  // fewer layers (--layers; the dense ones stay, as the repro line keeps the config's dense_layers; at least one MoE
+  // layer stays where the model has one)
   if (s.cfg.layers > 1)
     for (int64_t x : smaller(s.cfg.layers)) {
+      if (x < s.cfg.dense_layers + (s.cfg.layers > s.cfg.dense_layers ? 1 : 0)) continue;
       Layout c = l;
       c.spec.cfg.layers = x;
-      c.spec.cfg.dense_layers = std::min(c.spec.cfg.dense_layers, x - 1);
       try {
         c.spec.cfg.validate();
       } catch (const Error&) {

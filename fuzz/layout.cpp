@@ -120,13 +120,34 @@ Layout draw(Choices& c, const GenOptions& o) {
   } else if (c.coin(1, 5)) {
     s.cfg.policy = Policy::bf16;
   }
-  int64_t cp = int64_t{1} << c.in_range(0, big ? 5 : 4);  // 1..8 (big: 1..16)
-  int64_t fsdp = c.in_range(1, big ? 9 : 5);
-  int64_t d_rep = c.in_range(1, big ? 5 : 4);
-  while (cp > max_w) cp /= 2;
-  while (d_rep * fsdp * cp > max_w) {
-    if (d_rep > 1) --d_rep;
-    else --fsdp;
+  int64_t cp = 1, fsdp = 1, d_rep = 1;
+  if (all) {  // the world first, uniform in [1, max_world] (small worlds as often as large), then its factors: cp a
+              // power of two, fsdp and d_rep within their ranges (a world they cannot factor is drawn again)
+    const int64_t cmax = big ? 16 : 8, fmax = big ? 8 : 4, dmax = big ? 4 : 3;
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int64_t W = c.in_range(1, std::min(max_w, cmax * fmax * dmax) + 1);
+      std::vector<int64_t> cps;
+      for (int64_t x = 1; x <= std::min(W, cmax); x *= 2)
+        if (W % x == 0) cps.push_back(x);
+      const int64_t cpw = pick(c, cps);
+      std::vector<int64_t> fs;
+      for (int64_t f = 1; f <= fmax; ++f)
+        if ((W / cpw) % f == 0 && W / cpw / f <= dmax) fs.push_back(f);
+      if (fs.empty()) continue;
+      cp = cpw;
+      fsdp = pick(c, fs);
+      d_rep = W / (cp * fsdp);
+      break;
+    }
+  } else {  // the step property test's draws (clamped to max_world)
+    cp = int64_t{1} << c.in_range(0, big ? 5 : 4);  // 1..8 (big: 1..16)
+    fsdp = c.in_range(1, big ? 9 : 5);
+    d_rep = c.in_range(1, big ? 5 : 4);
+    while (cp > max_w) cp /= 2;
+    while (d_rep * fsdp * cp > max_w) {
+      if (d_rep > 1) --d_rep;
+      else --fsdp;
+    }
   }
   const int64_t W = d_rep * fsdp * cp;
   const int64_t ep = pick(c, ep_choices(W, s.cfg.experts));
@@ -137,9 +158,12 @@ Layout draw(Choices& c, const GenOptions& o) {
       if (cp % k == 0) inner.push_back(k);
     if (!inner.empty()) s.mesh.cp_inner = pick(c, inner);
   }
-  l.per_group = c.in_range(1, 3);
-  l.chunk_tiles = c.in_range(1, 3);
-  s.run.steps = c.in_range(1, 3);
+  // sequences per data group, tiles per zig-zag chunk, steps: 1 or 2 (all features: 2 a quarter of the time, so the
+  // time goes to more layouts rather than to longer runs of one)
+  auto one_or_two = [&] { return all ? 1 + static_cast<int64_t>(c.coin(1, 4)) : c.in_range(1, 3); };
+  l.per_group = one_or_two();
+  l.chunk_tiles = one_or_two();
+  s.run.steps = one_or_two();
   s.run.recompute = c.coin();
   s.ep_chunks = c.in_range(1, 5);
   // vocabulary slices: 0 (default: one per vocab chunk), or 1..6 (more than the vocab chunks: clamped)
