@@ -40,7 +40,7 @@ using StreamHandle = void*;        // cudaStream_t
 // communicator's mode (ncclConfig_t::blocking): with 0 every call may return kInProgress and completes when
 // comm_get_async_error() stops returning kInProgress.
 struct Api {
-  const char* name = "";  // "nccl 2.28.9 (libnccl.so.2)", "fake nccl (emulator)"
+  const char* name = "";  // "nccl 2.28.9 (/usr/lib/x86_64-linux-gnu/libnccl.so.2)", "fake nccl (emulator)"
   int version = 0;        // NCCL_VERSION_CODE of the implementation
   Result (*get_unique_id)(UniqueId* id) = nullptr;
   Result (*comm_init_rank)(Comm* comm, int nranks, UniqueId id, int rank, int blocking) = nullptr;

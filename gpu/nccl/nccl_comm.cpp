@@ -247,7 +247,8 @@ void NcclCommunicator::watchdog_poll() {
   Result st = nccl::kSuccess;
   const Result r = api_.comm_get_async_error(comm_, &st);
   if (r == nccl::kSuccess && (st == nccl::kSuccess || st == nccl::kInProgress)) return;
-  abort_locked(fmt::format("the watchdog saw an asynchronous error: {}", nccl::to_string(r != nccl::kSuccess ? r : st)));
+  abort_locked(
+      fmt::format("the watchdog saw an asynchronous error: {}", nccl::to_string(r != nccl::kSuccess ? r : st)));
 }
 
 void NcclCommunicator::do_collective(const CollArgs& a, Stream s, loc_t loc) {
