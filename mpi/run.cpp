@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -176,7 +175,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   const int W = fabric.world();
   if (spec.mesh.world() != W) {
     const int64_t need = spec.mesh.world(), k = fabric.ranks_per_process();
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+    const bool launched = fabric.processes() > 1;  // one process: started without mpirun (or with -np 1)
     const std::string fix =
         need % k == 0 ? fmt::format("start it as `mpirun -np {} trident emulate ... --backend mpi{}`", need / k,
                                     k > 1 ? fmt::format(" --ranks-per-process {}", k) : std::string())
