@@ -1,6 +1,8 @@
 // The properties of one layout and the shrinker (fuzz/check.h).
 #include "fuzz/check.h"
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -39,14 +41,35 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Where the resume property saves its checkpoint (the repro line names the same directory).
-// Memory-backed /dev/shm where there is one: the save syncs every file, which costs little there.
-std::string resume_dir() {
-  std::error_code ec;
-  if (fs::is_directory("/dev/shm", ec)) return "/dev/shm/trident-fuzz-resume";
-  const char* t = std::getenv("TMPDIR");
-  return (fs::path(t && *t ? t : "/tmp") / "trident-fuzz-resume").string();
-}
+// Where the resume property saves its checkpoint: a private directory of this process (mkdtemp: two fuzzers at once
+// never share one), in memory-backed /dev/shm where there is one (the save syncs every file), removed at exit.
+class ResumeDir {
+ public:
+  const std::string& path() {
+    std::lock_guard lk(mu_);
+    if (dir_.empty()) {
+      std::error_code ec;
+      const char* t = std::getenv("TMPDIR");
+      const fs::path base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::path(t && *t ? t : "/tmp");
+      std::string tmpl = (base / "trident-fuzz-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) fail(fmt::format("fuzz: cannot create a directory under {}", base.string()));
+      dir_ = tmpl;
+      ck_ = (fs::path(dir_) / "checkpoint").string();
+    }
+    return ck_;
+  }
+  ~ResumeDir() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+ private:
+  std::mutex mu_;
+  std::string dir_, ck_;
+};
+ResumeDir g_resume_dir;
+// The directory the resume property's repro line names (any directory the user may write works).
+constexpr const char* kReproResumeDir = "/tmp/trident-fuzz-resume";
 
 // ---- the reference, computed once per batch ----------------------------------------------------------------------
 // The single-rank reference depends on the model and the batch, not on the layout: layouts that share a model,
@@ -370,7 +393,7 @@ CaseResult check_t(const Layout& l, int only) {
   }
   if (want(Property::resume) && l.resume) {
     res.checked.push_back(Property::resume);
-    const std::string dir = resume_dir();
+    const std::string dir = g_resume_dir.path();
     emu::EmulateSpec b = l.spec;
     b.mesh = l.resume_mesh;
     b.ep_chunks = l.resume_chunks;
@@ -381,7 +404,8 @@ CaseResult check_t(const Layout& l, int only) {
     lb.spec = b;
     lb.resume = false;
     const std::string kflag = l.kernels != "cpu" ? " --kernels " + l.kernels : "";
-    const std::string repro = la.spec.repro(false) + kflag + " --save " + dir + " && " + lb.repro() + " --resume " + dir;
+    const std::string repro = la.spec.repro(false) + kflag + " --save " + kReproResumeDir + " && " + lb.repro() +
+                              " --resume " + kReproResumeDir;
     try {
       golden::CheckpointMeta meta;
       meta.writer = "emulate";
