@@ -21,6 +21,7 @@
 #include "fuzz/check.h"
 #include "fuzz/layout.h"
 #include "reference/check.h"
+#include "reference/repro.h"
 #include "sim/export.h"
 
 namespace {
@@ -155,6 +156,18 @@ int run(const Opts& o) {
     std::printf("fixed: %s%s%s\n", o.kernels.empty() ? "" : ("kernels " + o.kernels + " ").c_str(),
                 o.comm.empty() ? "" : ("comm " + o.comm + " ").c_str(),
                 g.plant == StepPlant::none ? "" : ("planted bug " + o.plant).c_str());
+  // the exact command (one builder, reference/repro.h): every flag that changes what is drawn and checked
+  ReproLine rl("trident fuzz");
+  if (o.config.empty()) rl.opt("--preset", o.preset);
+  else rl.opt("--config", o.config);
+  if (o.cases > 0 || o.time_s <= 0) rl.opt("--cases", cases);
+  if (o.time_s > 0) rl.opt("--time", o.time_s);
+  rl.opt("--max-world", o.max_world).opt("--seed", o.seed);
+  rl.opt_nonempty("--kernels", o.kernels).opt_nonempty("--comm", o.comm);
+  if (g.plant != StepPlant::none) rl.opt("--plant", o.plant);
+  rl.opt_if("--shrink-tries", o.shrink_tries, 300).flag("--no-shrink", o.no_shrink).flag("--keep-going", o.keep_going);
+  rl.opt_nonempty("--json", o.json);
+  std::printf("repro: %s\n", rl.str().c_str());
   std::fflush(stdout);
 
   // ---- the cases
