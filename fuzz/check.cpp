@@ -387,6 +387,7 @@ CaseResult check_t(const Layout& l, int only) {
                                   d),
                       lb.repro());
     } catch (const std::exception& e) {
+      res.second_seed = true;  // the shrinker starts from the second seed's layout (it fails the first run there)
       return failed(is_hazard(e.what()) ? Property::hazards : Property::scheduler, e.what(), lb.repro());
     }
     spent(Property::scheduler);
@@ -559,6 +560,11 @@ ShrinkResult shrink(const Layout& failing, const CaseResult& failure, const GenO
                     const std::function<void(const ShrinkResult&)>& on_try) {
   ShrinkResult sr{failing, failure, 0, 0};
   const Property p = failure.failed;
+  if (failure.second_seed && p == Property::hazards) {  // a hazard of the second seed's run: shrink that run
+    sr.layout.spec.device = emu::DeviceOptions{};
+    sr.layout.spec.device.mode = emu::DeviceMode::deferred;
+    sr.layout.spec.device.seed = failing.seed2;
+  }
   bool progress = true;
   while (progress && sr.tries < max_tries) {
     progress = false;

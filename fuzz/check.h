@@ -28,6 +28,7 @@ struct CaseResult {
   Property failed = Property::runs;  // when !ok: the first property that failed
   std::string detail;                // when !ok: what differs
   std::string repro;                 // when !ok: the command line(s) that show the failure alone
+  bool second_seed = false;          // when !ok: the failure came from the second scheduler seed's run
   std::vector<Property> checked;     // the properties this case checked (planner: only where it applies)
   double seconds = 0;
   double property_seconds[kNumProperties] = {};  // the wall time of each property's runs and checks
