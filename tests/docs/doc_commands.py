@@ -3,8 +3,10 @@
 
 What it reads (the conventions the docs follow; docs/testing.md "Documented commands are tested" says the same):
   - A ```sh block is a list of shell commands run from the repository root. Each command (a line, or lines joined
-    by a trailing backslash) that starts with `trident` runs with `trident` mapped to the built binary; a block
-    without such a command is not run (e.g. ./scripts/setup).
+    by a trailing backslash) that starts with `trident` runs with `trident` mapped to the built binary; one that
+    starts with `mpirun` runs with `build/release/trident` mapped to it and the environment docs/mpi.md gives for a
+    container or root (OMPI_ALLOW_RUN_AS_ROOT, oversubscription, shared memory); a block without such a command
+    is not run (e.g. ./scripts/setup).
   - A ```text block right after a ```sh block (blank lines between allowed) is the output the doc shows: the
     numbers in it must appear in the command's stdout+stderr, in the same order (lines may be left out). Wall-clock
     numbers (a number followed by `s`, `s/step`, `ms/step` or `%` of a progress bar) are not compared.
@@ -112,12 +114,19 @@ def run(cmd, trident, root, timeout):
     """Runs one documented command with `trident` mapped to the binary; returns (rc, output, seconds)."""
     words = shlex.split(cmd, comments=True)
     shell_cmd = cmd
+    env = dict(os.environ)
     if words and words[0] == "trident":
         shell_cmd = shlex.quote(trident) + cmd[len("trident"):]
+    elif words and words[0] == "mpirun":
+        # As docs/mpi.md tells a user in a container or as root: no ssh agent, shared memory, root allowed, more
+        # processes than cores allowed.
+        shell_cmd = cmd.replace(" build/release/trident ", " " + shlex.quote(trident) + " ", 1)
+        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_plm_rsh_agent": "",
+                    "OMPI_MCA_btl": "self,vader", "OMPI_MCA_rmaps_base_oversubscribe": "1"})
     t0 = time.monotonic()
     try:
         p = subprocess.run(["bash", "-o", "pipefail", "-c", shell_cmd], cwd=root, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=timeout, text=True)
+                           stderr=subprocess.STDOUT, timeout=timeout, text=True, env=env)
         return p.returncode, p.stdout, time.monotonic() - t0
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -197,7 +206,7 @@ def main(argv):
                 continue
             if b["kind"] != "sh":
                 continue
-            cmds = [c for c in commands(b["body"]) if c.split()[0] == "trident"]
+            cmds = [c for c in commands(b["body"]) if c.split()[0] in ("trident", "mpirun")]
             if not cmds:
                 continue
             marker = b["marker"] or ("", "")
