@@ -5,8 +5,9 @@ What it reads (the conventions the docs follow; docs/testing.md "Documented comm
   - A ```sh block is a list of shell commands run from the repository root. Each command (a line, or lines joined
     by a trailing backslash) that starts with `trident` runs with `trident` mapped to the built binary; one that
     starts with `mpirun` runs with `build/release/trident` mapped to it and the environment docs/mpi.md gives for a
-    container or root (OMPI_ALLOW_RUN_AS_ROOT, oversubscription, shared memory); a block without such a command
-    is not run (e.g. ./scripts/setup).
+    container or root (OMPI_ALLOW_RUN_AS_ROOT, oversubscription, shared memory); one that runs
+    `python3 -m trident_golden` runs with a python3 that has h5py and numpy; a block without such a command is not
+    run (e.g. ./scripts/setup).
   - A ```text block right after a ```sh block (blank lines between allowed) is the output the doc shows: the
     numbers in it must appear in the command's stdout+stderr, in the same order (lines may be left out). Wall-clock
     numbers (a number followed by `s`, `s/step`, `ms/step` or `%` of a progress bar) are not compared.
@@ -110,6 +111,21 @@ def commands(body):
     return out
 
 
+# `python3 -m trident_golden ...` (with PYTHONPATH=... before it): the Python package's commands, run with a python3
+# that has h5py and numpy (the first on PATH that does, else Debian's /usr/bin/python3: scripts/deps installs them).
+PY_GOLDEN = re.compile(r"^(?:\w+=\S+\s+)*python3 -m trident_golden\b")
+
+
+def golden_python():
+    for cand in ("python3", "/usr/bin/python3"):
+        try:
+            if subprocess.run([cand, "-c", "import h5py, numpy"], capture_output=True).returncode == 0:
+                return cand
+        except OSError:
+            pass
+    return "python3"
+
+
 def run(cmd, trident, root, timeout):
     """Runs one documented command with `trident` mapped to the binary; returns (rc, output, seconds)."""
     words = shlex.split(cmd, comments=True)
@@ -117,6 +133,8 @@ def run(cmd, trident, root, timeout):
     env = dict(os.environ)
     if words and words[0] == "trident":
         shell_cmd = shlex.quote(trident) + cmd[len("trident"):]
+    elif PY_GOLDEN.search(cmd):
+        shell_cmd = cmd.replace("python3 -m trident_golden", shlex.quote(golden_python()) + " -m trident_golden", 1)
     elif words and words[0] == "mpirun":
         # As docs/mpi.md tells a user in a container or as root: no ssh agent, shared memory, root allowed, more
         # processes than cores allowed.
@@ -206,7 +224,7 @@ def main(argv):
                 continue
             if b["kind"] != "sh":
                 continue
-            cmds = [c for c in commands(b["body"]) if c.split()[0] in ("trident", "mpirun")]
+            cmds = [c for c in commands(b["body"]) if c.split()[0] in ("trident", "mpirun") or PY_GOLDEN.search(c)]
             if not cmds:
                 continue
             marker = b["marker"] or ("", "")
