@@ -269,24 +269,6 @@ std::string CheckReport::summary() const {
                      m->got, m->want);
 }
 
-namespace {
-template <class T>
-TensorCheck compare(int64_t step, const char* what, const std::string& name, const T* got, const T* want, int64_t n) {
-  TensorCheck c;
-  c.step = step;
-  c.what = what;
-  c.name = name;
-  for (int64_t i = 0; i < n; ++i)
-    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
-      c.equal = false;
-      c.first_index = i;
-      c.got = static_cast<double>(got[i]);
-      c.want = static_cast<double>(want[i]);
-      break;
-    }
-  return c;
-}
-}  // namespace
 
 template <class T>
 CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got, const md::TrainState<T>* resume) {
@@ -299,14 +281,14 @@ CheckReport check_reference(const EmulateSpec& spec, const EmulateResult<T>& got
   for (int64_t s = 0; s < spec.run.steps; ++s) {
     const md::StepStats st = tr.step(batches[static_cast<size_t>(s)]);
     const double gl = got.steps[static_cast<size_t>(s)].loss;
-    rep.checks.push_back(compare<double>(s, "loss", "", &gl, &st.loss, 1));
+    rep.checks.push_back(compare_bits<double>(s, "loss", "", &gl, &st.loss, 1));
     const md::ParamSet<T>& g = got.grads[static_cast<size_t>(s)];
     const md::ParamSet<T>& p = got.params[static_cast<size_t>(s)];
     for (size_t i = 0; i < tr.params.size(); ++i) {
       const std::string& n = tr.params.info[i].name;
       if (tr.params.info[i].trainable)
-        rep.checks.push_back(compare<T>(s, "grad", n, g.t[i].ptr(), tr.grads.t[i].ptr(), tr.grads.t[i].size()));
-      rep.checks.push_back(compare<T>(s, "param", n, p.t[i].ptr(), tr.params.t[i].ptr(), tr.params.t[i].size()));
+        rep.checks.push_back(compare_bits<T>(s, "grad", n, g.t[i].ptr(), tr.grads.t[i].ptr(), tr.grads.t[i].size()));
+      rep.checks.push_back(compare_bits<T>(s, "param", n, p.t[i].ptr(), tr.params.t[i].ptr(), tr.params.t[i].size()));
     }
   }
   return rep;

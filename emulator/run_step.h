@@ -3,6 +3,7 @@
 // compared bit for bit with the single-rank reference (reference/model/train.h).
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -122,6 +123,24 @@ struct TensorCheck {
   int64_t first_index = -1;   // first differing element
   double got = 0, want = 0;   // values there
 };
+// The bitwise comparison of n values: equal, or the first differing element and both values there.
+template <class T>
+TensorCheck compare_bits(int64_t step, const char* what, const std::string& name, const T* got, const T* want,
+                         int64_t n) {
+  TensorCheck c;
+  c.step = step;
+  c.what = what;
+  c.name = name;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
+      c.equal = false;
+      c.first_index = i;
+      c.got = static_cast<double>(got[i]);
+      c.want = static_cast<double>(want[i]);
+      break;
+    }
+  return c;
+}
 struct CheckReport {
   std::vector<TensorCheck> checks;
   bool ok() const;

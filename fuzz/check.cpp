@@ -37,6 +37,24 @@ const char* to_string(Property p) {
   return "?";
 }
 
+planner::PlanInput plan_input(const emu::EmulateSpec& s, size_t value_bytes) {
+  planner::PlanInput in;
+  in.model.params = 1e6;
+  in.model.layers = s.cfg.layers;
+  in.model.hidden = s.cfg.d_model;
+  in.model.experts = s.cfg.experts;
+  in.model.top_k = s.cfg.top_k;
+  in.model.dense_fraction = 0.5;
+  in.model.kv_latent_bytes_per_token = static_cast<double>(s.cfg.payload_dim()) * static_cast<double>(value_bytes);
+  in.cluster.gpu_memory_gb = 80;
+  in.cluster.nvl = s.mesh.cp_inner;
+  in.cluster.rdma_GBps = 50;
+  in.cluster.peak_tflops = 1000;
+  in.workload.context = s.run.seq_len;
+  in.workload.sequences_per_cp_group = s.run.sequences / (s.mesh.d_rep * s.mesh.fsdp);
+  return in;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -130,24 +148,6 @@ std::shared_ptr<const RefRun<T>> reference_run(const emu::EmulateSpec& s) {
   return r;
 }
 
-template <class T>
-emu::TensorCheck compare(int64_t step, const char* what, const std::string& name, const T* got, const T* want,
-                         int64_t n) {
-  emu::TensorCheck c;
-  c.step = step;
-  c.what = what;
-  c.name = name;
-  for (int64_t i = 0; i < n; ++i)
-    if (std::memcmp(got + i, want + i, sizeof(T)) != 0) {
-      c.equal = false;
-      c.first_index = i;
-      c.got = static_cast<double>(got[i]);
-      c.want = static_cast<double>(want[i]);
-      break;
-    }
-  return c;
-}
-
 // emu::check_reference against the cached reference run (the same checks: loss, every trainable gradient, every
 // parameter and buffer after each step).
 template <class T>
@@ -156,7 +156,7 @@ emu::CheckReport check_against_reference(const emu::EmulateSpec& s, const emu::E
   emu::CheckReport rep;
   for (int64_t st = 0; st < s.run.steps; ++st) {
     const size_t i = static_cast<size_t>(st);
-    rep.checks.push_back(compare<double>(st, "loss", "", &got.steps[i].loss, &ref->loss[i], 1));
+    rep.checks.push_back(emu::compare_bits<double>(st, "loss", "", &got.steps[i].loss, &ref->loss[i], 1));
     const model::ParamSet<T>& g = got.grads[i];
     const model::ParamSet<T>& p = got.params[i];
     const model::ParamSet<T>& rg = ref->grads[i];
@@ -164,8 +164,8 @@ emu::CheckReport check_against_reference(const emu::EmulateSpec& s, const emu::E
     for (size_t t = 0; t < rp.size(); ++t) {
       const std::string& n = rp.info[t].name;
       if (rp.info[t].trainable)
-        rep.checks.push_back(compare<T>(st, "grad", n, g.t[t].ptr(), rg.t[t].ptr(), rg.t[t].size()));
-      rep.checks.push_back(compare<T>(st, "param", n, p.t[t].ptr(), rp.t[t].ptr(), rp.t[t].size()));
+        rep.checks.push_back(emu::compare_bits<T>(st, "grad", n, g.t[t].ptr(), rg.t[t].ptr(), rg.t[t].size()));
+      rep.checks.push_back(emu::compare_bits<T>(st, "param", n, p.t[t].ptr(), rp.t[t].ptr(), rp.t[t].size()));
     }
   }
   return rep;
@@ -230,20 +230,7 @@ bool planner_applies(const Layout& l) {
 }
 template <class T>
 std::string planner_difference(const emu::EmulateSpec& s, const emu::EmulateResult<T>& r) {
-  planner::PlanInput in;
-  in.model.params = 1e6;
-  in.model.layers = s.cfg.layers;
-  in.model.hidden = s.cfg.d_model;
-  in.model.experts = s.cfg.experts;
-  in.model.top_k = s.cfg.top_k;
-  in.model.dense_fraction = 0.5;
-  in.model.kv_latent_bytes_per_token = static_cast<double>(s.cfg.payload_dim()) * sizeof(T);
-  in.cluster.gpu_memory_gb = 80;
-  in.cluster.nvl = s.mesh.cp_inner;
-  in.cluster.rdma_GBps = 50;
-  in.cluster.peak_tflops = 1000;
-  in.workload.context = s.run.seq_len;
-  in.workload.sequences_per_cp_group = s.run.sequences / (s.mesh.d_rep * s.mesh.fsdp);
+  const planner::PlanInput in = plan_input(s, sizeof(T));
   const MeshShape pm{1, 1, s.mesh.cp, 1, s.mesh.ep};  // the planner derives cp_inner from the NVLink domain
   const planner::MeshCheck chk = planner::check_mesh(in, pm);
   if (chk.cp_inner != s.mesh.cp_inner || chk.cp_outer != s.mesh.cp_outer())

@@ -7,8 +7,14 @@
 #include <vector>
 
 #include "fuzz/layout.h"
+#include "planner/plan.h"
 
 namespace trident::fuzz {
+
+// The planner's input for an emulated 2D-CP run (values of value_bytes each): the model's layers, width, experts and
+// latent KV, the run's context and sequences per CP group, an NVLink domain of cp_inner ranks. The planner's CP
+// traffic for it equals what the run records (the planner property; tests/step Step2dCp).
+planner::PlanInput plan_input(const emu::EmulateSpec& s, size_t value_bytes);
 
 enum class Property : uint8_t {
   runs,       // the run completes (no error, no watchdog, no non-finite loss)

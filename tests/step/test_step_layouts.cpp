@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "fuzz/check.h"
 #include "planner/plan.h"
 #include "reference/model/train.h"
 #include "tests/step/step_cases.h"
@@ -143,20 +144,7 @@ TEST(Step2dCp, PlannerTrafficEqualsRecordedBytes) {
     const emu::EmulateSpec s = make_spec({.preset = preset, .mesh = M2(1, 1, 8, 1, 8, 2), .recompute = recompute,
                                           .seqs = 2, .seq_len = 128, .steps = 2});
     const auto r = emu::emulate<float>(s);
-    planner::PlanInput in;
-    in.model.params = 1e6;
-    in.model.layers = s.cfg.layers;
-    in.model.hidden = s.cfg.d_model;
-    in.model.experts = s.cfg.experts;
-    in.model.top_k = s.cfg.top_k;
-    in.model.dense_fraction = 0.5;
-    in.model.kv_latent_bytes_per_token = static_cast<double>(s.cfg.payload_dim()) * sizeof(float);
-    in.cluster.gpu_memory_gb = 80;
-    in.cluster.nvl = s.mesh.cp_inner;
-    in.cluster.rdma_GBps = 50;
-    in.cluster.peak_tflops = 1000;
-    in.workload.context = s.run.seq_len;
-    in.workload.sequences_per_cp_group = s.run.sequences / (s.mesh.d_rep * s.mesh.fsdp);
+    const planner::PlanInput in = fuzz::plan_input(s, sizeof(float));
     const MeshShape pm{1, 1, s.mesh.cp, 1, s.mesh.ep};  // the planner derives cp_inner from the NVLink domain
     const planner::MeshCheck chk = planner::check_mesh(in, pm);
     ASSERT_EQ(chk.cp_inner, s.mesh.cp_inner);
