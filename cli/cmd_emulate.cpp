@@ -237,6 +237,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count());
   }
   const auto t0 = std::chrono::steady_clock::now();
+  StepProgress where;  // rank 0's layer and phase inside a step, shown by the ticker (outlives it)
   std::unique_ptr<cli::Ticker> ticker;  // started with the run: "  ... step 1/3: 20 s so far" on long steps
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -315,6 +316,8 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   ticker = std::make_unique<cli::Ticker>(
       fmt::format("setting up {} and running step {}/{}", counted(spec.mesh.world(), "rank"), spec.first_step + 1,
                   spec.first_step + spec.run.steps));
+  spec.where = &where;
+  ticker->watch(&where);
   const emu::EmulateResult<T> r = emu::emulate<T>(spec, kernels, resume.get());
   ticker->note(o.check ? "checking against the single-rank reference" : "reporting");
   std::printf("peak RSS of this process: %s\n", mib(cli::peak_rss_bytes()).c_str());

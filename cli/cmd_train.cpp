@@ -103,7 +103,10 @@ int run(const Opts& o, const Config& cfg) {
   std::printf("repro: %s\n", repro.c_str());
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
+  StepProgress where;  // the step's layer and phase, shown by the ticker on long steps (outlives the ticker)
   cli::Ticker ticker(fmt::format("step {}/{}", first + 1, first + o.steps));
+  tr.progress = &where;
+  ticker.watch(&where);
   nlohmann::json steps_json = nlohmann::json::array();
   for (int64_t s = 0; s < o.steps; ++s) {
     const Batch batch = synthetic_batch(cfg, rc, first + s);

@@ -7,10 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "reference/check.h"
+#include "reference/progress.h"
 
 namespace trident::cli {
 
@@ -56,9 +60,10 @@ inline void print_step_line(int64_t step, int64_t last_step, int64_t done, int64
 
 // Progress inside long work: while nothing was printed for `period` seconds, prints "  ... WHAT: 20 s so far" (what
 // is running now, set by note()), so a step of a large mesh is never silent for long.
+// The period is 10 s, or TRIDENT_PROGRESS_SECONDS (a number in [0.01, 3600]) when set.
 class Ticker {
  public:
-  explicit Ticker(std::string what, double period = 10.0) : what_(std::move(what)), period_(period) {
+  explicit Ticker(std::string what) : what_(std::move(what)), period_(period_from_env()) {
     last_ = since_ = std::chrono::steady_clock::now();
     th_ = std::thread([this] { loop(); });
   }
@@ -72,6 +77,11 @@ class Ticker {
   }
   Ticker(const Ticker&) = delete;
   Ticker& operator=(const Ticker&) = delete;
+  // Inside the work, `where` tells how far it is ("backward, layer 2/4"; reference/progress.h): added to the line.
+  void watch(const StepProgress* where) {
+    std::lock_guard lk(m_);
+    where_ = where;
+  }
   // A line was printed and `what` runs now.
   void note(std::string what) {
     std::lock_guard lk(m_);
@@ -89,12 +99,24 @@ class Ticker {
         break;
       const auto now = std::chrono::steady_clock::now();
       if (now < last_ + std::chrono::duration<double>(period_)) continue;
-      std::printf("  ... %s: %.0f s so far\n", what_.c_str(), std::chrono::duration<double>(now - since_).count());
+      const std::string at = where_ ? where_->describe() : std::string();
+      std::printf("  ... %s%s: %.0f s so far\n", what_.c_str(), at.empty() ? "" : (" (" + at + ")").c_str(),
+                  std::chrono::duration<double>(now - since_).count());
       std::fflush(stdout);
       last_ = now;
     }
   }
+  static double period_from_env() {
+    const char* e = std::getenv("TRIDENT_PROGRESS_SECONDS");
+    if (!e) return 10.0;
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    if (end == e || *end != '\0' || !(v >= 0.01 && v <= 3600))
+      throw Error(std::string("TRIDENT_PROGRESS_SECONDS must be a number of seconds in [0.01, 3600], got '") + e + "'");
+    return v;
+  }
   std::string what_;
+  const StepProgress* where_ = nullptr;
   double period_;
   std::chrono::steady_clock::time_point last_, since_;
   bool stop_ = false;

@@ -138,6 +138,7 @@ StepShared<T> step_shared(const EmulateSpec& spec, const md::ParamSet<T>& init, 
   sh.skip_wait = spec.skip_wait;
   sh.fault = spec.fault;
   sh.plant = spec.plant;
+  sh.progress = spec.where;
   sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
   return sh;

@@ -78,6 +78,9 @@ struct EmulateSpec {
   size_t drop_count = 0;
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const RankStepStats&)> progress;
+  // Where world rank 0 is inside a step (forward layer, backward layer, optimizer), for progress lines; null: not
+  // reported. Read by another thread while the step runs.
+  StepProgress* where = nullptr;
   // The `trident emulate ...` command line of this spec (synthetic data, no overrides): every flag that differs
   // from its default (reference/model/repro.h), with --check-reference when check_reference.
   std::string repro(bool check_reference = true) const;

@@ -78,6 +78,8 @@ struct StepShared {
   StepFault fault;
   // Test hook: a planted bug (StepPlant). none in every real run.
   StepPlant plant = StepPlant::none;
+  // World rank 0 writes where its step is (progress lines); null: not reported. Changes no result.
+  StepProgress* progress = nullptr;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

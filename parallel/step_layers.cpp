@@ -184,6 +184,9 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     if (u == 0) return std::string("bwd.embed");
     return u == L + 1 ? std::string("bwd.head") : fmt::format("bwd.layer.{}", u - 1);
   };
+  auto at = [&](StepProgress::Stage s, int64_t i = -1) {  // world rank 0 says where it is (progress lines)
+    if (sh.progress && rank == 0) sh.progress->set(s, i, L);
+  };
   // ---- forward: unit u's gather was issued (prefetched) while unit u-1 computed
   std::vector<Buf<T>> xsave(sz(L + 1));
   std::vector<LayerState> states(sz(L));
@@ -201,6 +204,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   release(0);
   for (int64_t i = 0; i < L; ++i) {
     const int64_t u = 1 + i;
+    at(StepProgress::Stage::forward, i);
     wait_gather(u);
     gather(u + 1, XS, u + 1 == L + 1 ? std::string("fwd.head") : fwd(u + 1));
     xsave[sz(i + 1)] = zeros(N * d, CS);
@@ -213,6 +217,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     release(u);
   }
   // ---- head: final norm, linear CE, global loss
+  at(StepProgress::Stage::head);
   wait_gather(L + 1);
   Buf<T> hidden = zeros(N * d, CS), rinvf = zeros(N, CS), token_loss = zeros(N, CS), lse = zeros(N, CS);
   mem.add(hidden.bytes() + token_loss.bytes() + lse.bytes());
@@ -263,6 +268,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   mem.sub(hidden.bytes() + token_loss.bytes() + lse.bytes());
   for (int64_t i = L - 1; i >= 0; --i) {
     const int64_t u = 1 + i;
+    at(StepProgress::Stage::backward, i);
     wait_gather(u);
     if (u - 1 >= 1) gather(u - 1, XS, bwd(u - 1));
     LayerState& st = states[sz(i)];
@@ -280,14 +286,17 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     mem.sub(xsave[sz(i + 1)].bytes());
     xsave[sz(i + 1)].reset(CS);
   }
+  at(StepProgress::Stage::embedding);
   reduce_embed_slices("bwd.embed", dx.data());
   mem.sub(3 * dx.bytes() + xsave[0].bytes());
 
   for (size_t j = 0; j < ps.size(); ++j)  // every trainable tensor reduced exactly once
     TD_CHECK_EQ(reduced[j], ps[j].trainable ? 1 : 0, "gradient reductions of {}", sh.init->info[j].name);
+  at(StepProgress::Stage::optimizer);
   optimizer(res);
   dev.synchronize(CS);
   dev.synchronize(XS);
+  at(StepProgress::Stage::idle);
   return res;
 }
 

@@ -202,7 +202,11 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
   embedding_forward<T>(xs[0].data(), batch.tokens.data(), params["embed"].ptr(), N, d, V);
   ExactAcc<T> ikl_sum;
   if (cfg.dsa()) res.dsa_sel.resize(static_cast<size_t>(L));
+  auto at = [&](StepProgress::Stage s, int64_t i = -1) {
+    if (opt.progress) opt.progress->set(s, i, L);
+  };
   for (int64_t i = 0; i < L; ++i) {
+    at(StepProgress::Stage::forward, i);
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
     A.attn.keep_sel = false;
     layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data());
@@ -216,6 +220,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     }
   }
   res.indexer_loss = ikl_sum.round() / static_cast<T>(N);
+  at(StepProgress::Stage::head);
   std::vector<T> hidden(static_cast<size_t>(N * d)), rinvf(static_cast<size_t>(N));
   const T* gf = params["final_norm"].ptr();
   rmsnorm_forward<T>(xs[L].data(), d, gf, N, d, cfg.norm_eps, hidden.data(), d, rinvf.data());
@@ -254,6 +259,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
                       g.ptr(params.find("final_norm")));
   g.close();
   for (int64_t i = L - 1; i >= 0; --i) {
+    at(StepProgress::Stage::backward, i);
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
     if (!store) {  // full recompute: re-run the layer forward from its saved input (and DSA selection)
       std::vector<T> out(static_cast<size_t>(N * d));
@@ -278,6 +284,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     g.close();
     std::swap(dx, dprev);
   }
+  at(StepProgress::Stage::embedding);
   g.open(block(BK::embed, -1));
   embedding_backward<T>(g.ptr(params.find("embed")), batch.tokens.data(), dx.data(), N, d, rows.segs);
   g.close();

@@ -9,6 +9,7 @@
 #include "reference/model/moe.h"
 #include "reference/model/ops.h"
 #include "reference/model/params.h"
+#include "reference/progress.h"
 
 namespace trident::model {
 
@@ -83,6 +84,7 @@ struct StepOptions {
   int64_t token_chunk = 64;  // linear-CE token chunk (bitwise irrelevant)
   bool recompute = false;    // full recompute: keep only each layer's input
   bool keep_hidden = false;  // return the final hidden in ForwardResult
+  StepProgress* progress = nullptr;  // where the step is, for progress lines (null: not reported)
 };
 
 // Forward only (loss and per-token results). T must match cfg.policy (double <=> fp64).

@@ -110,6 +110,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
   StepOptions opt;
   opt.token_chunk = run.token_chunk;
   opt.recompute = run.recompute;
+  opt.progress = progress;
   acc.clear();
   acc.sink = &grads;
   const ForwardResult<T> fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
@@ -125,6 +126,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
   st.n_valid = fr.n_valid;
   st.grad_norm = std::sqrt(sq.round());
   st.clip = clip_coef(sq, h.max_grad_norm);
+  if (progress) progress->set(StepProgress::Stage::optimizer);
   ++step_count;
   for (size_t p = 0; p < params.size(); ++p) {
     if (!params.info[p].trainable) continue;
@@ -137,6 +139,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
     router_bias_update(params[fmt::format("layers.{}.moe.router_bias", i)].ptr(), load.data(), cfg.experts,
                        cfg.bias_rate);
   }
+  if (progress) progress->set(StepProgress::Stage::idle);
   return st;
 }
 

@@ -45,6 +45,7 @@ struct Trainer {
   ParamSet<T> m, v;     // AdamW state
   GradAcc<T> acc;       // exact accumulators, streaming: one block (layer) at a time, rounded into grads
   int64_t step_count = 0;
+  StepProgress* progress = nullptr;  // where step() is, for progress lines (null: not reported)
 
   Trainer(const Config& c, const RunConfig& r);   // params = ParamSet::init(c, c.seed)
   // One full step on `batch`: grads, clip, AdamW (decay on matrices), router bias update.
