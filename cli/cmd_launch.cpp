@@ -3,6 +3,7 @@
 // `emulate --backend nccl` (docs/gpu.md "Multi-process launch"). It waits for all of them; when one fails, the
 // others get --grace seconds to fail on their own (a peer's error reaches them through NCCL) and are then stopped
 // (SIGTERM, then SIGKILL), so a dead rank never leaves the job hanging. Exit status 0 when every process exits 0.
+// The processes are this executable started again with posix_spawn (platform/process.h).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@
 
 #include "cli/command.h"
 #include "gpu/nccl/nccl_bootstrap.h"
+#include "platform/process.h"
 #include "reference/check.h"
 
 namespace {
@@ -65,17 +68,21 @@ std::string describe(int status) {
   return fmt::format("ended with wait status {}", status);
 }
 
+// --grace and --timeout: finite, not negative, at most `max` seconds; else "" becomes the error message.
+std::string check_seconds(const char* flag, double v, double max) {
+  if (std::isfinite(v) && v >= 0 && v <= max) return "";
+  return fmt::format("launch: {} {}: expected a number of seconds from 0 to {}", flag, v, max);
+}
+
 int launch(const Opts& o) {
   if (o.args.empty()) fail("launch: no command: `trident launch --nproc N -- emulate --backend nccl ...`");
   if (o.args.front() == "launch") fail("launch: the command must not be `launch` itself");
   const int port = o.port > 0 ? static_cast<int>(o.port) : free_port();
   // The job's secret: only processes started here can prove it and receive NCCL's unique id (docs/security.md).
   const std::string secret = nccl::make_job_secret();
-  std::vector<std::string> argv_s = {"trident"};
-  argv_s.insert(argv_s.end(), o.args.begin(), o.args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> argv = {"trident"};
+  argv.insert(argv.end(), o.args.begin(), o.args.end());
+  const std::string exe = platform::self_exec_path();
   std::printf("launch: %lld processes (RANK 0..%lld, MASTER_ADDR %s, MASTER_PORT %d): trident",
               static_cast<long long>(o.nproc), static_cast<long long>(o.nproc - 1), o.addr.c_str(), port);
   for (const std::string& a : o.args) std::printf(" %s", a.c_str());
@@ -84,26 +91,21 @@ int launch(const Opts& o) {
   std::fflush(stderr);
   std::map<pid_t, int> rank_of;
   for (int r = 0; r < o.nproc; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) {
+    // Its place in the job, on top of this process's environment.
+    const std::string n = std::to_string(o.nproc), rs = std::to_string(r), ps = std::to_string(port);
+    const std::vector<std::pair<std::string, std::string>> env = {
+        {"RANK", rs},        {"LOCAL_RANK", rs},      {"WORLD_SIZE", n},       {"LOCAL_WORLD_SIZE", n},
+        {"MASTER_ADDR", o.addr}, {"MASTER_PORT", ps},
+        {"TRIDENT_NCCL_ID_PORT", ps},  // nothing else of this job listens on MASTER_PORT
+        {"TRIDENT_JOB_SECRET", secret}};
+    std::string err;
+    const long spawned = platform::spawn(exe, argv, env, err);
+    if (spawned <= 0) {
       for (const auto& [p, rr] : rank_of) ::kill(p, SIGKILL);
-      fail(fmt::format("launch: fork failed for rank {}: {}", r, std::strerror(errno)));
+      for (const auto& [p, rr] : rank_of) ::waitpid(p, nullptr, 0);
+      fail(fmt::format("launch: rank {}: {}", r, err));
     }
-    if (pid == 0) {  // the child: its place, then this very binary
-      const std::string n = std::to_string(o.nproc), rs = std::to_string(r), ps = std::to_string(port);
-      ::setenv("RANK", rs.c_str(), 1);
-      ::setenv("LOCAL_RANK", rs.c_str(), 1);
-      ::setenv("WORLD_SIZE", n.c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", n.c_str(), 1);
-      ::setenv("MASTER_ADDR", o.addr.c_str(), 1);
-      ::setenv("MASTER_PORT", ps.c_str(), 1);
-      ::setenv("TRIDENT_NCCL_ID_PORT", ps.c_str(), 1);  // nothing else of this job listens on MASTER_PORT
-      ::setenv("TRIDENT_JOB_SECRET", secret.c_str(), 1);
-      ::execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "trident: error: launch: rank %d: exec of /proc/self/exe failed: %s\n", r,
-                   std::strerror(errno));
-      ::_exit(127);
-    }
+    const auto pid = static_cast<pid_t>(spawned);
     rank_of[pid] = r;
   }
 
@@ -192,12 +194,19 @@ TRIDENT_COMMAND({"launch", "start N local processes of a trident command, one pe
                    sub.add_option("--grace", o->grace,
                                   "seconds the other processes get to end after one failed, before SIGTERM "
                                   "(then SIGKILL 5 s later)")
-                       ->check(CLI::Range(0.0, 3600.0))
                        ->capture_default_str();
                    sub.add_option("--timeout", o->timeout, "stop the whole job after this many seconds (0: never)")
-                       ->check(CLI::Range(0.0, 1e7))
                        ->capture_default_str();
                    sub.add_option("command", o->args, "the trident command every process runs, after --")
                        ->required();
-                   return [o]() -> int { return launch(*o); };
+                   return [o]() -> int {
+                     // Checked here rather than by CLI11 (whose range check lets nan through): one line, exit 2.
+                     for (const std::string& e : {check_seconds("--grace", o->grace, 3600),
+                                                  check_seconds("--timeout", o->timeout, 1e7)})
+                       if (!e.empty()) {
+                         std::fprintf(stderr, "trident: error: %s\n", e.c_str());
+                         return 2;
+                       }
+                     return launch(*o);
+                   };
                  }});

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "platform/memory_info.h"
 #include "reference/check.h"
 #include "reference/progress.h"
 
@@ -32,17 +33,8 @@ struct Command {
 
 bool register_command(Command cmd);
 
-// Peak resident set of this process (VmHWM from /proc/self/status), bytes; 0 where unavailable.
-inline int64_t peak_rss_bytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
+// Peak resident set of this process (platform/memory_info.h), bytes; 0 where unavailable.
+inline int64_t peak_rss_bytes() { return platform::peak_rss_bytes(); }
 
 // One progress line per step, the same for train and emulate:
 // "step   2/3  loss 6.178918  grad_norm 1.1003  clip 0.9088  [####      ]  67%  0.24 s/step  0.48 s"

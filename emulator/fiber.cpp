@@ -6,18 +6,13 @@
 // queued; one still on its way out gets `wake_pending`, and its worker re-queues it right after the switch.
 #include "emulator/fiber.h"
 
-#include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <climits>
-#include <cstring>
 #include <cxxabi.h>
 #include <mutex>
 #include <thread>
 
+#include "platform/context.h"
+#include "platform/wait.h"
 #include "reference/check.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -41,76 +36,9 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
-// The hand-written switch on x86-64; ucontext elsewhere (or with -DTD_FIBER_UCONTEXT, to test that path).
-#if defined(__x86_64__) && !defined(TD_FIBER_UCONTEXT)
-#define TD_FIBER_ASM 1
-#else
-#include <ucontext.h>
-#endif
-
-#if defined(TD_FIBER_ASM)
-// trident_fiber_switch(save, to): pushes the callee-saved registers and the FP control state on the current
-// stack, stores the stack pointer in *save, loads `to` and pops the same from there. trident_fiber_start: a new
-// fiber's first "return address": calls r13(r12); the fiber's entry never returns (ud2 after it), and the CFI
-// marks the end of the call chain for unwinders.
-extern "C" void trident_fiber_switch(void** save, void* to);
-extern "C" void trident_fiber_start();
-asm(R"(
-    .text
-    .globl trident_fiber_switch
-    .hidden trident_fiber_switch
-    .type trident_fiber_switch,@function
-    .p2align 4
-trident_fiber_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    subq $16, %rsp
-    stmxcsr 8(%rsp)
-    fnstcw (%rsp)
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    ldmxcsr 8(%rsp)
-    fldcw (%rsp)
-    addq $16, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size trident_fiber_switch,.-trident_fiber_switch
-
-    .globl trident_fiber_start
-    .hidden trident_fiber_start
-    .type trident_fiber_start,@function
-    .p2align 4
-trident_fiber_start:
-    .cfi_startproc
-    .cfi_undefined rip
-    movq %r12, %rdi
-    callq *%r13
-    ud2
-    .cfi_endproc
-    .size trident_fiber_start,.-trident_fiber_start
-)");
-#endif
-
 namespace trident::emu::fiber {
 
 namespace {
-
-void futex_wait_sys(std::atomic<uint32_t>& w, uint32_t old) {
-  while (w.load(std::memory_order_acquire) == old)
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
-}
-void futex_wake_sys(std::atomic<uint32_t>& w, int n) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAKE_PRIVATE, n, nullptr, nullptr, 0);
-}
 
 // The C++ runtime's per-thread exception state (libstdc++/libc++abi __cxa_eh_globals).
 struct EhGlobals {
@@ -125,11 +53,7 @@ EhGlobals* eh_globals() { return reinterpret_cast<EhGlobals*>(abi::__cxa_get_glo
 }  // namespace
 
 struct Context {
-#if defined(TD_FIBER_ASM)
-  void* sp = nullptr;
-#else
-  ucontext_t uc{};
-#endif
+  platform::MachineContext mc;          // platform/context.h (x86-64 asm or Boost.Context)
   EhGlobals eh;
   void* tsan = nullptr;                 // ThreadSanitizer's fiber
   const void* stack_bottom = nullptr;   // AddressSanitizer: this context's stack
@@ -142,8 +66,7 @@ struct Fiber {
   void* arg = nullptr;
   Worker* worker = nullptr;
   int worker_index = 0;
-  void* map = nullptr;  // stack mapping (guard page first)
-  size_t map_bytes = 0;
+  platform::Stack stack;  // guard page first
   Fiber* next = nullptr;  // run queue (worker mutex)
   Fiber* wnext = nullptr;  // bucket list (bucket mutex)
   const void* wait_addr = nullptr;
@@ -159,7 +82,7 @@ struct Worker {
   Fiber* tail = nullptr;
   bool sleeping = false;
   bool stop = false;
-  std::atomic<uint32_t> word{0};  // futex the worker thread sleeps on
+  std::atomic<uint32_t> word{0};  // the worker thread sleeps on it (platform/wait.h)
   Context sched;                  // the worker thread's own context (its scheduler loop)
   void push(Fiber* f) {  // under mu
     f->next = nullptr;
@@ -206,11 +129,7 @@ void switch_context(Context& from, Context& to, Context* prev_into, bool finishe
 #ifdef TD_FIBER_TSAN
   __tsan_switch_to_fiber(to.tsan, 0);
 #endif
-#if defined(TD_FIBER_ASM)
-  trident_fiber_switch(&from.sp, to.sp);
-#else
-  swapcontext(&from.uc, &to.uc);
-#endif
+  platform::switch_context(from.mc, to.mc);
 #ifdef TD_FIBER_ASAN
   const void* bottom = nullptr;
   size_t size = 0;
@@ -236,12 +155,6 @@ void fiber_main(void* p) noexcept {
   __builtin_unreachable();
 }
 
-#if !defined(TD_FIBER_ASM)
-void fiber_main_uc(unsigned lo, unsigned hi) {
-  fiber_main(reinterpret_cast<void*>((static_cast<uintptr_t>(hi) << 32) | lo));
-}
-#endif
-
 void release(Fiber* f) {
 #ifdef TD_FIBER_TSAN
   if (f->ctx.tsan) __tsan_destroy_fiber(f->ctx.tsan);
@@ -250,10 +163,9 @@ void release(Fiber* f) {
 #ifdef TD_FIBER_ASAN
   // Frames that never returned (the fiber's last switch) leave poisoned redzones in the shadow; memory mapped
   // later at these addresses must not inherit them.
-  if (f->map) __asan_unpoison_memory_region(f->ctx.stack_bottom, f->ctx.stack_size);
+  if (f->stack.map) __asan_unpoison_memory_region(f->ctx.stack_bottom, f->ctx.stack_size);
 #endif
-  if (f->map) munmap(f->map, f->map_bytes);
-  f->map = nullptr;
+  platform::free_stack(f->stack);
 }
 
 }  // namespace
@@ -268,7 +180,7 @@ void Worker::loop() {
       sleeping = true;
       const uint32_t t = word.load(std::memory_order_acquire);
       lk.unlock();
-      futex_wait_sys(word, t);
+      platform::wait_word(word, t);
       lk.lock();
     }
     if (!head) break;
@@ -310,56 +222,17 @@ Scheduler::~Scheduler() {
 
 std::string Scheduler::add(int worker, size_t stack_bytes, void (*fn)(void*), void* arg) {
   TD_CHECK(worker >= 0 && worker < workers(), "fiber scheduler: no worker {}", worker);
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t bytes = (std::max<size_t>(stack_bytes, 16 * 1024) + page - 1) / page * page + page;
-  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
-                 -1, 0);
-  if (m == MAP_FAILED) return fmt::format("mmap of a {}-byte fiber stack failed: {}", bytes, std::strerror(errno));
-  if (mprotect(m, page, PROT_NONE) != 0) {
-    const int e = errno;
-    munmap(m, bytes);
-    return fmt::format("mprotect of a fiber stack's guard page failed: {}", std::strerror(e));
-  }
+  platform::Stack stack;
+  if (std::string err = platform::allocate_stack(stack_bytes, stack); !err.empty()) return err;
   auto f = std::make_unique<Fiber>();
   f->fn = fn;
   f->arg = arg;
   f->worker = workers_[static_cast<size_t>(worker)].get();
   f->worker_index = worker;
-  f->map = m;
-  f->map_bytes = bytes;
-  f->ctx.stack_bottom = static_cast<char*>(m) + page;
-  f->ctx.stack_size = bytes - page;
-  char* top = static_cast<char*>(m) + bytes;
-#if defined(TD_FIBER_ASM)
-  // The frame trident_fiber_switch pops (see its push order), ending in a return into trident_fiber_start with
-  // the stack 16-byte aligned; the FP control state is the creating thread's (as a new thread inherits it).
-  auto* sp = reinterpret_cast<uint64_t*>(top - 88);
-  uint32_t mxcsr = 0;
-  uint16_t fpucw = 0;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpucw));
-  sp[0] = fpucw;
-  sp[1] = mxcsr;
-  sp[2] = 0;                                               // r15
-  sp[3] = 0;                                               // r14
-  sp[4] = reinterpret_cast<uint64_t>(&fiber_main);         // r13: entry
-  sp[5] = reinterpret_cast<uint64_t>(f.get());             // r12: its argument
-  sp[6] = 0;                                               // rbx
-  sp[7] = 0;                                               // rbp (end of the frame-pointer chain)
-  sp[8] = reinterpret_cast<uint64_t>(&trident_fiber_start);  // return address
-  sp[9] = 0;
-  sp[10] = 0;
-  f->ctx.sp = sp;
-#else
-  getcontext(&f->ctx.uc);
-  f->ctx.uc.uc_stack.ss_sp = static_cast<char*>(m) + page;
-  f->ctx.uc.uc_stack.ss_size = bytes - page;
-  f->ctx.uc.uc_link = nullptr;
-  const auto p = reinterpret_cast<uintptr_t>(f.get());
-  makecontext(&f->ctx.uc, reinterpret_cast<void (*)()>(&fiber_main_uc), 2, static_cast<unsigned>(p & 0xffffffffu),
-              static_cast<unsigned>(p >> 32));
-#endif
-  (void)top;
+  f->stack = stack;
+  f->ctx.stack_bottom = stack.bottom;
+  f->ctx.stack_size = stack.size;
+  platform::make_context(f->ctx.mc, stack.bottom, stack.size, &fiber_main, f.get());
 #ifdef TD_FIBER_TSAN
   f->ctx.tsan = __tsan_create_fiber(0);
 #endif
@@ -379,7 +252,7 @@ void Scheduler::stop_all() {
         wake_thread = true;
       }
     }
-    if (wake_thread) futex_wake_sys(w->word, 1);
+    if (wake_thread) platform::wake_word(w->word, 1);
   }
 }
 
@@ -395,7 +268,7 @@ void Scheduler::run() {
     try {
       Worker* w = workers_[i].get();
       threads[i] = std::thread([w, &gate] {
-        futex_wait_sys(gate, 0);
+        platform::wait_word(gate, 0);
         w->loop();
       });
       started[i] = true;
@@ -413,7 +286,7 @@ void Scheduler::run() {
     f->worker->push(f.get());
   }
   gate.store(1, std::memory_order_release);
-  futex_wake_sys(gate, INT_MAX);
+  platform::wake_word(gate, INT_MAX);
   for (size_t i = 0; i < threads.size(); ++i)
     if (started[i]) threads[i].join();
 }
@@ -477,7 +350,7 @@ void Scheduler::wake(std::atomic<uint32_t>& word, int n) {
         f->wake_pending = true;
       }
     }
-    if (wake_thread) futex_wake_sys(w.word, 1);
+    if (wake_thread) platform::wake_word(w.word, 1);
     f = nx;
   }
 }

@@ -4,11 +4,12 @@
 // read by a fiber always belongs to the thread it started on) and runs until it blocks; blocking is
 // wait(word, old), a futex in user space: the fiber parks and its worker resumes the next runnable fiber of its
 // own FIFO queue (deterministic order per worker). wake(word, n) makes up to n fibers parked on that word
-// runnable again, from a fiber or any other thread (it wakes the worker with a real futex if it sleeps).
+// runnable again, from a fiber or any other thread (it wakes the worker thread, platform/wait.h, if it sleeps).
 //
-// Switching is a hand-written x86-64 register swap (callee-saved registers, MXCSR and the x87 control word; no
-// system call), elsewhere ucontext. The C++ runtime's per-thread exception state (__cxa_get_globals: caught
-// exceptions, uncaught count) is saved and restored per fiber, so a fiber may block inside a catch block.
+// Switching is platform/context.h: a hand-written x86-64 register swap (callee-saved registers, MXCSR and the x87
+// control word; no system call) on Linux x86-64, Boost.Context with TRIDENT_PORTABLE (macOS, arm64). The C++
+// runtime's per-thread exception state (__cxa_get_globals: caught exceptions, uncaught count) is saved and restored
+// per fiber, so a fiber may block inside a catch block.
 // ThreadSanitizer and AddressSanitizer are told about every switch (__tsan_switch_to_fiber,
 // __sanitizer_start/finish_switch_fiber).
 #pragma once

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "parallel/exact_lowering.h"
+#include "platform/memory_info.h"
 #include "reference/check.h"
 #include "reference/exact_acc.h"
 #include "reference/model/attention.h"
@@ -243,37 +244,7 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   return e;
 }
 
-double available_memory() {
-  double avail = 0;
-  {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    double kb = 0;
-    std::string unit;
-    while (f >> key >> kb) {
-      std::getline(f, unit);
-      if (key == "MemAvailable:") {
-        avail = kb * 1024;
-        break;
-      }
-    }
-  }
-  // cgroup v2 limit of this process's group (the machine's memory can exceed a container's)
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(cg, line))
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  if (!path.empty()) {
-    std::ifstream mx("/sys/fs/cgroup" + path + "/memory.max"), cur("/sys/fs/cgroup" + path + "/memory.current");
-    std::string lim;
-    double used = 0;
-    if (mx >> lim && lim != "max" && cur >> used) {
-      const double left = std::stod(lim) - used;
-      if (avail == 0 || left < avail) avail = std::max(left, 0.0);
-    }
-  }
-  return avail;
-}
+double available_memory() { return platform::available_memory_bytes(); }
 
 double parse_bytes(const std::string& s) {
   static const std::map<std::string, double> units = {

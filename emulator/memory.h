@@ -66,8 +66,8 @@ struct EmulateMemoryInputs {
 // the initial full parameters, every step's batch, the kept tensors and the reference check.
 MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in);
 
-// Bytes this process may still use: MemAvailable of /proc/meminfo, lowered by a cgroup memory limit when one is
-// set. 0 when unknown.
+// Bytes this process may still use (platform/memory_info.h: on Linux MemAvailable of /proc/meminfo, lowered by a
+// cgroup memory limit when one is set). 0 when unknown.
 double available_memory();
 
 // Parses --max-memory: a byte count with an optional unit B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB

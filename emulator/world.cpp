@@ -4,8 +4,8 @@
 // Concurrency design
 //  * Ranks run as user-space fibers on a few worker threads (emulator/fiber.h; RankExec::fibers) or as one OS
 //    thread each (RankExec::threads). Everything below holds for both: the only difference is how a rank sleeps
-//    on a word and is woken (World::wait_word / wake_word: the fiber scheduler's user-space futex, or the
-//    kernel's). No lock is held while a rank sleeps, so a fiber never blocks its worker on another fiber.
+//    on a word and is woken (World::wait_word / wake_word: the fiber scheduler's user-space futex, or
+//    platform/wait.h). No lock is held while a rank sleeps, so a fiber never blocks its worker on another fiber.
 //  * One world mutex guards every rendezvous state (arrivals, posted send/recv, blocked flags). Detection of
 //    mismatches and deadlocks needs one consistent view, and arrivals are short.
 //  * A rank that must wait marks itself blocked (under the mutex) and sleeps on its own futex word; whoever
@@ -18,9 +18,7 @@
 //  * A watchdog thread fails blocked ranks when nothing progressed for SpawnOptions::watchdog.
 #include "emulator/world.h"
 
-#include <linux/futex.h>
 #include <pthread.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <climits>
@@ -38,22 +36,11 @@
 #include "emulator/device.h"
 #include "emulator/fiber.h"
 #include "emulator/reduce.h"
+#include "platform/wait.h"
 
 namespace trident::emu {
 
 namespace {
-
-// Sleeping on a 32-bit word with the futex syscall directly. (std::atomic::wait in libstdc++ first spins with
-// sched_yield, which with hundreds of rank threads on two cores costs more than the sleep itself.)
-// Ordering comes from the atomic operations on the word (release store by the waker, acquire load after).
-void futex_wait(std::atomic<uint32_t>& w, uint32_t old) {
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  while (w.load(std::memory_order_acquire) == old)
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
-}
-void futex_wake(std::atomic<uint32_t>& w, int n) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAKE_PRIVATE, n, nullptr, nullptr, 0);
-}
 
 std::string where(const char* file, unsigned line) { return fmt::format("{}:{}", file, line); }
 
@@ -262,15 +249,16 @@ struct World {
   // RankExec::fibers: ranks wait by parking their fiber. Made before the first fiber is added and kept as long as
   // the world (the watchdog thread may wake fibers until it is joined).
   std::unique_ptr<fiber::Scheduler> sched;
-  // Sleeping on a word until it changes, and waking the sleepers: a kernel futex for rank threads, the fiber
-  // scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers too).
+  // Sleeping on a word until it changes, and waking the sleepers: platform/wait.h (the kernel's futex on Linux)
+  // for rank threads, the fiber scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers
+  // too).
   void wait_word(std::atomic<uint32_t>& w, uint32_t old) {
     if (sched) sched->wait(w, old);
-    else futex_wait(w, old);
+    else platform::wait_word(w, old);
   }
   void wake_word(std::atomic<uint32_t>& w, int n) {
     if (sched) sched->wake(w, n);
-    else futex_wake(w, n);
+    else platform::wake_word(w, n);
   }
   std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;

@@ -4,7 +4,6 @@
 #include <H5Cpp.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "platform/process.h"
 #include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/model/config.h"
@@ -1121,7 +1121,7 @@ bool write_all(int fd, const std::string& b) {
 // limit. Returns false (nothing done) when no child could be forked.
 bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+  if (!platform::pipe_cloexec(fds)) return false;
   const pid_t parent = ::getpid();
   std::fflush(nullptr);
   const pid_t pid = ::fork();
@@ -1132,7 +1132,7 @@ bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) 
   }
   if (pid == 0) {  // the child: read, send, _exit (no atexit handlers, no flushing of the parent's buffers)
     ::close(fds[0]);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a parent that gave up on us
+    platform::die_with_parent();  // never outlive a parent that gave up on us (Linux; elsewhere the check below)
     if (::getppid() != parent) ::_exit(3);
     if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);  // glibc's abort text
     std::string msg;

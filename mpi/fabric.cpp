@@ -7,6 +7,7 @@
 #include <fstream>
 #include <list>
 
+#include "platform/memory_info.h"
 #include "reference/check.h"
 
 namespace trident::mpi {
@@ -165,13 +166,7 @@ void Fabric::stop_after_failure() {
   progress_.join();
 }
 
-int64_t Fabric::peak_rss() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
+int64_t Fabric::peak_rss() { return platform::peak_rss_bytes(); }
 
 // The progress thread: the only caller of MPI while it runs.
 void Fabric::progress_main() {

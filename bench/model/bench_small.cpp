@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_child.h"
+#include "platform/process.h"
 #include "reference/model/flops.h"
 #include "reference/model/train.h"
 
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
   std::printf("Eigen fp32 GEMM %lld x %lld x %lld on %d threads: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n",
               static_cast<long long>(N), static_cast<long long>(4 * c.d_model), static_cast<long long>(c.d_model),
               omp_get_max_threads(), eigen.wall, eigen.cpu);
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::filesystem::path self = platform::executable_path();
   const std::string plain_exe = (self.parent_path() / "bench_small_plain").string();
   if (plain && !std::filesystem::exists(plain_exe)) {
     std::printf("(no %s: the plain row is skipped; build the bench_small_plain target)\n", plain_exe.c_str());

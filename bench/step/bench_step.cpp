@@ -13,7 +13,9 @@
 // other load on a shared machine), besides every pair.
 //
 // Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N] [--default-malloc]
-#include <malloc.h>
+#if __has_include(<malloc.h>)
+#include <malloc.h>  // mallopt (glibc)
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +28,7 @@
 
 #include "bench/bench_child.h"
 #include "emulator/run_step.h"
+#include "platform/process.h"
 
 using namespace trident;
 
@@ -60,7 +63,11 @@ int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size
   // Big per-rank buffers (gradient accumulators, gathered units) are allocated and freed tensor by tensor.
   // A fixed mmap threshold returns each one to the OS when freed, so 1,024 threads do not fragment the malloc
   // arenas (peak RSS ~ the sum of the ranks' tracked peaks); it costs page faults (sys time).
+#ifdef M_MMAP_THRESHOLD
   if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
+#else
+  (void)tune_malloc;
+#endif
   const auto it = std::find_if(kConfs.begin(), kConfs.end(), [&](const Conf& c) { return c.name == name; });
   if (it == kConfs.end()) return 2;
   const Conf& c = *it;
@@ -153,7 +160,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_step: --only takes 256 or 1024\n");
     return 2;
   }
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::filesystem::path self = platform::executable_path();
   const std::string exact_exe = self.string(), plain_exe = (self.parent_path() / "bench_step_plain").string();
   if (plain && !std::filesystem::exists(plain_exe)) {
     std::printf("(no %s: plain rows skipped; build the bench_step_plain target)\n", plain_exe.c_str());

@@ -1,0 +1,28 @@
+// Sleeping on a 32-bit word until it changes, and waking the sleepers (platform/README in docs/laptops.md).
+//
+// The emulator's rank threads and fiber worker threads sleep here. One interface, chosen at configure time:
+//  * default on Linux x86-64: the futex system call on the word itself (no spinning; with hundreds of rank threads
+//    on two cores a spin-then-sleep wait costs more than the sleep);
+//  * TRIDENT_PORTABLE (macOS, arm64, or forced with -DTRIDENT_PORTABLE=ON): C++20 std::atomic::wait/notify where
+//    the standard library has it, else a condition variable per hashed address (condvar_wait/condvar_wake below,
+//    compiled everywhere so its test runs on every machine).
+// Ordering comes from the atomic operations on the word: the waker changes it (release) before wake_word, the
+// waiter reads it (acquire).
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace trident::platform {
+
+// Returns once w != old (never spuriously).
+void wait_word(std::atomic<uint32_t>& w, uint32_t old);
+// Wakes up to n threads sleeping on w in wait_word (INT_MAX: all of them).
+void wake_word(std::atomic<uint32_t>& w, int n);
+// "futex", "atomic-wait" or "condvar": which implementation wait_word uses in this build.
+const char* wait_impl();
+
+// The condition-variable implementation (the fallback of the portable build), callable directly for its test.
+void condvar_wait(std::atomic<uint32_t>& w, uint32_t old);
+void condvar_wake(std::atomic<uint32_t>& w, int n);
+
+}  // namespace trident::platform
