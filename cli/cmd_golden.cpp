@@ -18,6 +18,7 @@
 
 #include "cli/command.h"
 #include "emulator/device.h"
+#include "emulator/memory.h"
 #include "emulator/run_step.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
@@ -96,7 +97,38 @@ struct GoldenOpts {
   RunOpts run;
   std::string out;
   int cases = 2;
+  std::string max_memory;
 };
+
+// Upper bounds of the count options (docs/golden.md "Commands"): beyond them a run is a mistake, not a bigger run.
+constexpr int kMaxCasesPerOp = 64;
+constexpr int kMaxRepeats = 10000;
+
+// The memory a run of `spec` needs (emulate's estimate; with `reference`, the single-rank trainer of the state dump
+// on top), `runs` times over; refused with the numbers before any allocation, as train and emulate do.
+void check_run_memory(const emu::EmulateSpec& spec, bool reference, int runs, const std::string& max_memory,
+                      const std::string& what) {
+  const int64_t W = spec.mesh.world();
+  if (W > emu::kMaxEmulatedRanks)
+    fail(fmt::format("{}: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}", what,
+                     spec.mesh.str(), W, emu::kMaxEmulatedRanks));
+  emu::EmulateMemoryInputs mi{spec.cfg, spec.run, spec.mesh, spec.ep_chunks, spec.vocab_slices, spec.keep_tensors,
+                              reference};
+  emu::MemoryEstimate est = emu::estimate_emulate(mi);
+  if (runs > 1) {
+    for (auto* parts : {&est.per_rank, &est.host})
+      for (emu::MemoryPart& p : *parts) p.bytes *= runs;
+  }
+  emu::check_memory(est, max_memory.empty() ? 0 : emu::parse_bytes(max_memory), what);
+}
+
+// A golden written before the checksum and the case manifest existed: still read, with this note.
+void note_unsealed(const golden::PrimitivesFile& f, const std::string& path) {
+  if (f.checksum) return;
+  std::printf("note: %s has no checksum and no case manifest (written before they existed): a flipped data bit or a "
+              "deleted case goes unnoticed; its repro command writes a file with both\n",
+              path.c_str());
+}
 
 template <class T>
 golden::NamedTensor tensor(const std::string& name, const Tensor<T>& t) {
@@ -107,6 +139,7 @@ template <class T>
 int run_golden(const GoldenOpts& o) {
   emu::EmulateSpec spec = make_spec(o.run, 1);
   spec.record_trace = true;
+  check_run_memory(spec, true, 1, o.max_memory, "golden");
   std::error_code ec;
   fs::create_directories(o.out, ec);
   if (ec || !fs::is_directory(o.out)) fail(fmt::format("--out '{}': cannot create the directory", o.out));
@@ -342,6 +375,8 @@ int run_check(const CheckOpts& o) {
   }
   const std::string path = primitives_path(o.golden);
   const golden::PrimitivesFile f = golden::read_primitives(path);
+  note_unsealed(f, path);
+  golden::validate_cases(f);  // every case against its op's contract, before any backend runs one
   golden::CheckOptions co;
   co.bitwise = !o.tolerance;
   co.only_op = o.op;
@@ -395,6 +430,7 @@ struct PairedOpts {
   std::string golden;  // primitive mode
   std::string op, case_name;
   int repeats = 5;
+  std::string max_memory;
 };
 
 std::string ratio(double a, double b) { return a != 0 ? fmt::format("{:.6g}", b / a) : std::string("-"); }
@@ -443,6 +479,7 @@ template <class T>
 int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
   emu::EmulateSpec spec = make_spec(o.run, 1);
   spec.keep_tensors = true;
+  check_run_memory(spec, false, 2, o.max_memory, "paired");
   auto run = [&](const Backend& be) {
     return emu::emulate<T>(spec, [&](int, Device& dev) { return make_kernels<T>(be, dev); });
   };
@@ -479,8 +516,7 @@ int paired_step(const PairedOpts& o, const Backend& A, const Backend& B) {
 }
 
 template <class T>
-int paired_primitive(const PairedOpts& o, const Backend& A, const Backend& B) {
-  const golden::PrimitivesFile f = golden::read_primitives(primitives_path(o.golden));
+int paired_primitive(const PairedOpts& o, const Backend& A, const Backend& B, const golden::PrimitivesFile& f) {
   const golden::PrimCase* c = nullptr;
   for (const auto& x : f.cases)
     if (x.op == o.op && (o.case_name.empty() || x.name == o.case_name) && x.rank == 0) {
@@ -543,9 +579,12 @@ int run_paired(const PairedOpts& o) {
   print_paired_repro(o);
   if (!o.golden.empty()) {
     if (o.op.empty()) fail("paired --golden needs --op (the primitive to run)");
-    const golden::PrimitivesFile f = golden::read_primitives(primitives_path(o.golden));
+    const std::string path = primitives_path(o.golden);
+    const golden::PrimitivesFile f = golden::read_primitives(path);
+    note_unsealed(f, path);
+    golden::validate_cases(f);
     const bool f64 = !f.cases.empty() && f.cases[0].dtype == "f64";
-    return f64 ? paired_primitive<double>(o, A, B) : paired_primitive<float>(o, A, B);
+    return f64 ? paired_primitive<double>(o, A, B, f) : paired_primitive<float>(o, A, B, f);
   }
   const model::Config cfg = model::Config::preset(o.run.preset);
   const Policy pol = o.run.policy.empty() ? cfg.policy : parse_policy(o.run.policy);
@@ -561,9 +600,14 @@ TRIDENT_COMMAND({"golden", "write per-primitive goldens (inputs/outputs of every
                    sub.add_option("--steps", o->run.steps, "the state dump records this step (moments included)")
                        ->capture_default_str()
                        ->check(cli::positive_int());
-                   sub.add_option("--cases-per-op", o->cases, "cases (distinct shapes) kept per op and rank")
+                   sub.add_option("--cases-per-op", o->cases,
+                                  fmt::format("cases (distinct shapes) kept per op and rank, 1..{}", kMaxCasesPerOp))
                        ->capture_default_str()
-                       ->check(cli::positive_int());
+                       ->check(cli::positive_int())
+                       ->check(CLI::Range(1, kMaxCasesPerOp));
+                   sub.add_option("--max-memory", o->max_memory,
+                                  "refuse the run when its memory estimate exceeds this (bytes, or with a unit: "
+                                  "512MiB, 8GiB); default: the memory available on this machine");
                    sub.add_option("--out", o->out, "output directory (primitives.h5, state.h5)")->required();
                    return [o]() -> int {
                      const model::Config cfg = model::Config::preset(o->run.preset);
@@ -602,8 +646,14 @@ TRIDENT_COMMAND({"paired", "run two implementations on the same inputs: loss, gr
                    sub.add_option("--golden", o->golden, "primitive mode: a golden directory (with --op)");
                    sub.add_option("--op", o->op, "primitive mode: the op to run");
                    sub.add_option("--case", o->case_name, "primitive mode: the case (default: the first)");
-                   sub.add_option("--repeats", o->repeats, "primitive mode: runs per implementation (median time)")
+                   sub.add_option("--repeats", o->repeats,
+                                  fmt::format("primitive mode: runs per implementation (median time), 1..{}",
+                                              kMaxRepeats))
                        ->capture_default_str()
-                       ->check(cli::positive_int());
+                       ->check(cli::positive_int())
+                       ->check(CLI::Range(1, kMaxRepeats));
+                   sub.add_option("--max-memory", o->max_memory,
+                                  "step mode: refuse the run when its memory estimate exceeds this (bytes, or with a "
+                                  "unit: 512MiB, 8GiB); default: the memory available on this machine");
                    return [o]() -> int { return run_paired(*o); };
                  }});

@@ -27,13 +27,14 @@ TRIDENT_COMMAND({"plan", "size a cluster: per-GPU memory, eFSDP/CP traffic and o
                                 "config has no mesh)");
                    sub.add_option("--world", o->run.world, "world size (GPUs) to search when the config has no mesh")
                        ->check(trident::cli::positive_int());
-                   sub.add_option("--world-range", o->world_range, "search every world size A..B (inclusive), as A:B");
+                   CLI::Option* range =
+                       sub.add_option("--world-range", o->world_range, "search every world size A..B (inclusive), as A:B");
                    sub.add_option("--svg", o->run.svg_path, "write a stacked-bar SVG of the per-GPU memory here");
                    sub.add_option("--top", o->run.top, "how many ranked meshes to print")
                        ->check(trident::cli::positive_int())
                        ->capture_default_str();
-                   return [o]() -> int {
-                     if (!o->world_range.empty())
+                   return [o, range]() -> int {
+                     if (range->count() > 0)  // given, even empty: '' is an error, not "no range"
                        trident::planner::parse_world_range(o->world_range, o->run.world_lo, o->run.world_hi);
                      std::ostringstream warn;  // NVLink placement warnings: after the report, on stderr
                      const int rc = trident::planner::run_plan(o->run, std::cout, warn);

@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -258,11 +260,23 @@ Manifest read_manifest(const std::string& dir) {
       fail(fmt::format("{}: checksum mismatch (crc32 {}, the manifest says {}): the file is corrupt or was edited",
                        where, hex32(manifest_crc(j)), j["checksum"].get<std::string>()));
     if (j.value("format", "") != kCheckpointFormat) fail(where + ": format is not " + kCheckpointFormat);
+    // Every field is checked, the ones loading does not use too: exactly the keys a save writes.
+    static const std::set<std::string> keys = {"format", "version", "generator", "writer", "config", "run",
+                                               "dtype", "mesh", "mesh_spec", "ep_chunks", "vocab_slices", "step",
+                                               "data", "tensors", "files", "checksum"};
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (!keys.count(it.key())) fail(fmt::format("{}: unknown key '{}'", where, it.key().substr(0, 64)));
+    for (const std::string& k : keys)
+      if (!j.contains(k)) fail(fmt::format("{}: key '{}' is missing", where, k));
+    if (!j.at("generator").is_string() || j.at("generator").get<std::string>().rfind("trident ", 0) != 0)
+      fail(where + ": generator is not a trident version string");
     if (j.at("version").get<int>() != kCheckpointVersion)
       fail(fmt::format("{}: version {} (this build reads version {})", where, j.at("version").get<int>(),
                        kCheckpointVersion));
     CheckpointMeta& m = out.meta;
     m.writer = j.at("writer").get<std::string>();
+    if (m.writer != "train" && m.writer != "emulate")
+      fail(fmt::format("{}: writer '{}' (train or emulate)", where, m.writer.substr(0, 64)));
     m.cfg = md::Config::from_json(j.at("config"));
     m.run = md::RunConfig::from_json(j.at("run"));
     m.mesh = parse_mesh(j.at("mesh_spec").get<std::string>());
@@ -270,8 +284,15 @@ Manifest read_manifest(const std::string& dir) {
     validate(m.mesh, {.experts = m.cfg.experts}, InputNames{});
     m.ep_chunks = j.at("ep_chunks").get<int64_t>();
     m.vocab_slices = j.at("vocab_slices").get<int64_t>();
+    if (m.ep_chunks < 1 || m.ep_chunks > (int64_t{1} << 20))
+      fail(fmt::format("{}: ep_chunks {} outside [1, 2^20]", where, m.ep_chunks));
+    if (m.vocab_slices < 0 || m.vocab_slices > (int64_t{1} << 20))
+      fail(fmt::format("{}: vocab_slices {} outside [0, 2^20]", where, m.vocab_slices));
     m.step = j.at("step").get<int64_t>();
-    if (m.step < 0) fail(fmt::format("{}: step {} < 0", where, m.step));
+    if (m.step < 0 || m.step > (int64_t{1} << 40)) fail(fmt::format("{}: step {} outside [0, 2^40]", where, m.step));
+    const json& data = j.at("data");
+    if (!data.is_object() || data.size() != 3 || data.value("kind", "") != "synthetic")
+      fail(where + ": data is not {kind: synthetic, seed, next_step}");
     if (j.at("data").at("next_step").get<int64_t>() != m.step || j.at("data").at("seed").get<uint64_t>() !=
                                                                       m.run.data_seed)
       fail(where + ": data position or seed disagree with step / run.data_seed");
@@ -282,10 +303,18 @@ Manifest read_manifest(const std::string& dir) {
     const json& ts = j.at("tensors");
     if (!ts.is_array() || ts.size() != info.size())
       fail(fmt::format("{}: {} tensors listed, the config has {}", where, ts.is_array() ? ts.size() : 0, info.size()));
-    for (size_t p = 0; p < info.size(); ++p)
-      if (ts[p].at("name").get<std::string>() != info[p].name ||
+    for (size_t p = 0; p < info.size(); ++p) {
+      if (!ts[p].is_object() || ts[p].size() != 4 || ts[p].at("name").get<std::string>() != info[p].name ||
           ts[p].at("shape").get<std::vector<int64_t>>() != info[p].shape)
         fail(fmt::format("{}: tensor {} is not {} of the config's layout", where, p, info[p].name));
+      const std::string kind(to_string(place(info[p], m.mesh, m.cfg.experts, 0).kind));
+      if (ts[p].at("kind").get<std::string>() != kind)
+        fail(fmt::format("{}: tensor {} ({}) has kind '{}', its placement is '{}'", where, p, info[p].name,
+                         ts[p].at("kind").get<std::string>().substr(0, 64), kind));
+      if (ts[p].at("trainable").get<bool>() != info[p].trainable)
+        fail(fmt::format("{}: tensor {} ({}) has trainable {}, the config says {}", where, p, info[p].name,
+                         ts[p].at("trainable").get<bool>(), info[p].trainable));
+    }
     const json& fl = j.at("files");
     if (!fl.is_array() || static_cast<int64_t>(fl.size()) != m.mesh.world())
       fail(fmt::format("{}: {} rank files listed for a mesh of {} ranks", where, fl.is_array() ? fl.size() : 0,
@@ -298,6 +327,8 @@ Manifest read_manifest(const std::string& dir) {
       uint32_t c = 0;
       if (crc.size() != 8 || std::sscanf(crc.c_str(), "%8x", &c) != 1)
         fail(fmt::format("{}: crc32 '{}' of {}", where, crc, path));
+      if (!fl[r].is_object() || fl[r].size() != 4 || fl[r].at("bytes").get<int64_t>() < 0)
+        fail(fmt::format("{}: file entry {} is malformed", where, r));
       out.files.emplace_back(path, fl[r].at("bytes").get<int64_t>(), c);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -407,6 +438,36 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const m
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_manifest(dir).meta; }
 
 template <class T>
+void validate_restored(const md::TrainState<T>& st, const CheckpointMeta& meta, const std::string& dir) {
+  // AdamW's moments are convex combinations of clipped gradients (|g * clip| <= max_grad_norm): |m| <= max_grad_norm
+  // and 0 <= v <= max_grad_norm^2. A factor 2 (4) of slack covers rounding; without clipping only the signs and
+  // finiteness are known.
+  const double mgn = meta.run.max_grad_norm;
+  const double m_max = mgn > 0 ? 2 * mgn : INFINITY, v_max = mgn > 0 ? 4 * mgn * mgn : INFINITY;
+  for (size_t p = 0; p < st.params.info.size(); ++p) {
+    const std::string& name = st.params.info[p].name;
+    const auto check = [&](const md::ParamSet<T>& set, const char* group, double lo, double hi, const char* rule) {
+      const T* x = set.t[p].ptr();
+      const int64_t n = static_cast<int64_t>(set.t[p].data.size());
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = static_cast<double>(x[i]);
+        if (std::isfinite(v) && v >= lo && v <= hi) continue;
+        fail(fmt::format("checkpoint '{}': restored state is invalid: {} of {} element {} is {} ({}; the file was "
+                         "damaged before its checksum was made, or written by a run that had already diverged)",
+                         dir, group, name, i, x[i], rule));
+      }
+    };
+    check(st.params, "params", -INFINITY, INFINITY, "parameters must be finite");
+    if (!st.params.info[p].trainable) continue;
+    check(st.m, "exp_avg", -m_max, m_max,
+          mgn > 0 ? "AdamW's first moment is finite with |m| <= 2 x max_grad_norm" : "AdamW's first moment is finite");
+    check(st.v, "exp_avg_sq", 0, v_max,
+          mgn > 0 ? "AdamW's second moment is finite with 0 <= v <= 4 x max_grad_norm^2"
+                  : "AdamW's second moment is finite and >= 0");
+  }
+}
+
+template <class T>
 md::TrainState<T> load_checkpoint(const std::string& dir, CheckpointMeta* meta_out) {
   const Manifest man = read_manifest(dir);
   const CheckpointMeta& meta = man.meta;
@@ -442,6 +503,7 @@ md::TrainState<T> load_checkpoint(const std::string& dir, CheckpointMeta* meta_o
       fail(fmt::format("{}: HDF5: {}", where, e.getDetailMsg()));
     }
   }
+  validate_restored(st, meta, dir);
   if (meta_out) *meta_out = meta;
   return st;
 }

@@ -1,5 +1,6 @@
 // HDF5 state dump writer, reader and comparer (schema: golden/state_dump.h, docs/golden.md).
 #include "golden/state_dump.h"
+#include "golden/read_guard.h"
 
 #include <H5Cpp.h>
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <system_error>
@@ -207,9 +209,11 @@ uint32_t crc32(std::span<const std::byte> data, uint32_t crc) {
   return ~c;
 }
 
-Checksum verify_checksum(const std::string& path) {
+Checksum verify_checksum(const std::string& path) { return verify_checksum_of(path, "state dump"); }
+
+Checksum verify_checksum_of(const std::string& path, const char* kind) {
   auto bad = [&](const std::string& why) -> void {
-    fail(fmt::format("cannot read state dump '{}': {}", path, why));
+    fail(fmt::format("cannot read {} '{}': {}", kind, path, why));
   };
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) bad("not a regular file");
@@ -219,8 +223,9 @@ Checksum verify_checksum(const std::string& path) {
   if (has_hdf5_signature_at(head, 0)) return Checksum::absent;
   if (head.compare(0, kChecksumMagic.size(), kChecksumMagic) != 0)
     bad(size < 8 ? fmt::format("not an HDF5 file ({} bytes)", size)
-                 : "not a state dump: neither the HDF5 signature nor the Trident checksum header at its start "
-                   "(a corrupt or foreign file)");
+                 : fmt::format("not a {}: neither the HDF5 signature nor the Trident checksum header at its start "
+                               "(a corrupt or foreign file)",
+                               kind));
   if (head.size() < kChecksumBlock) bad(fmt::format("truncated: {} bytes, shorter than the checksum header", size));
   // Parse "payload_bytes N" and "crc32 X", then demand the whole block be exactly the header they render: any
   // changed byte of the block (padding included) is caught.
@@ -921,9 +926,11 @@ namespace {
 // it would not survive, before HDF5 sees it (the isolation's time limit would also end the loop, but only after a
 // long wait). Needed for files without checksum; done for all (a re-sealed damaged file verifies too).
 // `superblock` is where the HDF5 data starts (0, or kChecksumBlock after the checksum header).
-void check_global_heaps(const std::string& path, uint64_t file_size, uint64_t superblock) {
+}  // namespace
+
+void check_global_heaps(const std::string& path, uint64_t file_size, uint64_t superblock, const char* kind) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(fmt::format("cannot read state dump '{}': cannot open the file", path));
+  if (!in) fail(fmt::format("cannot read {} '{}': cannot open the file", kind, path));
   auto read_at = [&](uint64_t off, size_t n) {
     std::string b(n, '\0');
     in.clear();
@@ -965,24 +972,26 @@ void check_global_heaps(const std::string& path, uint64_t file_size, uint64_t su
         const bool too_big = idx > 0 ? osize > left - kHdr : osize > left;
         const uint64_t need = idx > 0 ? kHdr + ((osize + 7) & ~uint64_t{7}) : osize;
         if (too_big || need > left)
-          fail(fmt::format("cannot read state dump '{}': corrupt HDF5 global heap at byte {}: object {} of {} bytes "
+          fail(fmt::format("cannot read {} '{}': corrupt HDF5 global heap at byte {}: object {} of {} bytes "
                            "does not fit in its collection",
-                           path, pos + p, idx, osize));
+                           kind, path, pos + p, idx, osize));
         if (need == 0)
-          fail(fmt::format("cannot read state dump '{}': corrupt HDF5 global heap at byte {}: an empty free-space "
+          fail(fmt::format("cannot read {} '{}': corrupt HDF5 global heap at byte {}: an empty free-space "
                            "object (HDF5 would loop forever)",
-                           path, pos + p));
+                           kind, path, pos + p));
         p += need;
       }
     }
   }
 }
 
+namespace {
+
 StateDump read_in_process(const std::string& path, uint64_t file_size) {
   H5::Exception::dontPrint();
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const Checksum sum = verify_checksum(path);
-  check_global_heaps(path, file_size, sum == Checksum::absent ? 0 : kChecksumBlock);
+  check_global_heaps(path, file_size, sum == Checksum::absent ? 0 : kChecksumBlock, "state dump");
   FileReader r;
   r.path = path;
   r.file_size = file_size;
@@ -1060,7 +1069,6 @@ struct WireIn {
 
 std::string encode(const StateDump& s) {
   WireOut w;
-  w.b.push_back('O');
   w.str(s.config.dump());
   w.u64(s.seed);
   w.str(s.repro);
@@ -1077,13 +1085,11 @@ std::string encode(const StateDump& s) {
   w.tensors(s.adam_m_after);
   w.tensors(s.adam_v_after);
   w.u64(static_cast<uint64_t>(s.step));
-  w.b.push_back('Z');
   return std::move(w.b);
 }
 
 StateDump decode(const std::string& b) {
   WireIn r{b};
-  r.pos = 1;
   StateDump s;
   s.config = nlohmann::json::parse(r.str());
   s.seed = r.u64();
@@ -1101,7 +1107,7 @@ StateDump decode(const std::string& b) {
   s.adam_m_after = r.tensors();
   s.adam_v_after = r.tensors();
   s.step = static_cast<int64_t>(r.u64());
-  if (r.pos + 1 != b.size() || b.back() != 'Z') WireIn::broken();
+  if (r.pos != b.size()) WireIn::broken();
   return s;
 }
 
@@ -1119,7 +1125,10 @@ bool write_all(int fd, const std::string& b) {
 // Reads `path` in a forked child: whatever HDF5 does with a hostile or corrupt file (it has crashed on bit flips
 // in the global heap of unchecksummed files), the caller gets a StateDump or one trident::Error, within a time
 // limit. Returns false (nothing done) when no child could be forked.
-bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) {
+}  // namespace
+
+bool run_isolated(const std::string& path, uint64_t file_size, const char* kind,
+                  const std::function<std::string()>& work, std::string& result) {
   int fds[2];
   if (!platform::pipe_cloexec(fds)) return false;
   const pid_t parent = ::getpid();
@@ -1137,7 +1146,7 @@ bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) 
     if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);  // glibc's abort text
     std::string msg;
     try {
-      msg = encode(read_in_process(path, file_size));
+      msg = 'O' + work() + 'Z';
     } catch (const std::exception& e) {
       WireOut w;
       w.b.push_back('E');
@@ -1180,7 +1189,7 @@ bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) 
   do {
     w = ::waitpid(pid, &status, 0);
   } while (w < 0 && errno == EINTR);
-  const std::string pre = fmt::format("cannot read state dump '{}'", path);
+  const std::string pre = fmt::format("cannot read {} '{}'", kind, path);
   if (timed_out) fail(fmt::format("{}: parsing took longer than {:.0f} s (a corrupt file?)", pre, limit_s));
   const bool complete = buf.size() >= 2 && buf.back() == 'Z';
   if (w == pid && WIFSIGNALED(status))
@@ -1194,7 +1203,17 @@ bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) 
     fail(r.str());
   }
   if (buf[0] != 'O') WireIn::broken();
-  out = decode(buf);
+  result = buf.substr(1, buf.size() - 2);
+  return true;
+}
+
+namespace {
+
+bool read_isolated(const std::string& path, uint64_t file_size, StateDump& out) {
+  std::string b;
+  if (!run_isolated(path, file_size, "state dump", [&] { return encode(read_in_process(path, file_size)); }, b))
+    return false;
+  out = decode(b);
   return true;
 }
 

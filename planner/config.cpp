@@ -61,15 +61,17 @@ class Section {
     return &*it;
   }
 
-  // Real number; `positive`: > 0, else >= 0.
-  void number(const std::string& key, double& out, bool required, bool positive) {
+  // Real number in (0, max] (`positive`) or [0, max]; -0.0 reads as 0 (an error where > 0 is required).
+  void number(const std::string& key, double& out, bool required, bool positive, double max) {
     const json* v = get(key, required);
     if (!v) return;
     if (!v->is_number()) fail_key(key, "expected a number, got {}", type_name(*v));
     double x = v->get<double>();
     if (!std::isfinite(x)) fail_key(key, "expected a finite number, got {}", x);
+    if (x == 0) x = 0;  // -0.0
     if (positive && !(x > 0)) fail_key(key, "must be > 0, got {}", x);
     if (!positive && x < 0) fail_key(key, "must be >= 0, got {}", x);
+    if (x > max) fail_key(key, "must be <= {:g}, got {:g}", max, x);
     out = x;
   }
   void fraction(const std::string& key, double& out, bool required, bool allow_zero) {
@@ -81,18 +83,21 @@ class Section {
     if (!allow_zero && x == 0) fail_key(key, "must be in (0,1], got 0");
     out = x;
   }
-  void integer(const std::string& key, int64_t& out, bool required, bool positive) {
+  // Integer in [1, max] (`positive`) or [0, max]. A value beyond the integer type (an unsigned JSON integer past
+  // 2^63 - 1, a float past 2^53) is refused, never clamped.
+  void integer(const std::string& key, int64_t& out, bool required, bool positive, int64_t max) {
     const json* v = get(key, required);
     if (!v) return;
     if (!v->is_number()) fail_key(key, "expected an integer, got {}", type_name(*v));
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail_key(key, "must be <= {}, got {} (beyond the 64-bit integer range)", max, v->get<uint64_t>());
     double x = v->get<double>();
     if (v->is_number_float() && (!std::isfinite(x) || std::floor(x) != x || std::fabs(x) > 9.0e15))
-      fail_key(key, "expected an integer, got {}", x);
-    int64_t i = v->is_number_float() ? static_cast<int64_t>(x)
-                : v->is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX))
-                                          : v->get<int64_t>();
+      fail_key(key, "expected an integer (at most 9e15 as a float), got {}", x);
+    int64_t i = v->is_number_float() ? static_cast<int64_t>(x) : v->get<int64_t>();
     if (positive && i <= 0) fail_key(key, "must be a positive integer, got {}", i);
     if (!positive && i < 0) fail_key(key, "must be >= 0, got {}", i);
+    if (i > max) fail_key(key, "must be <= {}, got {}", max, i);
     out = i;
   }
   void string(const std::string& key, std::string& out) {
@@ -160,17 +165,18 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
 
   Section m(j, "model", source, true);
   auto& mo = in.model;
-  m.number("params", mo.params, true, true);
-  m.integer("layers", mo.layers, true, true);
-  m.integer("hidden", mo.hidden, true, true);
-  m.integer("experts", mo.experts, true, true);
-  m.integer("top_k", mo.top_k, true, true);
+  m.number("params", mo.params, true, true, kMaxParams);
+  m.integer("layers", mo.layers, true, true, kMaxLayers);
+  m.integer("hidden", mo.hidden, true, true, kMaxHidden);
+  m.integer("experts", mo.experts, true, true, kMaxExperts);
+  m.integer("top_k", mo.top_k, true, true, kMaxExperts);
   m.fraction("dense_fraction", mo.dense_fraction, true, true);
-  m.integer("sparse_index_layers", mo.sparse_index_layers, false, false);
-  m.integer("sparse_topk", mo.sparse_topk, false, false);
-  m.number("kv_latent_bytes_per_token", mo.kv_latent_bytes_per_token, false, false);
-  m.integer("vocab", mo.vocab, false, false);
-  m.number("static_bytes_per_param", mo.static_bytes_per_param, false, true);
+  m.integer("sparse_index_layers", mo.sparse_index_layers, false, false, kMaxLayers);
+  m.integer("sparse_topk", mo.sparse_topk, false, false, kMaxContext);
+  // Optional sizes: omitted means "not given"; given, they are sizes and must be > 0 (0 is an error, not "off").
+  m.number("kv_latent_bytes_per_token", mo.kv_latent_bytes_per_token, false, true, kMaxBytesPerToken);
+  m.integer("vocab", mo.vocab, false, true, kMaxVocab);
+  m.number("static_bytes_per_param", mo.static_bytes_per_param, false, true, kMaxBytesPerParam);
   m.no_unknown_keys();
   if (mo.top_k > mo.experts) m.fail_key("top_k", "must be <= experts ({}), got {}", mo.experts, mo.top_k);
   if (mo.sparse_index_layers > mo.layers)
@@ -179,32 +185,32 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   Section c(j, "cluster", source, true);
   auto& cl = in.cluster;
   c.string("name", cl.name);
-  c.number("gpu_memory_gb", cl.gpu_memory_gb, true, true);
-  c.integer("nvl", cl.nvl, true, true);
-  c.number("rdma_GBps", cl.rdma_GBps, true, true);
-  c.number("nvlink_GBps", cl.nvlink_GBps, false, true);
-  c.number("peak_tflops", cl.peak_tflops, true, true);
+  c.number("gpu_memory_gb", cl.gpu_memory_gb, true, true, kMaxGpuMemoryGB);
+  c.integer("nvl", cl.nvl, true, true, kMaxGpus);
+  c.number("rdma_GBps", cl.rdma_GBps, true, true, kMaxGBps);
+  c.number("nvlink_GBps", cl.nvlink_GBps, false, true, kMaxGBps);
+  c.number("peak_tflops", cl.peak_tflops, true, true, kMaxTflops);
   c.fraction("mfu", cl.mfu, false, false);
-  c.integer("world", cl.world, false, true);
+  c.integer("world", cl.world, false, true, kMaxGpus);
   c.no_unknown_keys();
   if (cl.nvl > kMaxGpus) c.fail_key("nvl", "must be <= {} GPUs, got {}", kMaxGpus, cl.nvl);
   if (cl.world > kMaxGpus) c.fail_key("world", "must be <= {} GPUs, got {}", kMaxGpus, cl.world);
 
   Section w(j, "workload", source, true);
   auto& wl = in.workload;
-  w.integer("context", wl.context, true, true);
-  w.integer("sequences_per_cp_group", wl.sequences_per_cp_group, false, true);
-  w.number("recompute_bwd_mb_per_token", wl.recompute_bwd_mb_per_token, false, false);
-  w.number("attn_to_linear", wl.attn_to_linear, false, false);
+  w.integer("context", wl.context, true, true, kMaxContext);
+  w.integer("sequences_per_cp_group", wl.sequences_per_cp_group, false, true, kMaxSequences);
+  w.number("recompute_bwd_mb_per_token", wl.recompute_bwd_mb_per_token, false, false, kMaxMBPerToken);
+  w.number("attn_to_linear", wl.attn_to_linear, false, false, kMaxRatio);
   w.no_unknown_keys();
   if (wl.context > (int64_t(1) << 40)) w.fail_key("context", "must be <= 2^40 tokens, got {}", wl.context);
   if (wl.sequences_per_cp_group > (int64_t(1) << 30))
     w.fail_key("sequences_per_cp_group", "must be <= 2^30, got {}", wl.sequences_per_cp_group);
 
   Section r(j, "recipe", source, false);
-  r.integer("ep", in.recipe.ep, false, true);
-  r.integer("local_seq_min", in.recipe.local_seq_min, false, true);
-  r.integer("local_seq_max", in.recipe.local_seq_max, false, true);
+  r.integer("ep", in.recipe.ep, false, true, kMaxGpus);
+  r.integer("local_seq_min", in.recipe.local_seq_min, false, true, kMaxContext);
+  r.integer("local_seq_max", in.recipe.local_seq_max, false, true, kMaxContext);
   r.no_unknown_keys();
   if (in.recipe.local_seq_min > in.recipe.local_seq_max)
     r.fail_key("local_seq_min", "must be <= recipe.local_seq_max ({}), got {}", in.recipe.local_seq_max,
@@ -217,11 +223,11 @@ PlanInput parse_config(const nlohmann::json& j, const std::string& source) {
   Section s(j, "mesh", source, false);
   if (s.present()) {
     MeshShape mesh;
-    s.integer("d_rep", mesh.d_rep, true, true);
-    s.integer("fsdp", mesh.fsdp, true, true);
-    s.integer("cp", mesh.cp, true, true);
-    s.integer("e_fsdp", mesh.e_fsdp, true, true);
-    s.integer("ep", mesh.ep, true, true);
+    s.integer("d_rep", mesh.d_rep, true, true, kMaxGpus);
+    s.integer("fsdp", mesh.fsdp, true, true, kMaxGpus);
+    s.integer("cp", mesh.cp, true, true, kMaxGpus);
+    s.integer("e_fsdp", mesh.e_fsdp, true, true, kMaxGpus);
+    s.integer("ep", mesh.ep, true, true, kMaxGpus);
     s.no_unknown_keys();
     for (auto [key, v] : {std::pair<const char*, int64_t>{"d_rep", mesh.d_rep}, {"fsdp", mesh.fsdp}, {"cp", mesh.cp},
                           {"e_fsdp", mesh.e_fsdp}, {"ep", mesh.ep}})

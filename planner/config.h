@@ -14,6 +14,22 @@ namespace trident::planner {
 
 // Largest GPU count the planner accepts for any mesh axis, nvl or world (keeps every product inside int64).
 inline constexpr int64_t kMaxGpus = int64_t(1) << 24;
+// Upper bounds of the other inputs (docs/planner.md section 1): far beyond any real model or cluster, and small
+// enough that every product the planner forms stays finite and its outputs (text, JSON, SVG) stay bounded.
+inline constexpr double kMaxParams = 1e16;              // parameters
+inline constexpr int64_t kMaxLayers = int64_t(1) << 16;  // 65,536 layers
+inline constexpr int64_t kMaxHidden = int64_t(1) << 24;
+inline constexpr int64_t kMaxExperts = int64_t(1) << 20;
+inline constexpr int64_t kMaxContext = int64_t(1) << 40;  // tokens (also sparse_topk, recipe local_seq_*)
+inline constexpr int64_t kMaxSequences = int64_t(1) << 30;
+inline constexpr int64_t kMaxVocab = int64_t(1) << 31;
+inline constexpr double kMaxBytesPerToken = 1e9;       // kv_latent_bytes_per_token
+inline constexpr double kMaxBytesPerParam = 1e3;       // static_bytes_per_param
+inline constexpr double kMaxGpuMemoryGB = 1e6;         // 1 PB of HBM per GPU
+inline constexpr double kMaxGBps = 1e6;                // rdma_GBps, nvlink_GBps
+inline constexpr double kMaxTflops = 1e7;
+inline constexpr double kMaxMBPerToken = 1e6;          // recompute_bwd_mb_per_token
+inline constexpr double kMaxRatio = 1e6;               // attn_to_linear
 
 struct ModelSpec {
   double params = 0;                     // total parameters (count), e.g. 753e9

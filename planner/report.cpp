@@ -367,10 +367,17 @@ std::string render_svg(const PlanInput& in, const MeshShape& m, const Plan& p) {
                    p.fits ? "#2e7d32" : "#c00000", p.total / 1e9, p.capacity / 1e9, p.fits ? "fits" : "DOES NOT FIT",
                    std::fabs(p.headroom) / 1e9, p.fits ? "headroom" : "over");
   // axis with ticks
-  const double step_gb = vmax / 1e9 > 400 ? 100 : vmax / 1e9 > 160 ? 50 : vmax / 1e9 > 60 ? 20 : 10;
+  // At most about 12 ticks whatever the sizes (the file's size never grows with a value): 10, 20, 50 or 100 GB as
+  // before for real GPUs, the next 1-2-5 step beyond.
+  double step_gb = vmax / 1e9 > 400 ? 100 : vmax / 1e9 > 160 ? 50 : vmax / 1e9 > 60 ? 20 : 10;
+  while (vmax / 1e9 / step_gb > 12) {
+    const double mant = step_gb / std::pow(10.0, std::floor(std::log10(step_gb)));
+    step_gb *= mant < 1.5 ? 2 : mant < 3 ? 2.5 : 2;
+  }
   s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", bar_x - 20, top, bar_x - 20,
                    bottom);
-  for (double g = 0; g * 1e9 <= vmax; g += step_gb) {
+  for (int t = 0; t <= 100 && static_cast<double>(t) * step_gb * 1e9 <= vmax; ++t) {
+    const double g = static_cast<double>(t) * step_gb;
     const double y = y_of(g * 1e9);
     s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#444\"/>", bar_x - 25, y,
                      bar_x - 20, y);

@@ -6,12 +6,16 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include <unistd.h>
 
 #include "emulator/device.h"
 #include "golden/primitives/primitives.h"
+#include "golden/read_guard.h"
+#include "parallel/layout.h"
 #include "reference/atomic_write.h"
 #include "reference/check.h"
 
@@ -128,27 +132,50 @@ void write_column(H5::Group& g, const char* name, const std::vector<U>& v, const
   if (n) ds.write(v.data(), mt);
 }
 
-// ---- reading
-std::string read_str_attr(const H5::H5Object& o, const char* name) {
+// ---- reading (docs/golden.md "What the primitive reader checks"): every attribute's type and element count and every
+// dataset's dtype, rank, shape and stored size are checked before a byte of it is read.
+constexpr int64_t kMaxChildren = int64_t{1} << 20;        // links per group
+constexpr int64_t kMaxElements = int64_t{1} << 32;        // per tensor
+constexpr size_t kMaxAttrString = size_t{1} << 26;        // 64 MiB per string attribute
+
+struct Budget {           // bytes of tensor data read so far, at most the file's size (no dataset read twice over)
+  uint64_t file_size = 0;
+  uint64_t read = 0;
+};
+
+// The attribute holds exactly one element of HDF5 class `cls`.
+H5::Attribute one_attr(const H5::H5Object& o, const char* name, H5T_class_t cls, const char* what_class) {
   if (!o.attrExists(name)) fail(fmt::format("attribute '{}' missing", name));
   H5::Attribute a = o.openAttribute(name);
-  if (a.getTypeClass() != H5T_STRING) fail(fmt::format("attribute '{}' is not a string", name));
+  if (a.getTypeClass() != cls) fail(fmt::format("attribute '{}' is not {}", name, what_class));
+  H5::DataSpace sp = a.getSpace();
+  const H5S_class_t sc = sp.getSimpleExtentType();
+  if ((sc != H5S_SCALAR && sc != H5S_SIMPLE) || sp.getSimpleExtentNpoints() != 1)
+    fail(fmt::format("attribute '{}' must hold exactly one value", name));
+  return a;
+}
+std::string read_str_attr(const H5::H5Object& o, const char* name) {
+  H5::Attribute a = one_attr(o, name, H5T_STRING, "a string");
+  H5::StrType t = a.getStrType();
+  if (!t.isVariableStr() && (t.getSize() == 0 || t.getSize() > kMaxAttrString))
+    fail(fmt::format("attribute '{}' has an invalid string size", name));
   std::string s;
-  a.read(a.getStrType(), s);
+  a.read(t, s);
+  if (s.size() > kMaxAttrString) fail(fmt::format("attribute '{}' is longer than {} bytes", name, kMaxAttrString));
   return s;
 }
 int64_t read_int_attr(const H5::H5Object& o, const char* name) {
-  if (!o.attrExists(name)) fail(fmt::format("attribute '{}' missing", name));
-  H5::Attribute a = o.openAttribute(name);
-  if (a.getTypeClass() != H5T_INTEGER || a.getSpace().getSimpleExtentNpoints() != 1)
-    fail(fmt::format("attribute '{}' is not one integer", name));
+  H5::Attribute a = one_attr(o, name, H5T_INTEGER, "an integer");
+  const size_t size = a.getDataType().getSize();
+  if (size == 0 || size > 8) fail(fmt::format("attribute '{}' is a {}-byte integer (at most 8)", name, size));
   int64_t v = 0;
   a.read(H5::PredType::NATIVE_INT64, &v);
   return v;
 }
-std::vector<std::string> children(const H5::Group& g) {
+std::vector<std::string> children(const H5::Group& g, const std::string& where) {
   std::vector<std::string> out;
   const hsize_t n = g.getNumObjs();
+  if (n > static_cast<hsize_t>(kMaxChildren)) fail(fmt::format("{}: {} entries, more than {}", where, n, kMaxChildren));
   hid_t gid = g.getId();
   H5_index_t idx = H5_INDEX_NAME;
   hid_t gcpl = H5Gget_create_plist(gid);
@@ -158,69 +185,380 @@ std::vector<std::string> children(const H5::Group& g) {
   if (gcpl >= 0) H5Pclose(gcpl);
   for (hsize_t i = 0; i < n; ++i) {
     const ssize_t len = H5Lget_name_by_idx(gid, ".", idx, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (len <= 0 || len > 4096) fail("a link name is empty or too long");
+    if (len <= 0 || len > 4096) fail(fmt::format("{}: a link name is empty or too long", where));
     std::string name(static_cast<size_t>(len), '\0');
-    H5Lget_name_by_idx(gid, ".", idx, H5_ITER_INC, i, name.data(), static_cast<size_t>(len) + 1, H5P_DEFAULT);
+    if (H5Lget_name_by_idx(gid, ".", idx, H5_ITER_INC, i, name.data(), static_cast<size_t>(len) + 1, H5P_DEFAULT) < 0)
+      fail(fmt::format("{}: cannot read a link name", where));
+    H5L_info_t info;
+    if (H5Lget_info(gid, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_HARD)
+      fail(fmt::format("{}/{}: not a hard link (soft and external links are refused)", where, name));
     out.push_back(name);
   }
   return out;
 }
-NamedTensor read_tensor(const H5::Group& g, const std::string& name, const std::string& where) {
+H5::Group open_group(const H5::Group& g, const std::string& name, const std::string& where) {
+  if (!g.nameExists(name)) fail(fmt::format("{}: group '{}' missing", where, name));
+  if (g.childObjType(name) != H5O_TYPE_GROUP) fail(fmt::format("{}/{}: not a group", where, name));
+  return g.openGroup(name);
+}
+NamedTensor read_tensor(const H5::Group& g, const std::string& name, const std::string& where, Budget& budget) {
+  if (g.childObjType(name) != H5O_TYPE_DATASET) fail(fmt::format("{}: not a dataset", where));
   H5::DataSet ds = g.openDataSet(name);
   NamedTensor t;
   t.name = name;
   t.dtype = read_str_attr(ds, "dtype");
+  if (t.dtype != "f64" && t.dtype != "f32" && t.dtype != "i32" && t.dtype != "i64")
+    fail(fmt::format("{}: dtype '{}' (expected f64, f32, i32 or i64)", where, t.dtype.substr(0, 64)));
   const H5::DataType& ft = ftype(t.dtype);
   H5::DataType actual = ds.getDataType();
   if (actual.getClass() != ft.getClass() || actual.getSize() != ft.getSize())
     fail(fmt::format("{}: stored type does not match its dtype '{}'", where, t.dtype));
   H5::DataSpace sp = ds.getSpace();
+  const H5S_class_t sc = sp.getSimpleExtentType();
+  if (sc != H5S_SCALAR && sc != H5S_SIMPLE) fail(fmt::format("{}: null or invalid dataspace", where));
   const int rank = sp.getSimpleExtentNdims();
   if (rank < 0 || rank > 8) fail(fmt::format("{}: rank {} not supported", where, rank));
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   if (rank > 0) sp.getSimpleExtentDims(dims.data());
   int64_t n = 1;
   for (hsize_t d : dims) {
-    if (d > (hsize_t{1} << 40)) fail(fmt::format("{}: dimension {} too large", where, d));
+    if (d > static_cast<hsize_t>(kMaxElements)) fail(fmt::format("{}: dimension {} too large", where, d));
     t.shape.push_back(static_cast<int64_t>(d));
+    if (d != 0 && n > kMaxElements / static_cast<int64_t>(d)) fail(fmt::format("{}: too many elements", where));
     n *= static_cast<int64_t>(d);
-    if (n > (int64_t{1} << 32)) fail(fmt::format("{}: too many elements", where));
   }
-  t.bytes.resize(static_cast<size_t>(n) * esize(t.dtype));
+  const uint64_t bytes = static_cast<uint64_t>(n) * esize(t.dtype);
+  // The data must be stored in full (unwritten data reads as fill values), and all datasets together fit in the
+  // file: hard links or headers pointing many datasets at the same bytes cannot multiply what is read.
+  if (n > 0 && ds.getStorageSize() < bytes)
+    fail(fmt::format("{}: {} bytes of data stored, its shape needs {}", where, ds.getStorageSize(), bytes));
+  budget.read += bytes;
+  if (budget.read > budget.file_size)
+    fail(fmt::format("{}: the datasets hold more data than the file's {} bytes", where, budget.file_size));
+  t.bytes.resize(static_cast<size_t>(bytes));
   if (n > 0) ds.read(t.bytes.data(), mtype(t.dtype));
   return t;
 }
 nlohmann::json json_attr(const H5::H5Object& o, const char* name) {
-  return nlohmann::json::parse(read_str_attr(o, name));
+  try {
+    return nlohmann::json::parse(read_str_attr(o, name));
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("attribute '{}' is not JSON: {}", name, e.what()));
+  }
 }
-void read_cases(const H5::Group& parent, int rank, std::vector<PrimCase>& out) {
+void read_cases(const H5::Group& parent, int rank, std::vector<PrimCase>& out, Budget& budget,
+                const std::string& base) {
   if (!parent.nameExists("primitives")) return;
-  H5::Group prims = parent.openGroup("primitives");
-  for (const std::string& op : children(prims)) {
-    H5::Group opg = prims.openGroup(op);
-    for (const std::string& cn : children(opg)) {
-      const std::string where = fmt::format("primitives/{}/{}", op, cn);
-      H5::Group g = opg.openGroup(cn);
+  H5::Group prims = open_group(parent, "primitives", base);
+  for (const std::string& op : children(prims, base + "primitives")) {
+    H5::Group opg = open_group(prims, op, base + "primitives");
+    for (const std::string& cn : children(opg, base + "primitives/" + op)) {
+      const std::string where = fmt::format("{}primitives/{}/{}", base, op, cn);
+      H5::Group g = open_group(opg, cn, base + "primitives/" + op);
       PrimCase c;
       c.op = op;
       c.name = cn;
       c.rank = rank;
       c.dtype = read_str_attr(g, "dtype");
       if (c.dtype != "f32" && c.dtype != "f64") fail(fmt::format("{}: dtype '{}' is not f32 or f64", where, c.dtype));
+      if (g.attrExists("op") && read_str_attr(g, "op") != op)
+        fail(fmt::format("{}: its attribute 'op' names another op", where));
+      if (g.attrExists("rank") && read_int_attr(g, "rank") != rank)
+        fail(fmt::format("{}: its attribute 'rank' is not {}", where, rank));
       c.policy = read_str_attr(g, "policy");
       c.shapes = json_attr(g, "shapes");
       c.n_terms = json_attr(g, "n_terms");
       c.tolerance = json_attr(g, "tolerance");
+      if (!c.shapes.is_object() || !c.n_terms.is_object() || !c.tolerance.is_object())
+        fail(fmt::format("{}: attributes 'shapes', 'n_terms' and 'tolerance' must be JSON objects", where));
       c.repro = read_str_attr(g, "repro");
       for (auto [name, list] : {std::pair{"inputs", &c.inputs}, std::pair{"outputs", &c.outputs},
                                 std::pair{"sum_abs", &c.sum_abs}}) {
-        if (!g.nameExists(name)) fail(fmt::format("{}: group '{}' missing", where, name));
-        H5::Group sub = g.openGroup(name);
-        for (const std::string& tn : children(sub)) list->push_back(read_tensor(sub, tn, where + "/" + name + "/" + tn));
+        H5::Group sub = open_group(g, name, where);
+        for (const std::string& tn : children(sub, where + "/" + name))
+          list->push_back(read_tensor(sub, tn, where + "/" + name + "/" + tn, budget));
       }
       out.push_back(std::move(c));
     }
   }
+}
+template <class U>
+std::vector<U> read_column(const H5::Group& g, const char* name, const char* dtype, const H5::DataType& mt,
+                           const std::string& where, Budget& budget) {
+  if (!g.nameExists(name)) fail(fmt::format("{}/{}: missing", where, name));
+  if (g.childObjType(name) != H5O_TYPE_DATASET) fail(fmt::format("{}/{}: not a dataset", where, name));
+  H5::DataSet ds = g.openDataSet(name);
+  H5::DataType t = ds.getDataType();
+  const bool is_int = std::is_integral_v<U>;
+  if (t.getClass() != (is_int ? H5T_INTEGER : H5T_STRING) || (is_int && t.getSize() != sizeof(U)))
+    fail(fmt::format("{}/{}: not a column of {}", where, name, dtype));
+  H5::DataSpace sp = ds.getSpace();
+  if (sp.getSimpleExtentType() != H5S_SIMPLE || sp.getSimpleExtentNdims() != 1)
+    fail(fmt::format("{}/{}: not a one-dimensional column", where, name));
+  hsize_t n = 0;
+  sp.getSimpleExtentDims(&n);
+  if (n > static_cast<hsize_t>(kMaxChildren)) fail(fmt::format("{}/{}: {} rows, more than {}", where, name, n, kMaxChildren));
+  const uint64_t bytes = n * (is_int ? sizeof(U) : 16);
+  if (n > 0 && is_int && ds.getStorageSize() < bytes) fail(fmt::format("{}/{}: data not stored in full", where, name));
+  budget.read += bytes;
+  if (budget.read > budget.file_size)
+    fail(fmt::format("{}/{}: the datasets hold more data than the file's {} bytes", where, name, budget.file_size));
+  std::vector<U> v(static_cast<size_t>(n));
+  if constexpr (std::is_same_v<U, std::string>) {
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    if (!t.isVariableStr()) fail(fmt::format("{}/{}: not variable-length strings", where, name));
+    std::vector<char*> p(static_cast<size_t>(n), nullptr);
+    if (n > 0) ds.read(p.data(), st);
+    for (size_t i = 0; i < p.size(); ++i) {
+      const size_t len = p[i] ? strnlen(p[i], 4096) : 0;
+      if (p[i]) v[i].assign(p[i], len);
+    }
+    if (n > 0) H5Dvlen_reclaim(st.getId(), sp.getId(), H5P_DEFAULT, p.data());
+    for (const std::string& x : v)
+      if (x.size() >= 4096) fail(fmt::format("{}/{}: a string longer than 4095 bytes", where, name));
+  } else {
+    if (n > 0) ds.read(v.data(), mt);
+  }
+  return v;
+}
+std::vector<CommRecord> read_comm(const H5::Group& rg, const std::string& where, Budget& budget) {
+  H5::Group cg = open_group(rg, "comm", where);
+  const std::string w = where + "/comm";
+  const auto op = read_column<std::string>(cg, "op", "strings", H5::PredType::C_S1, w, budget);
+  const auto comm = read_column<std::string>(cg, "comm", "strings", H5::PredType::C_S1, w, budget);
+  const auto dtype = read_column<std::string>(cg, "dtype", "strings", H5::PredType::C_S1, w, budget);
+  const auto seq = read_column<uint64_t>(cg, "seq", "uint64", H5::PredType::NATIVE_UINT64, w, budget);
+  const auto count = read_column<uint64_t>(cg, "count", "uint64", H5::PredType::NATIVE_UINT64, w, budget);
+  const auto peer = read_column<int32_t>(cg, "peer", "int32", H5::PredType::NATIVE_INT32, w, budget);
+  const auto hash = read_column<uint64_t>(cg, "recv_hash", "uint64", H5::PredType::NATIVE_UINT64, w, budget);
+  const size_t n = op.size();
+  if (comm.size() != n || dtype.size() != n || seq.size() != n || count.size() != n || peer.size() != n ||
+      hash.size() != n)
+    fail(fmt::format("{}: its columns have different lengths", w));
+  std::vector<CommRecord> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (op[i].empty() || comm[i].empty() || dtype[i].empty())
+      fail(fmt::format("{}: row {} has an empty op, comm or dtype", w, i));
+    if (peer[i] < -1) fail(fmt::format("{}: row {} has peer {}", w, i, peer[i]));
+    out[i] = CommRecord{op[i], comm[i], seq[i], count[i], dtype[i], peer[i], hash[i]};
+  }
+  return out;
+}
+
+// The case manifest (root attribute `manifest`): every case with its input, output and sum_abs names, per rank,
+// and the length of each rank's communication trace, so a deleted case, tensor or rank is an error.
+nlohmann::json manifest_of(const PrimitivesFile& f) {
+  nlohmann::json m;
+  m["ranks"] = f.ranks;
+  m["cases"] = nlohmann::json::array();
+  for (const PrimCase& c : f.cases) {
+    nlohmann::json e;
+    e["rank"] = c.rank;
+    e["op"] = c.op;
+    e["case"] = c.name;
+    for (auto [name, list] : {std::pair{"inputs", &c.inputs}, std::pair{"outputs", &c.outputs},
+                              std::pair{"sum_abs", &c.sum_abs}}) {
+      e[name] = nlohmann::json::array();
+      for (const NamedTensor& t : *list) e[name].push_back(t.name);
+    }
+    m["cases"].push_back(std::move(e));
+  }
+  m["comm"] = nlohmann::json::array();
+  for (int r = 0; r < f.ranks; ++r)
+    m["comm"].push_back(static_cast<size_t>(r) < f.comm.size() ? f.comm[static_cast<size_t>(r)].size() : 0);
+  return m;
+}
+
+void check_manifest(const PrimitivesFile& f, const nlohmann::json& m) {
+  if (!m.is_object() || !m.contains("ranks") || !m.contains("cases") || !m.contains("comm") ||
+      !m["cases"].is_array() || !m["comm"].is_array())
+    fail("attribute 'manifest' is not a case manifest");
+  if (m["ranks"] != f.ranks) fail(fmt::format("attribute 'ranks' is {}, the manifest says {}", f.ranks, m["ranks"].dump()));
+  const nlohmann::json want = manifest_of(f);
+  if (m["comm"] != want["comm"])
+    fail(fmt::format("the communication traces have {} rows per rank, the manifest says {}", want["comm"].dump(),
+                     m["comm"].dump()));
+  std::map<std::tuple<int64_t, std::string, std::string>, const nlohmann::json*> have;
+  for (const nlohmann::json& e : want["cases"])
+    have[{e["rank"].get<int64_t>(), e["op"].get<std::string>(), e["case"].get<std::string>()}] = &e;
+  for (const nlohmann::json& e : m["cases"]) {
+    if (!e.is_object() || !e.contains("rank") || !e.contains("op") || !e.contains("case") ||
+        !e["rank"].is_number_integer() || !e["op"].is_string() || !e["case"].is_string())
+      fail("attribute 'manifest' has a malformed case entry");
+    const auto key = std::tuple{e["rank"].get<int64_t>(), e["op"].get<std::string>(), e["case"].get<std::string>()};
+    auto it = have.find(key);
+    if (it == have.end())
+      fail(fmt::format("case {}/{} of rank {} is missing (the manifest lists it)", std::get<1>(key), std::get<2>(key),
+                       std::get<0>(key)));
+    for (const char* part : {"inputs", "outputs", "sum_abs"})
+      if (!e.contains(part) || e[part] != (*it->second)[part])
+        fail(fmt::format("case {}/{} of rank {}: its {} are {}, the manifest says {}", std::get<1>(key),
+                         std::get<2>(key), std::get<0>(key), part, (*it->second)[part].dump(),
+                         e.contains(part) ? e[part].dump() : "nothing"));
+    have.erase(it);
+  }
+  if (!have.empty()) {
+    const auto& [r, op, cn] = have.begin()->first;
+    fail(fmt::format("case {}/{} of rank {} is not in the manifest", op, cn, r));
+  }
+}
+
+// Rules every file meets, with or without a manifest: the ranks attribute agrees with the mesh and with /ranks.
+void check_structure(const PrimitivesFile& f, const std::vector<std::string>& rank_groups) {
+  if (!f.config.is_object()) fail("attribute 'config' is not a JSON object");
+  if (!f.mesh.is_object()) fail("attribute 'mesh' is not a JSON object");
+  if (f.mesh.contains("spec")) {
+    if (!f.mesh["spec"].is_string()) fail("attribute 'mesh': 'spec' is not a string");
+    const MeshShape ms = parse_mesh(f.mesh["spec"].get<std::string>());
+    if (ms.world() != f.ranks)
+      fail(fmt::format("attribute 'ranks' is {}, the mesh '{}' has {} ranks", f.ranks, f.mesh["spec"].get<std::string>(),
+                       ms.world()));
+  }
+  for (const char* k : {"sequences", "seq_len", "ep_chunks"})
+    if (f.mesh.contains(k) && (!f.mesh[k].is_number_integer() || f.mesh[k].get<int64_t>() < 1))
+      fail(fmt::format("attribute 'mesh': '{}' is not an integer >= 1", k));
+  if (static_cast<int64_t>(rank_groups.size()) != f.ranks)
+    fail(fmt::format("attribute 'ranks' is {}, the file holds {} rank groups", f.ranks, rank_groups.size()));
+  for (int r = 0; r < f.ranks; ++r)
+    if (rank_groups[static_cast<size_t>(r)] != std::to_string(r))
+      fail(fmt::format("/ranks: group '{}' where rank {} belongs", rank_groups[static_cast<size_t>(r)].substr(0, 64), r));
+  const std::string cfg_policy = f.config.contains("policy") && f.config["policy"].is_string()
+                                     ? f.config["policy"].get<std::string>()
+                                     : std::string();
+  for (const PrimCase& c : f.cases) {
+    if (c.policy != "" && c.policy != "fp32" && c.policy != "bf16" && c.policy != "fp64")
+      fail(fmt::format("case {}/{} of rank {}: policy '{}'", c.op, c.name, c.rank, c.policy.substr(0, 64)));
+    if (!c.policy.empty() && (c.policy == "fp64") != (c.dtype == "f64"))
+      fail(fmt::format("case {}/{} of rank {}: policy {} with dtype {}", c.op, c.name, c.rank, c.policy, c.dtype));
+    if (!cfg_policy.empty() && (cfg_policy == "fp64") != (c.dtype == "f64"))
+      fail(fmt::format("case {}/{} of rank {}: dtype {}, the config's policy is {}", c.op, c.name, c.rank, c.dtype,
+                       cfg_policy));
+    for (const NamedTensor& sa : c.sum_abs) {
+      const std::string w = fmt::format("case {}/{} of rank {}: sum_abs '{}'", c.op, c.name, c.rank, sa.name);
+      const auto out = std::find_if(c.outputs.begin(), c.outputs.end(),
+                                    [&](const NamedTensor& t) { return t.name == sa.name; });
+      if (out == c.outputs.end() || out->shape != sa.shape)
+        fail(fmt::format("{} has no output of its name and shape", w));
+      if (sa.dtype != "f64" && sa.dtype != "f32") fail(fmt::format("{} is not floating point", w));
+      const nlohmann::json* tol = c.tolerance.contains(sa.name) ? &c.tolerance[sa.name] : nullptr;
+      if (!tol || !tol->is_object() || !c.n_terms.contains(sa.name) || !c.n_terms[sa.name].is_number_integer() ||
+          c.n_terms[sa.name].get<int64_t>() < 0)
+        fail(fmt::format("{}: its tolerance or n_terms entry is missing", w));
+      for (const char* k : {"k_const", "k_per_term", "u"})
+        if (!tol->contains(k) || !(*tol)[k].is_number() || !((*tol)[k].get<double>() >= 0))
+          fail(fmt::format("{}: tolerance '{}' is not a number >= 0", w, k));
+    }
+  }
+}
+
+// The isolated reader's result, child -> parent.
+struct Wire {
+  std::string b;
+  size_t pos = 0;
+  void u64(uint64_t v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(std::string_view s) {
+    u64(s.size());
+    b.append(s);
+  }
+  void tensors(const std::vector<NamedTensor>& ts) {
+    u64(ts.size());
+    for (const NamedTensor& t : ts) {
+      str(t.name);
+      str(t.dtype);
+      u64(t.shape.size());
+      for (int64_t d : t.shape) u64(static_cast<uint64_t>(d));
+      str(std::string_view(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size()));
+    }
+  }
+  [[noreturn]] static void broken() { fail("internal error: the isolated primitive reader sent a malformed result"); }
+  uint64_t get() {
+    if (b.size() - pos < 8) broken();
+    uint64_t v;
+    std::memcpy(&v, b.data() + pos, 8);
+    pos += 8;
+    return v;
+  }
+  std::string gets() {
+    const uint64_t n = get();
+    if (n > b.size() - pos) broken();
+    std::string s = b.substr(pos, n);
+    pos += n;
+    return s;
+  }
+  std::vector<NamedTensor> get_tensors() {
+    std::vector<NamedTensor> ts(get());
+    for (NamedTensor& t : ts) {
+      t.name = gets();
+      t.dtype = gets();
+      t.shape.resize(get());
+      for (int64_t& d : t.shape) d = static_cast<int64_t>(get());
+      const std::string bytes = gets();
+      t.bytes.resize(bytes.size());
+      if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
+    }
+    return ts;
+  }
+};
+std::string encode(const PrimitivesFile& f) {
+  Wire w;
+  w.str(f.config.dump());
+  w.str(f.mesh.dump());
+  w.str(f.repro);
+  w.u64(static_cast<uint64_t>(f.ranks));
+  w.u64(f.checksum ? 1 : 0);
+  w.u64(f.manifest ? 1 : 0);
+  w.u64(f.cases.size());
+  for (const PrimCase& c : f.cases) {
+    for (const std::string* s : {&c.op, &c.name, &c.dtype, &c.policy, &c.repro}) w.str(*s);
+    w.u64(static_cast<uint64_t>(c.rank));
+    w.str(c.shapes.dump());
+    w.str(c.n_terms.dump());
+    w.str(c.tolerance.dump());
+    w.tensors(c.inputs);
+    w.tensors(c.outputs);
+    w.tensors(c.sum_abs);
+  }
+  w.u64(f.comm.size());
+  for (const auto& rc : f.comm) {
+    w.u64(rc.size());
+    for (const CommRecord& r : rc) {
+      w.str(r.op), w.str(r.comm), w.str(r.dtype);
+      w.u64(r.seq), w.u64(r.count), w.u64(static_cast<uint64_t>(static_cast<int64_t>(r.peer))), w.u64(r.recv_hash);
+    }
+  }
+  return std::move(w.b);
+}
+PrimitivesFile decode(std::string b) {
+  Wire w{std::move(b)};
+  PrimitivesFile f;
+  f.config = nlohmann::json::parse(w.gets());
+  f.mesh = nlohmann::json::parse(w.gets());
+  f.repro = w.gets();
+  f.ranks = static_cast<int>(w.get());
+  f.checksum = w.get() != 0;
+  f.manifest = w.get() != 0;
+  f.cases.resize(w.get());
+  for (PrimCase& c : f.cases) {
+    for (std::string* s : {&c.op, &c.name, &c.dtype, &c.policy, &c.repro}) *s = w.gets();
+    c.rank = static_cast<int>(w.get());
+    c.shapes = nlohmann::json::parse(w.gets());
+    c.n_terms = nlohmann::json::parse(w.gets());
+    c.tolerance = nlohmann::json::parse(w.gets());
+    c.inputs = w.get_tensors();
+    c.outputs = w.get_tensors();
+    c.sum_abs = w.get_tensors();
+  }
+  f.comm.resize(w.get());
+  for (auto& rc : f.comm) {
+    rc.resize(w.get());
+    for (CommRecord& r : rc) {
+      r.op = w.gets(), r.comm = w.gets(), r.dtype = w.gets();
+      r.seq = w.get(), r.count = w.get(), r.peer = static_cast<int>(static_cast<int64_t>(w.get()));
+      r.recv_hash = w.get();
+    }
+  }
+  if (w.pos != w.b.size()) Wire::broken();
+  return f;
 }
 
 std::string fmt_double(double v) { return fmt::format("{:.9g}", v); }
@@ -250,13 +588,15 @@ std::vector<CommRecord> comm_records(const RankTrace& trace) {
   return out;
 }
 
-void write_primitives(const std::string& path, const PrimitivesFile& f) {
+void write_primitives(const std::string& path, const PrimitivesFile& f, const WriteOptions& opt) {
   H5::Exception::dontPrint();
   io::StagedFile staged(path, "primitive golden");  // a private folder + rename (reference/atomic_write.h)
   const fs::path tmp(staged.path());
   try {
     {
-      H5::H5File file(tmp.string(), H5F_ACC_EXCL);
+      H5::FileCreatPropList fcpl;
+      if (opt.checksum) fcpl.setUserblock(kChecksumBlock);  // the checksum header's room (docs/golden.md)
+      H5::H5File file(tmp.string(), H5F_ACC_EXCL, fcpl);
       H5::Group root = file.openGroup("/");
       str_attr(root, "schema", "trident-primitives");
       int_attr(root, "schema_version", kPrimitivesSchemaVersion);
@@ -265,6 +605,7 @@ void write_primitives(const std::string& path, const PrimitivesFile& f) {
       str_attr(root, "mesh", f.mesh.dump());
       str_attr(root, "repro", f.repro);
       int_attr(root, "ranks", f.ranks);
+      if (opt.checksum) str_attr(root, "manifest", manifest_of(f).dump());
       std::vector<const PrimCase*> r0;
       for (const PrimCase& c : f.cases)
         if (c.rank == 0) r0.push_back(&c);
@@ -298,17 +639,20 @@ void write_primitives(const std::string& path, const PrimitivesFile& f) {
       }
       file.flush(H5F_SCOPE_GLOBAL);
     }
+    if (opt.checksum) seal_checksum(tmp.string());
     staged.commit();
   } catch (const H5::Exception& e) {
     fail(fmt::format("cannot write '{}': HDF5: {} ({})", path, e.getDetailMsg(), e.getFuncName()));
   }
 }
 
-PrimitivesFile read_primitives(const std::string& path) {
+namespace {
+
+PrimitivesFile read_in_process(const std::string& path, uint64_t file_size) {
   H5::Exception::dontPrint();
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail(fmt::format("cannot read primitive golden '{}': no such file", path));
+  const Checksum sum = verify_checksum_of(path, "primitive golden");
+  check_global_heaps(path, file_size, sum == Checksum::absent ? 0 : kChecksumBlock, "primitive golden");
   try {
     if (!H5::H5File::isHdf5(path)) fail("not an HDF5 file");
     H5::H5File file(path, H5F_ACC_RDONLY);
@@ -319,32 +663,64 @@ PrimitivesFile read_primitives(const std::string& path) {
     if (ver != kPrimitivesSchemaVersion)
       fail(fmt::format("schema_version {} is not supported (this reader knows {})", ver, kPrimitivesSchemaVersion));
     PrimitivesFile f;
+    f.checksum = sum == Checksum::ok;
     f.config = json_attr(root, "config");
     f.mesh = json_attr(root, "mesh");
     f.repro = read_str_attr(root, "repro");
     const int64_t ranks = read_int_attr(root, "ranks");
     if (ranks < 1 || ranks > 65536) fail(fmt::format("attribute 'ranks' is {}", ranks));
     f.ranks = static_cast<int>(ranks);
-    read_cases(root, 0, f.cases);
-    if (root.nameExists("ranks")) {
-      H5::Group rs = root.openGroup("ranks");
-      for (int r = 0; r < f.ranks; ++r) {
-        const std::string rn = std::to_string(r);
-        if (!rs.nameExists(rn)) continue;
-        H5::Group rg = rs.openGroup(rn);
-        if (r > 0) read_cases(rg, r, f.cases);
-      }
+    Budget budget{file_size, 0};
+    read_cases(root, 0, f.cases, budget, "/");
+    H5::Group rs = open_group(root, "ranks", "/");
+    const std::vector<std::string> rank_groups = children(rs, "/ranks");
+    if (static_cast<int64_t>(rank_groups.size()) != f.ranks)
+      fail(fmt::format("attribute 'ranks' is {}, the file holds {} rank groups", f.ranks, rank_groups.size()));
+    for (int r = 0; r < f.ranks; ++r) {
+      const std::string rn = std::to_string(r);
+      if (rank_groups[static_cast<size_t>(r)] != rn)
+        fail(fmt::format("/ranks: group '{}' where rank {} belongs", rank_groups[static_cast<size_t>(r)].substr(0, 64),
+                         r));
+      H5::Group rg = open_group(rs, rn, "/ranks");
+      if (r > 0) read_cases(rg, r, f.cases, budget, fmt::format("/ranks/{}/", r));
+      else if (rg.nameExists("primitives")) fail("/ranks/0: rank 0's cases belong in /primitives");
+      f.comm.push_back(read_comm(rg, "/ranks/" + rn, budget));
     }
+    if (root.attrExists("manifest")) {
+      check_manifest(f, json_attr(root, "manifest"));
+      f.manifest = true;
+    } else if (f.checksum) {
+      fail("the root attribute 'manifest' is missing (a file with a checksum always has one)");
+    }
+    check_structure(f, rank_groups);
     return f;
   } catch (const H5::Exception& e) {
     fail(fmt::format("cannot read primitive golden '{}': HDF5: {} ({})", path, e.getDetailMsg(), e.getFuncName()));
   } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("cannot read primitive golden '{}': {}", path, e.what()));
+  } catch (const std::bad_alloc&) {
+    fail(fmt::format("cannot read primitive golden '{}': out of memory", path));
+  } catch (const std::length_error& e) {
     fail(fmt::format("cannot read primitive golden '{}': {}", path, e.what()));
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.rfind("cannot read", 0) == 0) throw;
     fail(fmt::format("cannot read primitive golden '{}': {}", path, what));
   }
+}
+
+}  // namespace
+
+PrimitivesFile read_primitives(const std::string& path, const ReadOptions& opt) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail(fmt::format("cannot read primitive golden '{}': no such file", path));
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) fail(fmt::format("cannot read primitive golden '{}': {}", path, ec.message()));
+  std::string b;
+  if (opt.isolate &&
+      run_isolated(path, size, "primitive golden", [&] { return encode(read_in_process(path, size)); }, b))
+    return decode(std::move(b));
+  return read_in_process(path, size);
 }
 
 nlohmann::json CheckSummary::to_json() const {

@@ -2,6 +2,7 @@
 // sets, and run_case.
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <map>
 
 #include "emulator/device.h"
@@ -13,6 +14,7 @@ namespace trident::golden {
 
 namespace m = trident::model;
 using detail::Binder;
+using detail::kMaxScalar;
 using detail::Mode;
 
 namespace {
@@ -103,6 +105,9 @@ void bind_mm(Binder<T>& b, Policy pol, int64_t M, int64_t N, int64_t K, const T*
   M = b.i("M", M), N = b.i("N", N), K = b.i("K", K);
   lda = b.i("lda", lda), ldb = b.i("ldb", ldb), ldc = b.i("ldc", ldc);
   trans_b = b.flag("trans_b", trans_b);
+  b.require(M == 0 || lda >= K, "lda {} < K {}", lda, K);
+  b.require(ldb >= (trans_b ? K : N) || (trans_b ? N : K) == 0, "ldb {} too small", ldb);
+  b.require(M == 0 || ldc >= N, "ldc {} < N {}", ldc, N);
   A = b.in("A", A, {M, lda});
   B = b.in("B", B, {trans_b ? N : K, ldb});
   C = b.out("C", C, {M, ldc});
@@ -114,7 +119,9 @@ void bind_wgrad_acc(Binder<T>& b, Policy pol, const T* X, int64_t ldx, const T* 
   pol = b.pol(pol);
   ldx = b.i("ldx", ldx), ldy = b.i("ldy", ldy), K = b.i("K", K), M = b.i("M", M);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, -1);
   const int64_t rows = segs.empty() ? 0 : segs.back();
+  b.require(rows == 0 || (ldx >= K && ldy >= M), "ldx {} < K {} or ldy {} < M {}", ldx, K, ldy, M);
   X = b.in("X", X, {rows, ldx});
   dY = b.in("dY", dY, {rows, ldy});
   acc = b.acc("acc", acc, {K, M});
@@ -124,6 +131,7 @@ template <class T>
 void bind_sum_acc(Binder<T>& b, const T* x, int64_t J, Segs segs, ExactAcc<T>* acc) {
   J = b.i("J", J);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, -1);
   const int64_t rows = segs.empty() ? 0 : segs.back();
   x = b.in("x", x, {rows, J});
   acc = b.acc("acc", acc, {J});
@@ -141,6 +149,7 @@ void bind_embedding_forward(Binder<T>& b, T* out, const int32_t* tokens, const T
                             int64_t V) {
   N = b.i("N", N), d = b.i("d", d), V = b.i("V", V);
   tokens = b.in("tokens", tokens, {N});
+  b.template in_range<int32_t>("tokens", 0, V);
   embed = b.in("embed", embed, {V, d});
   out = b.out("out", out, {N, d});
   b.call([&] { b.k().embedding_forward(out, tokens, embed, N, d, V, b.s()); });
@@ -151,7 +160,9 @@ void bind_embedding_backward(Binder<T>& b, ExactAcc<T>* dembed, const int32_t* t
   N = b.i("N", N), d = b.i("d", d);
   const int64_t rows = b.i("rows", rows_hint);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, N);
   tokens = b.in("tokens", tokens, {N});
+  b.template in_range<int32_t>("tokens", 0, rows, -1);
   dout = b.in("dout", dout, {N, d});
   dembed = b.acc("dembed", dembed, {rows, d});
   b.call([&] { b.k().embedding_backward(dembed, tokens, dout, N, d, segs, b.s()); });
@@ -161,6 +172,7 @@ void bind_rmsnorm_forward(Binder<T>& b, const T* x, int64_t ldx, const T* g, int
                           int64_t ldy, T* rinv) {
   ldx = b.i("ldx", ldx), N = b.i("N", N), d = b.i("d", d), ldy = b.i("ldy", ldy);
   eps = b.f("eps", eps);
+  b.require(N == 0 || (ldx >= d && ldy >= d), "ldx {} or ldy {} < d {}", ldx, ldy, d);
   x = b.in("x", x, {N, ldx});
   g = b.in("g", g, {d});
   y = b.out("y", y, {N, ldy});
@@ -172,6 +184,8 @@ void bind_rmsnorm_backward(Binder<T>& b, const T* dy, int64_t lddy, const T* x, 
                            const T* g, int64_t N, int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg) {
   lddy = b.i("lddy", lddy), ldx = b.i("ldx", ldx), N = b.i("N", N), d = b.i("d", d), lddx = b.i("lddx", lddx);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, N);
+  b.require(N == 0 || (lddy >= d && ldx >= d && lddx >= d), "a leading dimension < d {}", d);
   dy = b.in("dy", dy, {N, lddy});
   x = b.in("x", x, {N, ldx});
   rinv = b.in("rinv", rinv, {N});
@@ -235,6 +249,7 @@ void bind_router_forward(Binder<T>& b, Policy pol, const T* a, const T* wr, cons
   pol = b.pol(pol);
   N = b.i("N", N), d = b.i("d", d), E = b.i("E", E), K = b.i("K", K);
   alpha = b.f("alpha", alpha);
+  b.require(N == 0 || (K >= 1 && K <= E), "top-K {} outside [1, E = {}]", K, E);
   a = b.in("a", a, {N, d});
   wr = b.in("wr", wr, {d, E});
   bias = b.in("bias", bias, {E});
@@ -252,6 +267,7 @@ void bind_router_backward(Binder<T>& b, const T* dgates, const T* scores, const 
   dgates = b.in("dgates", dgates, {N, K});
   scores = b.in("scores", scores, {N, E});
   sel = b.in("sel", sel, {N, K});
+  b.template in_range<int32_t>("sel", 0, E);
   dlogits = b.out("dlogits", dlogits, {N, E});
   b.call([&] { b.k().router_backward(dgates, scores, sel, N, E, K, alpha, dlogits, b.s()); });
 }
@@ -268,6 +284,8 @@ void bind_moe_combine_backward(Binder<T>& b, const T* dout, const T* gates, cons
                                int64_t K, T* dgates, T* dyk) {
   d = b.i("d", d), K = b.i("K", K);
   tk = b.host("tk", tk);
+  b.template in_range<int64_t>("tk", 0, kMaxScalar);
+  b.require(tk.empty() || K >= 1, "K is 0 with {} rows listed", tk.size());
   const int64_t n = static_cast<int64_t>(tk.size());
   const int64_t N = K > 0 ? (max_plus_one(tk) + K - 1) / K : 0;  // tokens spanned by the listed entries
   dout = b.in("dout", dout, {N, d});
@@ -288,6 +306,7 @@ template <class T>
 void bind_gather_rows(Binder<T>& b, T* dst, const T* src, Segs idx, int64_t w) {
   w = b.i("w", w);
   idx = b.host("idx", idx);
+  b.template in_range<int64_t>("idx", 0, kMaxScalar);
   src = b.in("src", src, {max_plus_one(idx), w});
   dst = b.out("dst", dst, {static_cast<int64_t>(idx.size()), w});
   b.call([&] { b.k().gather_rows(dst, src, idx, w, b.s()); });
@@ -296,6 +315,7 @@ template <class T>
 void bind_scatter_rows(Binder<T>& b, T* dst, const T* src, Segs idx, int64_t w) {
   w = b.i("w", w);
   idx = b.host("idx", idx);
+  b.template in_range<int64_t>("idx", 0, kMaxScalar);
   src = b.in("src", src, {static_cast<int64_t>(idx.size()), w});
   dst = b.out("dst", dst, {max_plus_one(idx), w});
   b.call([&] { b.k().scatter_rows(dst, src, idx, w, b.s()); });
@@ -307,8 +327,10 @@ void bind_attn_qkv_forward(Binder<T>& b, Policy pol, const m::Config& cfg_, cons
   const m::Config& cfg = b.config(cfg_);
   N = b.i("N", N);
   const m::RopeTable<T>& rope = b.rope(rope_);
+  b.require(rope.D == cfg.rope_width(), "rope width {}, the config's is {}", rope.D, cfg.rope_width());
   a = b.in("a", a, {N, cfg.d_model});
   pos = b.in("pos", pos, {N});
+  b.template in_range<int64_t>("pos", 0, rope.max_pos);
   const m::AttnW<T> W = bind_w(b, cfg, W_);
   const m::AttnBufs<T> acts = bind_acts(b, cfg, N, acts_, "ooooo---");
   b.call([&] { b.k().attn_qkv_forward(pol, cfg, W, a, pos, N, rope, acts, b.s()); });
@@ -317,6 +339,7 @@ template <class T>
 void bind_kv_zigzag_reorder(Binder<T>& b, T* dst, const T* src, int64_t cp, int64_t block, bool to_gather) {
   cp = b.i("cp", cp), block = b.i("block", block);
   to_gather = b.flag("to_gather", to_gather);
+  b.require(cp >= 1, "cp is 0");
   src = b.in("src", src, {2 * cp, block});
   dst = b.out("dst", dst, {2 * cp, block});
   b.call([&] { b.k().kv_zigzag_reorder(dst, src, cp, block, to_gather, b.s()); });
@@ -324,6 +347,7 @@ void bind_kv_zigzag_reorder(Binder<T>& b, T* dst, const T* src, int64_t cp, int6
 template <class T>
 void bind_kv_zigzag_to_gather_acc(Binder<T>& b, ExactAcc<T>* x, ExactAcc<T>* scratch, int64_t cp, int64_t block) {
   cp = b.i("cp", cp), block = b.i("block", block);
+  b.require(cp >= 1, "cp is 0");
   x = b.acc_in("x", x, {2 * cp, block}, true);
   scratch = b.scratch_acc(scratch, block);
   b.call([&] { b.k().kv_zigzag_to_gather_acc(x, scratch, cp, block, b.s()); });
@@ -332,6 +356,20 @@ void bind_core_dims(auto& b, m::CoreDims& cd) {
   cd.H = b.i("H", cd.H), cd.G = b.i("G", cd.G), cd.Dq = b.i("Dq", cd.Dq), cd.Dv = b.i("Dv", cd.Dv);
   cd.P = b.i("P", cd.P), cd.val_base = b.i("val_base", cd.val_base);
   cd.scale = b.f("scale", cd.scale);
+  b.require(cd.H >= 1 && cd.G >= 1 && cd.H % cd.G == 0, "H {} is not a multiple of G {} >= 1", cd.H, cd.G);
+  b.require(cd.Dq >= 1 && cd.G * cd.Dq <= cd.P && cd.val_base + cd.G * cd.Dv <= cd.P,
+            "the key ({} x {}) or value ({} + {} x {}) columns do not fit in the payload of {}", cd.G, cd.Dq,
+            cd.val_base, cd.G, cd.Dv, cd.P);
+}
+// Query rows: positions in [0, S), document starts in [0, position].
+template <class T>
+void check_queries(Binder<T>& b, bool doc, int64_t S) {
+  if (!b.replaying()) return;
+  b.template in_range<int64_t>("qpos", 0, S);
+  if (!doc) return;
+  const std::vector<int64_t> pos = b.template values<int64_t>("qpos"), d = b.template values<int64_t>("qdoc");
+  for (size_t r = 0; r < d.size() && r < pos.size(); ++r)
+    b.require(d[r] >= 0 && d[r] <= pos[r], "input 'qdoc' element {} is {}, outside [0, {}]", r, d[r], pos[r]);
 }
 // The attention core and its document-mask variant (packed sequences: the extra input qdoc, each query's document
 // start). One body: the plain op records exactly the inputs it always did.
@@ -345,6 +383,7 @@ void bind_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   qpos = b.in("qpos", qpos, {Nq});
   if constexpr (kDoc) qdoc = b.in("qdoc", qdoc, {Nq});
+  check_queries(b, kDoc, S);
   kv = b.in("kv", kv, {S, cd.P});
   o = b.out("o", o, {Nq, cd.H * cd.Dv});
   stats = b.out("stats", stats, {Nq, cd.H * 2});
@@ -362,9 +401,11 @@ void bind_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const 
   bind_core_dims(b, cd);
   Nq = b.i("Nq", Nq), S = b.i("S", S);
   qsegs = b.host("qsegs", qsegs);
+  b.segments("qsegs", qsegs, Nq);
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   qpos = b.in("qpos", qpos, {Nq});
   if constexpr (kDoc) qdoc = b.in("qdoc", qdoc, {Nq});
+  check_queries(b, kDoc, S);
   kv = b.in("kv", kv, {S, cd.P});
   o = b.in("o", o, {Nq, cd.H * cd.Dv});
   stats = b.in("stats", stats, {Nq, cd.H * 2});
@@ -403,6 +444,9 @@ void bind_attn_doc_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd
 void bind_dsa_dims(auto& b, m::CoreDims& cd) {
   bind_core_dims(b, cd);
   cd.Hi = b.i("Hi", cd.Hi), cd.Di = b.i("Di", cd.Di), cd.topk = b.i("topk", cd.topk), cd.ikey = b.i("ikey", cd.ikey);
+  b.require(cd.topk >= 1 && cd.Hi >= 1 && cd.Di >= 1 && cd.ikey + cd.Di <= cd.P,
+            "indexer dims Hi {} Di {} topk {} ikey {} do not fit the payload of {}", cd.Hi, cd.Di, cd.topk, cd.ikey,
+            cd.P);
 }
 template <class T>
 void bind_dsa_select(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* iq, const int64_t* qpos,
@@ -414,6 +458,7 @@ void bind_dsa_select(Binder<T>& b, Policy pol, const m::CoreDims& cd_, const T* 
   iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
   qpos = b.in("qpos", qpos, {Nq});
   qdoc = b.opt_in("qdoc", qdoc, {Nq});
+  check_queries(b, b.replaying() && !b.template values<int64_t>("qdoc").empty(), S);
   kv = b.in("kv", kv, {S, cd.P});
   sel = b.out("sel", sel, {Nq, cd.topk});
   b.call([&] { b.k().dsa_select(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel, b.s()); });
@@ -429,8 +474,10 @@ void bind_dsa_core_forward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, con
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
   qpos = b.in("qpos", qpos, {Nq});
+  check_queries(b, false, S);
   kv = b.in("kv", kv, {S, cd.P});
   sel = b.in("sel", sel, {Nq, cd.topk});
+  b.template in_range<int32_t>("sel", -1, S);
   o = b.out("o", o, {Nq, cd.H * cd.Dv});
   stats = b.out("stats", stats, {Nq, cd.H * 2});
   ikl = b.out("ikl", ikl, {Nq});
@@ -446,11 +493,14 @@ void bind_dsa_core_backward(Binder<T>& b, Policy pol, const m::CoreDims& cd_, co
   Nq = b.i("Nq", Nq), S = b.i("S", S);
   iscale = static_cast<T>(b.f("iscale", static_cast<double>(iscale)));
   qsegs = b.host("qsegs", qsegs);
+  b.segments("qsegs", qsegs, Nq);
   q = b.in("q", q, {Nq, cd.H * cd.Dq});
   iq = b.in("iq", iq, {Nq, cd.Hi * cd.Di + cd.Hi});
   qpos = b.in("qpos", qpos, {Nq});
+  check_queries(b, false, S);
   kv = b.in("kv", kv, {S, cd.P});
   sel = b.in("sel", sel, {Nq, cd.topk});
+  b.template in_range<int32_t>("sel", -1, S);
   o = b.in("o", o, {Nq, cd.H * cd.Dv});
   stats = b.in("stats", stats, {Nq, cd.H * 2});
   dO = b.in("dO", dO, {Nq, cd.H * cd.Dv});
@@ -480,6 +530,7 @@ void bind_attn_out_backward(Binder<T>& b, Policy pol, const m::Config& cfg_, con
   const m::Config& cfg = b.config(cfg_);
   N = b.i("N", N);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, N);
   const m::AttnW<T> W = bind_w(b, cfg, W_);
   const m::AttnBufs<T> acts = bind_acts(b, cfg, N, acts_, "-----i-i");
   dy = b.in("dy", dy, {N, cfg.d_model});
@@ -496,10 +547,13 @@ void bind_attn_qkv_backward(Binder<T>& b, Policy pol, const m::Config& cfg_, con
   const m::Config& cfg = b.config(cfg_);
   N = b.i("N", N);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, N);
   const m::RopeTable<T>& rope = b.rope(rope_);
+  b.require(rope.D == cfg.rope_width(), "rope width {}, the config's is {}", rope.D, cfg.rope_width());
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   a = b.in("a", a, {N, cfg.d_model});
   pos = b.in("pos", pos, {N});
+  b.template in_range<int64_t>("pos", 0, rope.max_pos);
   const m::AttnW<T> W = bind_w(b, cfg, W_);
   const m::AttnBufs<T> acts = bind_acts(b, cfg, N, acts_, "iiiii---");
   dqc = b.in("dqc", dqc, {z.qc});
@@ -514,9 +568,11 @@ void bind_linear_ce_forward(Binder<T>& b, Policy pol, const T* hidden, const T* 
   pol = b.pol(pol);
   N = b.i("N", N), d = b.i("d", d), V = b.i("V", V);
   vocab_chunk = b.i("vocab_chunk", vocab_chunk), token_chunk = b.i("token_chunk", token_chunk);
+  b.require(vocab_chunk >= 1 && token_chunk >= 1, "vocab_chunk {} or token_chunk {} is 0", vocab_chunk, token_chunk);
   hidden = b.in("hidden", hidden, {N, d});
   W = b.in("W", W, {d, V});
   targets = b.in("targets", targets, {N});
+  b.template in_range<int32_t>("targets", 0, V, -100);
   token_loss = b.out("token_loss", token_loss, {N});
   lse = b.out("lse", lse, {N});
   b.call([&] {
@@ -533,9 +589,13 @@ void bind_linear_ce_backward(Binder<T>& b, Policy pol, const T* hidden, const T*
   grad_scale = static_cast<T>(b.f("grad_scale", static_cast<double>(grad_scale)));
   j_begin = b.i("j_begin", j_begin), j_end = b.i("j_end", j_end);
   segs = b.host("segs", segs);
+  b.segments("segs", segs, N);
+  b.require(vocab_chunk >= 1 && token_chunk >= 1, "vocab_chunk {} or token_chunk {} is 0", vocab_chunk, token_chunk);
+  b.require(j_begin <= j_end && j_end <= V, "columns [{}, {}) outside [0, V = {})", j_begin, j_end, V);
   hidden = b.in("hidden", hidden, {N, d});
   W = b.in("W", W, {d, V});
   targets = b.in("targets", targets, {N});
+  b.template in_range<int32_t>("targets", 0, V, -100);
   lse = b.in("lse", lse, {N});
   dhidden = b.inout("dhidden", dhidden, {N, d});
   dW = b.acc("dW", dW, {d, j_end - j_begin});
@@ -562,6 +622,7 @@ void bind_adamw_step(Binder<T>& b, T* w, const T* g, T* mo, T* v, int64_t n, con
   step = b.i("step", step);
   clip = b.f("clip", clip);
   decay = b.flag("decay", decay);
+  b.require(step >= 1, "step {} < 1", step);
   g = b.in("g", g, {n});
   w = b.inout("w", w, {n});
   mo = b.inout("m", mo, {n});
@@ -573,6 +634,7 @@ void bind_router_bias_update(Binder<T>& b, T* bias, const int64_t* load, int64_t
   E = b.i("E", E);
   gamma = b.f("gamma", gamma);
   load = b.in("load", load, {E});
+  b.template in_range<int64_t>("load", 0, std::numeric_limits<int64_t>::max());
   bias = b.inout("b", bias, {E});
   b.call([&] { b.k().router_bias_update(bias, load, E, gamma, b.s()); });
 }
@@ -681,7 +743,8 @@ const std::map<std::string, OpEntry<T>>& op_table() {
 }
 
 template <class T>
-std::vector<NamedTensor> replay(const PrimCase& c, Kernels<T>& k, Device& dev, bool abs_inputs) {
+std::vector<NamedTensor> replay(const PrimCase& c, Kernels<T>& k, Device& dev, bool abs_inputs,
+                                bool expect_outputs = false) {
   const auto& table = op_table<T>();
   auto it = table.find(c.op);
   if (it == table.end()) fail(fmt::format("primitive case {}/{}: unknown op '{}'", c.op, c.name, c.op));
@@ -691,7 +754,11 @@ std::vector<NamedTensor> replay(const PrimCase& c, Kernels<T>& k, Device& dev, b
   PrimCase& cc = const_cast<PrimCase&>(c);  // replay only reads it
   Binder<T> b(Mode::replay, dev, dev.compute_stream(), cc, &k);
   b.abs_inputs = abs_inputs;
+  b.expect_outputs = expect_outputs;
   it->second.replay(b);
+  if (!b.uses_policy() && !c.policy.empty())
+    fail(fmt::format("primitive case {}/{} (rank {}): policy '{}' on an op without one (the file is corrupt)", c.op,
+                     c.name, c.rank, c.policy.substr(0, 64)));
   return std::move(b.results);
 }
 
@@ -1238,7 +1305,29 @@ const std::vector<std::string>& dsa_only_ops() {
 
 template <class T>
 std::vector<NamedTensor> run_case(const PrimCase& c, Kernels<T>& k, Device& dev) {
-  return replay<T>(c, k, dev, false);
+  return replay<T>(c, k, dev, false, true);
+}
+template <class T>
+void validate_case(const PrimCase& c) {
+  const auto& table = op_table<T>();
+  auto it = table.find(c.op);
+  if (it == table.end()) fail(fmt::format("primitive case {}/{} (rank {}): unknown op '{}'", c.op, c.name, c.rank, c.op));
+  Scratch<T> s;
+  PrimCase& cc = const_cast<PrimCase&>(c);  // replay only reads it
+  Binder<T> b(Mode::replay, s.dev, s.dev.compute_stream(), cc, &s.k);
+  b.expect_outputs = true;
+  b.skip_call = true;
+  it->second.replay(b);
+  if (!b.uses_policy() && !c.policy.empty())
+    fail(fmt::format("primitive case {}/{} (rank {}): policy '{}' on an op without one (the file is corrupt)", c.op,
+                     c.name, c.rank, c.policy.substr(0, 64)));
+}
+void validate_cases(const PrimitivesFile& f) {
+  for (const PrimCase& c : f.cases) {
+    if (c.dtype == "f64") validate_case<double>(c);
+    else if (c.dtype == "f32") validate_case<float>(c);
+    else fail(fmt::format("primitive case {}/{} (rank {}): dtype '{}'", c.op, c.name, c.rank, c.dtype.substr(0, 64)));
+  }
 }
 template <class T>
 std::vector<NamedTensor> reference_outputs(const PrimCase& c) {
@@ -1286,6 +1375,7 @@ std::unique_ptr<Kernels<T>> make_perturbed_kernels(std::unique_ptr<Kernels<T>> i
 #define TD_INST(T)                                                                                                  \
   template std::vector<NamedTensor> run_case<T>(const PrimCase&, Kernels<T>&, Device&);                             \
   template std::vector<NamedTensor> reference_outputs<T>(const PrimCase&);                                          \
+  template void validate_case<T>(const PrimCase&);                                                                  \
   template std::unique_ptr<Kernels<T>> make_recording_kernels<T>(std::unique_ptr<Kernels<T>>, Device&, int,        \
                                                                  Recorder&);                                        \
   template std::unique_ptr<Kernels<T>> make_perturbed_kernels<T>(std::unique_ptr<Kernels<T>>, Device&, std::string, \

@@ -49,6 +49,8 @@ struct PrimCase {
   std::string repro;
 };
 
+struct PrimitivesFile;
+
 // Every op of Kernels<T>, in header order (on_moe_combined is a test hook, not an op).
 const std::vector<std::string>& kernel_ops();
 // The ops a step runs only with packed sequences (document masks: attn_doc_core_*; a step without documents runs
@@ -60,6 +62,16 @@ const std::vector<std::string>& dsa_only_ops();
 // Recomputes a case with `k` on `dev` (stream 0) and returns its outputs in the case's order.
 template <class T>
 std::vector<NamedTensor> run_case(const PrimCase& c, Kernels<T>& k, Device& dev);
+// Checks a case against its op's contract before any backend runs it (run_case checks the same): every scalar an
+// integer in [0, 2^31) (or a number / a flag), every input of the shape its scalars give, indices and positions in
+// range (tokens in [0, V), router selections in [0, E), row lists >= 0, positions inside the rope table and the
+// keys, document starts and DSA selections inside their rows), tile segments non-decreasing inside the rows, the
+// rope table of max_pos * D / 2 values, the policy present exactly on ops that take one, every output present with
+// the shape its scalars give, buffers at most a multiple of the case's data. Throws trident::Error naming the case.
+template <class T>
+void validate_case(const PrimCase& c);
+// validate_case for every case of `f` (each with its own dtype).
+void validate_cases(const PrimitivesFile& f);
 // The same with a fresh eager emulator device and CpuKernels: the reference outputs (also sum_abs).
 template <class T>
 std::vector<NamedTensor> reference_outputs(const PrimCase& c);
@@ -118,10 +130,18 @@ struct PrimitivesFile {
   int ranks = 1;
   std::vector<PrimCase> cases;
   std::vector<std::vector<CommRecord>> comm;  // per rank
+  // Set by read_primitives: the file has the checksum header (verified) / the case manifest (checked). Files
+  // written before they existed have neither; they still load (`check` prints a note).
+  bool checksum = false;
+  bool manifest = false;
 };
 std::vector<CommRecord> comm_records(const RankTrace& trace);
-void write_primitives(const std::string& path, const PrimitivesFile& f);
-PrimitivesFile read_primitives(const std::string& path);
+// Writes the checksum header and the case manifest unless opt.checksum is false (the layout of older files).
+void write_primitives(const std::string& path, const PrimitivesFile& f, const WriteOptions& opt = {});
+// The validating reader (docs/golden.md "What the primitive reader checks"): checksum, global heaps, schema, shapes
+// and stored sizes, the case manifest, the ranks; parsed in a forked child with a time limit unless opt.isolate is
+// false. Throws trident::Error naming the file and the item.
+PrimitivesFile read_primitives(const std::string& path, const ReadOptions& opt = {});
 
 // ---- checking ---------------------------------------------------------------------------------------------------
 struct CaseFailure {

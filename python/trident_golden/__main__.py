@@ -55,6 +55,9 @@ def main(argv=None):
         print(f"trident_golden: error: {a.impl} implements none of the {res.skipped} matching cases of {a.golden} "
               f"(it returned None for each)", file=sys.stderr)
         return 2
+    if not getattr(res, "sealed", True):
+        print(f"note: {a.golden} has no checksum and no case manifest (written before they existed): a flipped data "
+              f"bit or a deleted case goes unnoticed")
     for f in res.failures:
         print(f"FAIL {f.message}")
         print(f"  repro: {f.repro}")

@@ -33,6 +33,7 @@ class Result:
     passed: int = 0
     skipped: int = 0
     failures: list = field(default_factory=list)
+    sealed: bool = True   # the golden had the checksum and the case manifest
 
     @property
     def ok(self):
@@ -73,6 +74,7 @@ def check(golden, impl, op=None, case=None, rank=None, impl_name="module:functio
     Result. A filter that matches nothing raises NotFound (a KeyError) listing the ops, cases or ranks there are."""
     g = load_primitives(golden) if isinstance(golden, (str, os.PathLike)) else golden
     res = Result()
+    res.sealed = getattr(g, "sealed", False)
     for c in g.select(op or None, case or None, rank):
         out = impl(c.op, {k: v.copy() for k, v in c.inputs.items()}, dict(c.shapes))
         if out is None:

@@ -73,16 +73,24 @@ def as_array(ds):
 
 
 def verify_checksum(path):
-    """docs/golden.md "Checksum": True when the 512-byte header is there and matches, False for a file without one
-    (it starts with the HDF5 signature). Raises ValueError for a corrupt, truncated or extended file."""
+    """docs/golden.md "Checksum" (state dumps and primitive goldens share it): True when the 512-byte header is there
+    and matches, False for a file without one (it starts with the HDF5 signature: written before the checksum
+    existed). Raises ValueError for a corrupt, truncated or extended file."""
     with open(path, "rb") as fh:
         data = fh.read()
     if data.startswith(HDF5_SIGNATURE):
         return False
     lines = data[:512].split(b"\0", 1)[0].decode("ascii", "replace").splitlines()
     if not lines or lines[0] != "TRIDENT-STATE-CHECKSUM 1":
-        raise ValueError(f"{path}: not a state dump (no HDF5 signature, no checksum header)")
+        raise ValueError(f"{path}: not a Trident golden (no HDF5 signature, no checksum header)")
     fields = dict(line.split(" ", 1) for line in lines[1:] if " " in line)
+    try:
+        header = ("TRIDENT-STATE-CHECKSUM 1\nalgorithm crc32\npayload_offset 512\n"
+                  f"payload_bytes {int(fields['payload_bytes'])}\ncrc32 {int(fields['crc32'], 16):08x}\n")
+    except (KeyError, ValueError):
+        raise ValueError(f"{path}: the checksum header is corrupt") from None
+    if data[:512] != header.encode("ascii").ljust(512, b"\0"):
+        raise ValueError(f"{path}: the checksum header is corrupt")
     payload = data[512:]
     if len(payload) != int(fields.get("payload_bytes", -1)):
         raise ValueError(f"{path}: truncated or extended: {len(payload)} payload bytes, the header says "
@@ -209,6 +217,7 @@ class Primitives:
     repro: str
     cases: list = field(default_factory=list)
     comm: dict = field(default_factory=dict)   # rank -> list of {op, comm, seq, count, dtype, peer, recv_hash}
+    sealed: bool = False   # the file has the checksum header (verified) and the case manifest (checked)
 
     @property
     def ops(self):
@@ -279,9 +288,35 @@ def _read_cases(group, rank, out):
                 n_terms=json.loads(a["n_terms"]), tolerance=json.loads(a["tolerance"]), repro=_s(a["repro"])))
 
 
+def _check_manifest(p, f, g):
+    """The case manifest (root attribute `manifest`, files with a checksum): every case with its input, output and
+    sum_abs names per rank, and each rank's trace length; a missing or extra case, tensor or rank is an error."""
+    m = json.loads(_s(f.attrs["manifest"]))
+    if m.get("ranks") != g.ranks:
+        raise ValueError(f"{p}: attribute 'ranks' is {g.ranks}, the manifest says {m.get('ranks')}")
+    have = {(c.rank, c.op, c.name): c for c in g.cases}
+    for e in m.get("cases", []):
+        key = (e["rank"], e["op"], e["case"])
+        c = have.pop(key, None)
+        if c is None:
+            raise ValueError(f"{p}: case {e['op']}/{e['case']} of rank {e['rank']} is missing (the manifest lists it)")
+        for part, got in (("inputs", c.inputs), ("outputs", c.outputs), ("sum_abs", c.sum_abs)):
+            if list(got) != e.get(part):
+                raise ValueError(f"{p}: case {c.op}/{c.name} of rank {c.rank}: its {part} are {list(got)}, "
+                                 f"the manifest says {e.get(part)}")
+    if have:
+        r, op, name = next(iter(have))
+        raise ValueError(f"{p}: case {op}/{name} of rank {r} is not in the manifest")
+    comm = [len(g.comm.get(r, [])) for r in range(g.ranks)]
+    if comm != m.get("comm"):
+        raise ValueError(f"{p}: the communication traces have {comm} rows per rank, the manifest says {m.get('comm')}")
+
+
 def load_primitives(path):
-    """A primitives.h5 (or a directory holding one) as a Primitives object."""
+    """A primitives.h5 (or a directory holding one) as a Primitives object. The checksum header is verified before
+    h5py reads the file and the case manifest after (files written before both existed load with `.sealed` False)."""
     p = primitives_path(path)
+    sealed = verify_checksum(p)
     with h5py.File(p, "r") as f:
         if _s(f.attrs.get("schema", "")) != "trident-primitives":
             raise ValueError(f"{p}: not a Trident primitives file (attribute 'schema')")
@@ -299,4 +334,12 @@ def load_primitives(path):
                                    "count": int(c["count"][i]), "dtype": _s(c["dtype"][i]),
                                    "peer": int(c["peer"][i]), "recv_hash": int(c["recv_hash"][i])}
                                   for i in range(len(c["seq"]))]
+        if sorted(int(r) for r in f.get("ranks", {})) != list(range(g.ranks)):
+            raise ValueError(f"{p}: attribute 'ranks' is {g.ranks}, the file holds rank groups "
+                             f"{sorted(int(r) for r in f.get('ranks', {}))}")
+        if "manifest" in f.attrs:
+            _check_manifest(p, f, g)
+        elif sealed:
+            raise ValueError(f"{p}: the root attribute 'manifest' is missing (a file with a checksum always has one)")
+    g.sealed = sealed
     return g

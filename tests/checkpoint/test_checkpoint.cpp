@@ -7,7 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <H5Cpp.h>
+
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -16,6 +20,7 @@
 #include "emulator/run_step.h"
 #include "parallel/shard.h"
 #include "golden/checkpoint.h"
+#include "golden/state_dump.h"
 #include "reference/check.h"
 #include "reference/model/train.h"
 
@@ -491,6 +496,94 @@ TEST_F(Damaged, WrongDtypeAndIncompatibleRuns) {
   r.steps = 99;
   EXPECT_NO_THROW(golden::check_resumable(m, m.cfg, r, dir.string()));
 }
+// Re-seals every CRC after a deliberate edit (the damage happened before the checksum was made): only the validation
+// of the restored state can catch it.
+void reseal(const fs::path& dir) {
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  nlohmann::json m = nlohmann::json::parse(read(dir / "manifest.json"));
+  auto crc = [](const std::string& b) {
+    return fmt::format("{:08x}",
+                       golden::crc32(std::span<const std::byte>(reinterpret_cast<const std::byte*>(b.data()), b.size())));
+  };
+  for (auto& e : m["files"]) {
+    const std::string b = read(dir / e["path"].get<std::string>());
+    e["bytes"] = b.size();
+    e["crc32"] = crc(b);
+  }
+  m.erase("checksum");
+  m["checksum"] = crc(m.dump());
+  std::ofstream(dir / "manifest.json", std::ios::trunc) << m.dump(1) << "\n";
+}
+void set_value(const fs::path& file, const std::string& dataset, double v) {
+  H5::H5File f(file.string(), H5F_ACC_RDWR);
+  H5::DataSet ds = f.openDataSet(dataset);
+  H5::DataSpace sp = ds.getSpace();
+  std::vector<hsize_t> dims(static_cast<size_t>(sp.getSimpleExtentNdims()));
+  sp.getSimpleExtentDims(dims.data());
+  std::vector<hsize_t> coord(dims.size(), 0);
+  sp.selectElements(H5S_SELECT_SET, 1, coord.data());
+  hsize_t one = 1;
+  H5::DataSpace mem(1, &one);
+  ds.write(&v, H5::PredType::NATIVE_DOUBLE, mem, sp);
+}
+
+TEST_F(Damaged, NonFiniteOrImpossibleMomentsAreRefusedUnderAValidChecksum) {
+  const fs::path f = dir / "rank_00000.h5";
+  struct Bad {
+    std::string dataset;
+    double v;
+    std::string needle;
+  };
+  const std::vector<Bad> bad = {
+      {"exp_avg/layers.0.attn.wq", std::nan(""), "exp_avg of layers.0.attn.wq element 0 is nan"},
+      {"exp_avg/layers.0.attn.wq", INFINITY, "exp_avg of layers.0.attn.wq element 0 is inf"},
+      {"exp_avg/layers.0.attn.wq", 3e38, "exp_avg of layers.0.attn.wq element 0 is 3e+38"},
+      {"exp_avg_sq/embed", -1e-3, "exp_avg_sq of embed element 0 is -0.001"},
+      {"exp_avg_sq/embed", 3e38, "exp_avg_sq of embed element 0 is 3e+38"},
+      {"params/final_norm", -INFINITY, "params of final_norm element 0 is -inf"},
+  };
+  for (const Bad& b : bad) {
+    const fs::path copy = parent / "bad";
+    fs::remove_all(copy);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    set_value(copy / "rank_00000.h5", b.dataset, b.v);
+    reseal(copy);
+    expect_refused(copy, b.needle, b.dataset);
+    expect_refused(copy, "restored state is invalid", b.dataset);
+  }
+  (void)f;
+  // A value inside the bounds loads.
+  const fs::path copy = parent / "ok";
+  fs::copy(dir, copy, fs::copy_options::recursive);
+  set_value(copy / "rank_00000.h5", "exp_avg_sq/embed", 0.5);
+  reseal(copy);
+  EXPECT_EQ(load_error(copy), "");
+}
+TEST_F(Damaged, EveryManifestFieldIsChecked) {
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    const fs::path copy = parent / "m";
+    fs::remove_all(copy);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    std::ifstream in(copy / "manifest.json");
+    nlohmann::json m = nlohmann::json::parse(in);
+    in.close();
+    edit(m);
+    std::ofstream(copy / "manifest.json", std::ios::trunc) << m.dump(1);
+    reseal(copy);
+    expect_refused(copy, needle, needle);
+  };
+  edited([](nlohmann::json& m) { m["tensors"][0]["kind"] = "expert"; }, "has kind 'expert', its placement is 'dense'");
+  edited([](nlohmann::json& m) { m["tensors"][0]["trainable"] = false; }, "has trainable false");
+  edited([](nlohmann::json& m) { m["writer"] = "x"; }, "writer 'x'");
+  edited([](nlohmann::json& m) { m["data"]["kind"] = "file"; }, "data is not {kind: synthetic");
+  edited([](nlohmann::json& m) { m["extra"] = 1; }, "unknown key 'extra'");
+  edited([](nlohmann::json& m) { m.erase("generator"); }, "key 'generator' is missing");
+  edited([](nlohmann::json& m) { m["ep_chunks"] = 0; }, "ep_chunks 0");
+}
+
 TEST_F(Damaged, SaveRefusesToReplaceWhatIsNotACheckpoint) {
   const fs::path other = parent / "notes";
   fs::create_directories(other);

@@ -43,6 +43,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/command.h"
+#include "emulator/memory.h"
+#include "golden/checkpoint.h"
+#include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
 #include "parallel/layout.h"
 #include "planner/config.h"
@@ -66,7 +70,7 @@ struct Options {
   uint64_t seed = 20261201;
   int64_t cases = 3000;
   int64_t only_case = -1;
-  std::set<std::string> kinds = {"json", "toml", "run", "mesh", "plan", "h5"};
+  std::set<std::string> kinds = {"json", "toml", "run", "mesh", "plan", "h5", "prim", "ckpt", "cli"};
   int time_limit_s = 20;
   bool verbose = false;
   std::string source_dir = TRIDENT_SOURCE_DIR;
@@ -952,13 +956,422 @@ void h5_case(Rng& r, const std::vector<Base>& bases, const std::string& dir, Out
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Primitive goldens (primitives.h5): the bases are a few cases of the checked-in tiny golden, written with and
+// without the checksum and the case manifest, on one rank and on two. A case damages bytes, replaces an input
+// value (indices, segments, positions, sizes, the rope table), deletes a case, an output or a rank, or changes a
+// root attribute; then the file is read, every case validated against its op's contract and one of them
+// replayed with the reference kernels. Silent passes: a sealed file changed and not re-sealed that loads, and a
+// re-sealed file with a case, an output or a rank deleted (or `ranks` / `mesh` changed) that loads.
+
+struct PrimBase {
+  std::string path;
+  bool sealed = false;
+  int ranks = 1;
+  std::string name;
+};
+
+golden::PrimitivesFile prim_subset(const std::string& source_dir, int ranks) {
+  const golden::PrimitivesFile full =
+      golden::read_primitives(source_dir + "/golden/data/primitives/tiny/primitives.h5");
+  static const std::set<std::string> keep = {"mm", "wgrad_acc", "embedding_forward", "router_backward",
+                                             "moe_combine_backward", "gather_rows", "attn_qkv_forward",
+                                             "linear_ce_forward"};
+  golden::PrimitivesFile f = full;
+  f.cases.clear();
+  std::set<std::string> seen;
+  for (const golden::PrimCase& c : full.cases)
+    if (keep.count(c.op) && seen.insert(c.op).second) f.cases.push_back(c);
+  f.ranks = ranks;
+  f.mesh["spec"] = ranks == 1 ? "d_rep=1,fsdp=1,cp=1,e_fsdp=1,ep=1" : "d_rep=1,fsdp=2,cp=1,e_fsdp=1,ep=2";
+  f.comm.assign(static_cast<size_t>(ranks), full.comm.empty() ? std::vector<golden::CommRecord>{} : full.comm[0]);
+  if (ranks > 1) {
+    const size_t n = f.cases.size();
+    for (size_t i = 0; i < n; ++i) {
+      golden::PrimCase c = f.cases[i];
+      c.rank = 1;
+      f.cases.push_back(std::move(c));
+    }
+  }
+  return f;
+}
+
+// Every dataset and group path of a file (visited through the C API), sorted.
+std::vector<std::string> h5_paths(hid_t f, H5O_type_t type) {
+  struct Acc {
+    H5O_type_t type;
+    std::vector<std::string> out;
+  } acc{type, {}};
+  H5Ovisit(
+      f, H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t, const char* name, const H5O_info_t* info, void* d) -> herr_t {
+        auto* a = static_cast<Acc*>(d);
+        if (info->type == a->type && std::string(name) != ".") a->out.push_back(name);
+        return 0;
+      },
+      &acc);
+  std::sort(acc.out.begin(), acc.out.end());
+  return acc.out;
+}
+
+// Overwrites element `i` of a dataset with `v` (converted to the dataset's type by HDF5).
+void poke(hid_t ds, int64_t i, double v, bool as_int) {
+  hid_t sp = ck(H5Dget_space(ds));
+  const hssize_t n = H5Sget_simple_extent_npoints(sp);
+  if (n <= 0) {
+    H5Sclose(sp);
+    throw H5Fail{};
+  }
+  hsize_t coord[8] = {};
+  const int rank = H5Sget_simple_extent_ndims(sp);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 1)), 1);
+  if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+  int64_t rem = i % n;
+  for (int k = rank - 1; k >= 0; --k) {
+    coord[k] = static_cast<hsize_t>(rem % static_cast<int64_t>(dims[static_cast<size_t>(k)]));
+    rem /= static_cast<int64_t>(dims[static_cast<size_t>(k)]);
+  }
+  if (rank > 0) H5Sselect_elements(sp, H5S_SELECT_SET, 1, coord);
+  hsize_t one = 1;
+  hid_t mem = ck(H5Screate_simple(1, &one, nullptr));
+  herr_t st;
+  if (as_int) {
+    const int64_t x = static_cast<int64_t>(v);
+    st = H5Dwrite(ds, H5T_NATIVE_INT64, mem, rank > 0 ? sp : H5S_ALL, H5P_DEFAULT, &x);
+  } else {
+    st = H5Dwrite(ds, H5T_NATIVE_DOUBLE, mem, rank > 0 ? sp : H5S_ALL, H5P_DEFAULT, &v);
+  }
+  H5Sclose(mem);
+  H5Sclose(sp);
+  if (st < 0) throw H5Fail{};
+}
+
+void set_str_attr(hid_t obj, const char* name, const std::string& v) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  hid_t t = ck(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  hid_t sp = ck(H5Screate(H5S_SCALAR));
+  hid_t a = ck(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT));
+  const char* p = v.c_str();
+  const herr_t st = H5Awrite(a, t, &p);
+  H5Aclose(a), H5Sclose(sp), H5Tclose(t);
+  if (st < 0) throw H5Fail{};
+}
+std::string get_str_attr(hid_t obj, const char* name) {
+  hid_t a = ck(H5Aopen(obj, name, H5P_DEFAULT));
+  hid_t t = ck(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t, H5T_VARIABLE);
+  char* p = nullptr;
+  const herr_t st = H5Aread(a, t, &p);
+  std::string v = p ? p : "";
+  if (p) H5free_memory(p);
+  H5Tclose(t), H5Aclose(a);
+  if (st < 0) throw H5Fail{};
+  return v;
+}
+
+// A structural or value mutation of a primitive golden. `must_reject`: the reader must refuse the result when the
+// file carries a manifest (a deletion or a changed rank count).
+std::string prim_mutation(Rng& r, const std::string& file, bool& must_reject) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) throw H5Fail{};
+  std::string what;
+  try {
+    const std::vector<std::string> ds = h5_paths(f, H5O_TYPE_DATASET), gs = h5_paths(f, H5O_TYPE_GROUP);
+    std::vector<std::string> inputs, outputs, cases, ints;
+    for (const std::string& p : ds) {
+      if (p.find("/inputs/") != std::string::npos) inputs.push_back(p);
+      if (p.find("/outputs/") != std::string::npos) outputs.push_back(p);
+    }
+    for (const std::string& p : inputs) {
+      hid_t d = ck(H5Dopen2(f, p.c_str(), H5P_DEFAULT));
+      hid_t t = H5Dget_type(d);
+      if (H5Tget_class(t) == H5T_INTEGER) ints.push_back(p);
+      H5Tclose(t), H5Dclose(d);
+    }
+    for (const std::string& g : gs) {
+      const size_t at = g.rfind('/');
+      if (at != std::string::npos && g.find("primitives/") != std::string::npos && g.size() > at + 1 &&
+          g[at + 1] == 'c' && std::count(g.begin(), g.end(), '/') == (g.rfind("ranks/", 0) == 0 ? 4 : 2))
+        cases.push_back(g);
+    }
+    const int kind = static_cast<int>(r.range(0, 9));
+    if (kind <= 3 && !ints.empty()) {  // an index, segment, position or count
+      const std::string p = r.pick(ints);
+      const double v = r.pick<double>({-2147483648.0, -1, -2, 1e9, 2147483647.0, 4294967296.0, 1e15, 0, 1, 3, 64,
+                                       -100, 9.0e18});
+      hid_t d = ck(H5Dopen2(f, p.c_str(), H5P_DEFAULT));
+      const int64_t i = r.range(0, 1 << 20);
+      try {
+        poke(d, i, v, true);
+      } catch (...) {
+        H5Dclose(d);
+        throw;
+      }
+      H5Dclose(d);
+      what = fmt::format("{}[{}] = {:.0f}", p, i, v);
+    } else if (kind == 4 && !inputs.empty()) {  // a float input value
+      const std::string p = r.pick(inputs);
+      hid_t d = ck(H5Dopen2(f, p.c_str(), H5P_DEFAULT));
+      const double v = r.pick<double>({std::nan(""), INFINITY, -INFINITY, 1e38, -0.0, 3e38});
+      try {
+        poke(d, r.range(0, 1 << 20), v, false);
+      } catch (...) {
+        H5Dclose(d);
+        throw;
+      }
+      H5Dclose(d);
+      what = fmt::format("{} element = {}", p, v);
+    } else if (kind == 5) {  // the rope table (or another input) replaced by an empty dataset
+      std::vector<std::string> ropes;
+      for (const std::string& p : inputs)
+        if (p.find("rope.") != std::string::npos || r.coin(0.05)) ropes.push_back(p);
+      if (ropes.empty()) throw H5Fail{};
+      const std::string p = r.pick(ropes);
+      hid_t d = ck(H5Dopen2(f, p.c_str(), H5P_DEFAULT));
+      const std::string dt = get_str_attr(d, "dtype");
+      hid_t t = H5Dget_type(d);
+      H5Dclose(d);
+      if (H5Ldelete(f, p.c_str(), H5P_DEFAULT) < 0) throw H5Fail{};
+      hsize_t zero = 0;
+      hid_t sp = ck(H5Screate_simple(1, &zero, nullptr));
+      hid_t nd = ck(H5Dcreate2(f, p.c_str(), t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      set_str_attr(nd, "dtype", dt);
+      H5Dclose(nd), H5Sclose(sp), H5Tclose(t);
+      what = p + " replaced by an empty dataset";
+      must_reject = true;  // an empty input where its scalars say otherwise: refused with or without a manifest
+      if (p.find("rope.") == std::string::npos) must_reject = false;  // some inputs may legally be empty
+    } else if (kind == 6 && !cases.empty()) {  // a scalar of a case's shapes
+      const std::string g = r.pick(cases);
+      hid_t gid = ck(H5Gopen2(f, g.c_str(), H5P_DEFAULT));
+      json sh = json::parse(get_str_attr(gid, "shapes"));
+      std::vector<std::string> keys;
+      for (auto it = sh.begin(); it != sh.end(); ++it)
+        if (it->is_number_integer()) keys.push_back(it.key());
+      if (keys.empty()) {
+        H5Gclose(gid);
+        throw H5Fail{};
+      }
+      const std::string k = r.pick(keys);
+      sh[k] = r.pick<int64_t>({-1, 0, 1000000000, 2147483648, -2147483648, INT64_MAX, 3});
+      set_str_attr(gid, "shapes", sh.dump());
+      H5Gclose(gid);
+      what = fmt::format("{} shapes.{} = {}", g, k, sh[k].dump());
+    } else if (kind == 7 && !cases.empty()) {  // a case deleted
+      const std::string g = r.pick(cases);
+      if (H5Ldelete(f, g.c_str(), H5P_DEFAULT) < 0) throw H5Fail{};
+      what = g + " deleted";
+      must_reject = true;
+    } else if (kind == 8 && !outputs.empty()) {  // an output deleted
+      const std::string p = r.pick(outputs);
+      if (H5Ldelete(f, p.c_str(), H5P_DEFAULT) < 0) throw H5Fail{};
+      what = p + " deleted";
+      must_reject = true;
+    } else {  // the rank count or the mesh changed
+      hid_t root = ck(H5Gopen2(f, "/", H5P_DEFAULT));
+      if (r.coin()) {
+        const int64_t v = r.pick<int64_t>({1, 2, 3, 4, 0, -1, 65536});
+        H5Adelete(root, "ranks");
+        hid_t sp = ck(H5Screate(H5S_SCALAR));
+        hid_t a = ck(H5Acreate2(root, "ranks", H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT));
+        H5Awrite(a, H5T_NATIVE_INT64, &v);
+        H5Aclose(a), H5Sclose(sp);
+        what = fmt::format("root ranks = {}", v);
+        json mesh = json::parse(get_str_attr(root, "mesh"));
+        const MeshShape ms = parse_mesh(mesh["spec"].get<std::string>());
+        must_reject = v != ms.world();
+      } else {
+        json mesh = json::parse(get_str_attr(root, "mesh"));
+        const std::string spec = r.pick<std::string>({"d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", "d_rep=4", "cp=2,ep=2"});
+        const MeshShape before = parse_mesh(mesh["spec"].get<std::string>()), after = parse_mesh(spec);
+        mesh["spec"] = spec;
+        set_str_attr(root, "mesh", mesh.dump());
+        what = "root mesh spec = " + spec;
+        must_reject = before.world() != after.world();
+      }
+      H5Gclose(root);
+    }
+  } catch (...) {
+    H5Fclose(f);
+    throw;
+  }
+  if (H5Fclose(f) < 0) throw H5Fail{};
+  if (what.empty()) throw H5Fail{};
+  return what;
+}
+
+void prim_case(Rng& r, const std::vector<PrimBase>& bases, const std::string& dir, Outcome& o) {
+  const PrimBase& b = r.pick(bases);
+  const std::string file = dir + "/primitives.h5";
+  bool changed_unsealed = false, must_reject = false;
+  if (r.coin(0.4)) {
+    std::string w;
+    const std::string orig = read_file(b.path);
+    const std::string bytes = byte_mutation(r, orig, w);
+    write_file(file, bytes);
+    o.mutation = b.name + ", " + w;
+    changed_unsealed = b.sealed && bytes != orig;
+    if (b.sealed && r.coin(0.3)) {
+      try {
+        golden::seal_checksum(file);
+        o.mutation += ", re-sealed";
+        changed_unsealed = false;
+      } catch (const Error&) {
+        o.mutation += ", re-seal refused";
+      }
+    }
+  } else {
+    fs::copy_file(b.path, file, fs::copy_options::overwrite_existing);
+    try {
+      o.mutation = b.name + ", " + prim_mutation(r, file, must_reject);
+    } catch (const H5Fail&) {
+      std::exit(kSkipped);
+    }
+    must_reject = must_reject && (b.sealed || o.mutation.find("ranks =") != std::string::npos ||
+                                  o.mutation.find("mesh spec") != std::string::npos ||
+                                  o.mutation.find("rope.") != std::string::npos);
+    if (b.sealed) {
+      if (r.coin(0.9)) {
+        golden::seal_checksum(file);
+        o.mutation += ", re-sealed";
+      } else {
+        changed_unsealed = true;
+      }
+    }
+  }
+  o.announce();
+  const golden::PrimitivesFile f = golden::read_primitives(file, {.isolate = r.coin(0.5)});
+  golden::validate_cases(f);
+  if (changed_unsealed) invariant("a sealed primitive golden changed without re-sealing loaded (silent pass)");
+  if (must_reject) invariant("a damaged primitive golden loaded and validated (silent pass)");
+  // Loaded and valid: a case replays with the reference kernels (an Error is fine, a crash is not).
+  for (int k = 0; k < 1 && !f.cases.empty(); ++k) {
+    const golden::PrimCase& c = r.pick(f.cases);
+    const auto out = c.dtype == "f64" ? golden::reference_outputs<double>(c) : golden::reference_outputs<float>(c);
+    if (out.size() != c.outputs.size()) invariant("a replayed case gives another number of outputs than it stores");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Checkpoint values: one small checkpoint (the micro model, one rank, step 3); a case sets one value of a rank file
+// (params, exp_avg, exp_avg_sq) to NaN, an infinity, a huge, negative or ordinary number, or edits a manifest field,
+// and re-seals the CRCs (or not). Invalid restored state must be refused (never loaded: a silent pass), valid state
+// must load.
+
+std::string g_ckpt_base;
+
+void reseal_checkpoint(const std::string& dir) {
+  json m = json::parse(read_file(dir + "/manifest.json"));
+  for (json& e : m["files"]) {
+    const std::string b = read_file(dir + "/" + e["path"].get<std::string>());
+    e["bytes"] = b.size();
+    e["crc32"] = fmt::format("{:08x}", golden::crc32(std::span<const std::byte>(
+                                           reinterpret_cast<const std::byte*>(b.data()), b.size())));
+  }
+  m.erase("checksum");
+  const std::string c = m.dump();
+  m["checksum"] =
+      fmt::format("{:08x}", golden::crc32(std::span<const std::byte>(reinterpret_cast<const std::byte*>(c.data()),
+                                                                     c.size())));
+  write_file(dir + "/manifest.json", m.dump(1) + "\n");
+}
+
+void ckpt_case(Rng& r, const std::string& dir, Outcome& o) {
+  const std::string ck_dir = dir + "/ck";
+  fs::copy(g_ckpt_base, ck_dir, fs::copy_options::recursive);
+  bool valid = true;
+  if (r.coin(0.8)) {  // a value
+    const std::string file = ck_dir + "/rank_00000.h5";
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    if (f < 0) std::exit(kSkipped);
+    const std::vector<std::string> ds = h5_paths(f, H5O_TYPE_DATASET);
+    if (ds.empty()) std::exit(kSkipped);
+    const std::string p = r.pick(ds);
+    const bool is_v = p.rfind("exp_avg_sq/", 0) == 0, is_m = p.rfind("exp_avg/", 0) == 0;
+    const double v = r.pick<double>({std::nan(""), INFINITY, -INFINITY, 3e38, -3e38, -1e-30, -1.0, 0.5, -0.5, 1e-3,
+                                     0.0, 1.5, 2.5, 5.0});
+    bool ok = std::isfinite(v);
+    if (is_v) ok = ok && v >= 0 && v <= 4.0;
+    if (is_m) ok = ok && std::fabs(v) <= 2.0;
+    hid_t d = H5Dopen2(f, p.c_str(), H5P_DEFAULT);
+    try {
+      poke(d, r.range(0, 1 << 16), v, false);
+    } catch (const H5Fail&) {
+      H5Dclose(d), H5Fclose(f);
+      std::exit(kSkipped);
+    }
+    H5Dclose(d);
+    H5Fclose(f);
+    valid = ok;
+    o.mutation = fmt::format("{} element = {}", p, v);
+  } else {  // a manifest field
+    json m = json::parse(read_file(ck_dir + "/manifest.json"));
+    switch (r.range(0, 5)) {
+      case 0: m["tensors"][static_cast<size_t>(r.range(0, 3))]["kind"] = r.pick<std::string>({"expert", "buffer", "x"}); break;
+      case 1: m["writer"] = "someone"; break;
+      case 2: m["data"]["kind"] = "file"; break;
+      case 3: m["extra"] = 1; break;
+      case 4: m["tensors"][0]["trainable"] = false; break;
+      default: m["generator"] = 7; break;
+    }
+    write_file(ck_dir + "/manifest.json", m.dump(1));
+    valid = false;
+    o.mutation = "manifest field edited";
+  }
+  const bool reseal = r.coin(0.9);
+  if (reseal) reseal_checkpoint(ck_dir);
+  else o.mutation += ", not re-sealed";
+  o.announce();
+  const model::TrainState<float> st = golden::load_checkpoint<float>(ck_dir);
+  if (!valid || !reseal) invariant("an invalid or stale checkpoint loaded (silent pass)");
+  (void)st;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Command-line numbers: the option validators and number parsers of the CLI (positive integers, byte sizes, world
+// ranges). Accepted values must be what they claim; NaN, infinities, values beyond the type and junk are refused.
+
+void cli_case(Rng& r, Outcome& o) {
+  std::vector<std::string> lit = kIntLiterals;
+  lit.insert(lit.end(), kFloatLiterals.begin(), kFloatLiterals.end());
+  for (const char* x : {"nan", "NaN", "-nan", "inf", "-inf", "Infinity", "", " ", " 1", "1 ", "0x10", "1e3", "+5",
+                        "1.5", "abc", "999999999999999999999999999999", "1GiB", "8 GiB", "1e20GiB", "nanGiB",
+                        "-1GiB", "0GiB", "1:0", "0:1", "1:", ":1", "1:100001"})
+    lit.push_back(x);
+  std::string v = r.pick(lit);
+  if (r.coin(0.2)) v += r.pick<std::string>({"GiB", "MiB", "B", "x", ":4", ":9999999999"});
+  const int which = static_cast<int>(r.range(0, 2));
+  o.mutation = fmt::format("'{}' as {}", v, which == 0 ? "a positive integer" : which == 1 ? "bytes" : "a world range");
+  o.announce();
+  if (which == 0) {
+    std::string copy = v;
+    const std::string err = cli::positive_int()(copy);
+    if (err.empty()) {
+      size_t used = 0;
+      const long long x = std::stoll(v, &used);
+      if (used != v.size() || x < 1) invariant("positive_int accepted '" + v + "'");
+    }
+    if (!err.empty()) throw Error(err);
+  } else if (which == 1) {
+    const double b = emu::parse_bytes(v);
+    if (!std::isfinite(b) || !(b >= 1)) invariant(fmt::format("parse_bytes('{}') = {}", v, b));
+  } else {
+    int64_t lo = 0, hi = 0;
+    planner::parse_world_range(v, lo, hi);
+    if (lo < 1 || hi < lo || hi - lo > 100000) invariant(fmt::format("world range '{}' = {}:{}", v, lo, hi));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Driver
 
 const char* kind_of(int64_t i) {
-  static const char* schedule[12] = {"json", "toml", "h5",  "json", "h5", "run",
-                                     "toml", "h5",   "mesh", "json", "h5", "plan"};
-  return schedule[i % 12];
+  static const char* schedule[16] = {"json", "toml", "h5",   "prim", "json", "h5",   "run", "ckpt",
+                                     "toml", "h5",   "mesh", "prim", "json", "cli",  "h5",  "plan"};
+  return schedule[i % 16];
 }
+
+std::vector<PrimBase> g_prim_bases;
 
 // Runs case i in the current process; returns the exit code (kLoaded/kRejected/...), message in `msg`.
 int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, const std::string& dir, Outcome& o,
@@ -971,6 +1384,9 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
     else if (kind == "run") run_config_case(r, o);
     else if (kind == "mesh") mesh_case(r, o);
     else if (kind == "plan") plan_case(r, opt.source_dir, dir, o);
+    else if (kind == "prim") prim_case(r, g_prim_bases, dir, o);
+    else if (kind == "ckpt") ckpt_case(r, dir, o);
+    else if (kind == "cli") cli_case(r, o);
     else h5_case(r, bases, dir, o);
     return kLoaded;
   } catch (const Error& e) {
@@ -990,7 +1406,7 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
 
 int usage() {
   std::fprintf(stderr,
-               "usage: fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,mesh,plan,h5]\n"
+               "usage: fuzz_inputs [--seed S] [--cases N] [--case I] [--kinds json,toml,run,mesh,plan,h5,prim,ckpt,cli]\n"
                "                   [--time-limit SEC] [--verbose] [--source-dir DIR] [--keep DIR] [--no-isolation]\n");
   return 2;
 }
@@ -1059,6 +1475,40 @@ int main(int argc, char** argv) {
     const std::string g = opt.source_dir + "/golden/data/micro_fp32_step1.h5";
     if (fs::exists(g)) bases.push_back({g, false, "golden/data/micro_fp32_step1.h5"});
     for (const Base& b : bases) golden::read_state(b.path);  // the bases themselves load
+  }
+  if (opt.kinds.count("prim")) {  // primitive goldens: 1 and 2 ranks, with and without the checksum and manifest
+    for (int ranks : {1, 2}) {
+      const golden::PrimitivesFile f = prim_subset(opt.source_dir, ranks);
+      for (bool sealed : {true, false}) {
+        const std::string tag = fmt::format("{} rank(s) {}", ranks, sealed ? "sealed" : "legacy");
+        g_prim_bases.push_back({(work / fmt::format("prim_{}_{}.h5", ranks, sealed)).string(), sealed, ranks,
+                                "primitives " + tag});
+        golden::write_primitives(g_prim_bases.back().path, f, {.checksum = sealed});
+        golden::validate_cases(golden::read_primitives(g_prim_bases.back().path));
+      }
+    }
+  }
+  if (opt.kinds.count("ckpt")) {  // a one-rank checkpoint of the micro model at step 3, moments inside their bounds
+    const model::Config cfg = goldentest::micro_config(128, 0);
+    golden::CheckpointMeta meta;
+    meta.writer = "train";
+    meta.cfg = cfg;
+    meta.mesh = parse_mesh("d_rep=1");
+    meta.step = 3;
+    model::TrainState<float> st;
+    st.params = model::ParamSet<float>::init(cfg, 1);
+    st.m = model::ParamSet<float>::zeros(cfg);
+    st.v = model::ParamSet<float>::zeros(cfg);
+    st.step = 3;
+    std::mt19937_64 g(opt.seed);
+    for (size_t p = 0; p < st.m.t.size(); ++p)
+      for (size_t i = 0; i < st.m.t[p].data.size(); ++i) {
+        st.m.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 2001) / 1000.0 - 1.0) * 0.01f;
+        st.v.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 1000) / 1000.0) * 1e-4f;
+      }
+    g_ckpt_base = (work / "ckpt_base").string();
+    golden::save_checkpoint<float>(g_ckpt_base, meta, st);
+    (void)golden::load_checkpoint<float>(g_ckpt_base);
   }
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -9,6 +9,12 @@
 #include <map>
 #include <set>
 
+#include <hdf5.h>
+
+#include <functional>
+#include <iterator>
+
+#include "emulator/device.h"
 #include "emulator/run_step.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
@@ -20,6 +26,13 @@ namespace {
 using namespace trident;
 using namespace trident::golden;
 namespace fs = std::filesystem;
+
+// Whether the file starts with the checksum header (not the HDF5 signature), so an edit made on purpose re-seals it.
+bool verify_checksum_status(const std::string& path) {
+  char head[4] = {};
+  std::ifstream(path, std::ios::binary).read(head, 4);
+  return std::string(head, 4) == "TRID";
+}
 
 struct TempDir {
   fs::path p;
@@ -64,7 +77,15 @@ const PrimitivesFile& recorded() {
     write_primitives(path.string(), out);
     PrimitivesFile back = read_primitives(path.string());
     fs::remove(path);
-    back.comm = out.comm;  // (the reader does not load traces; compared separately below)
+    EXPECT_TRUE(back.checksum && back.manifest);
+    EXPECT_EQ(back.comm.size(), out.comm.size());
+    for (size_t r = 0; r < std::min(back.comm.size(), out.comm.size()); ++r) {
+      EXPECT_EQ(back.comm[r].size(), out.comm[r].size());
+      for (size_t i = 0; i < std::min(back.comm[r].size(), out.comm[r].size()); ++i)
+        EXPECT_TRUE(back.comm[r][i].op == out.comm[r][i].op && back.comm[r][i].seq == out.comm[r][i].seq &&
+                    back.comm[r][i].recv_hash == out.comm[r][i].recv_hash && back.comm[r][i].peer == out.comm[r][i].peer)
+            << "rank " << r << " record " << i;
+    }
     EXPECT_EQ(back.cases.size(), out.cases.size());
     for (size_t i = 0; i < std::min(back.cases.size(), out.cases.size()); ++i) {
       EXPECT_EQ(back.cases[i].op, out.cases[i].op);
@@ -259,7 +280,7 @@ TEST(Primitives, BadFilesAreOneError) {
     read_primitives(junk);
     ADD_FAILURE() << "junk accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not an HDF5 file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a primitive golden"), std::string::npos) << e.what();
   }
   // A state dump is HDF5 but not a primitives file.
   try {
@@ -268,6 +289,207 @@ TEST(Primitives, BadFilesAreOneError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a primitives file"), std::string::npos) << e.what();
   }
+}
+
+// ---- The validating reader and the op contracts (docs/golden.md "What the primitive reader checks") --------------
+
+// The checked-in tiny golden rewritten (with the checksum and the case manifest unless `sealed` is false) into `path`.
+PrimitivesFile tiny_copy(const std::string& path, bool sealed = true, int ranks = 1) {
+  PrimitivesFile f = read_primitives(fmt::format("{}/primitives/tiny/primitives.h5", TRIDENT_GOLDEN_DATA));
+  EXPECT_FALSE(f.checksum);  // written before the checksum existed: still read
+  if (ranks > 1) {
+    const size_t n = f.cases.size();
+    for (size_t i = 0; i < n; ++i) {
+      PrimCase c = f.cases[i];
+      c.rank = 1;
+      f.cases.push_back(std::move(c));
+    }
+    f.ranks = ranks;
+    f.mesh["spec"] = "d_rep=1,fsdp=2,cp=1,e_fsdp=1,ep=2";
+    f.comm.push_back(f.comm[0]);
+  }
+  write_primitives(path, f, {.checksum = sealed});
+  return f;
+}
+
+// Runs `edit` on the open file (HDF5 C API), then re-seals the checksum when the file has one (an edit made on
+// purpose, so only the manifest or the op contracts can catch it).
+void edit_h5(const std::string& path, const std::function<void(hid_t)>& edit) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  edit(f);
+  ASSERT_GE(H5Fclose(f), 0);
+  if (verify_checksum_status(path)) seal_checksum(path);
+}
+
+template <class U>
+void set_element(hid_t f, const std::string& ds, int64_t i, U v, hid_t mem_type) {
+  hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  ASSERT_GE(d, 0) << ds;
+  hid_t sp = H5Dget_space(d);
+  const int rank = H5Sget_simple_extent_ndims(sp);
+  std::vector<hsize_t> dims(static_cast<size_t>(rank)), coord(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+  for (int k = rank - 1; k >= 0; --k) {
+    coord[static_cast<size_t>(k)] = static_cast<hsize_t>(i) % dims[static_cast<size_t>(k)];
+    i /= static_cast<int64_t>(dims[static_cast<size_t>(k)]);
+  }
+  H5Sselect_elements(sp, H5S_SELECT_SET, 1, coord.data());
+  hsize_t one = 1;
+  hid_t mem = H5Screate_simple(1, &one, nullptr);
+  EXPECT_GE(H5Dwrite(d, mem_type, mem, sp, H5P_DEFAULT, &v), 0);
+  H5Sclose(mem), H5Sclose(sp), H5Dclose(d);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+#define EXPECT_ERROR(expr, text) EXPECT_NE(error_of([&] { (void)(expr); }).find(text), std::string::npos) << error_of([&] { (void)(expr); })
+
+TEST(PrimitiveReader, NewFilesCarryAChecksumAndAManifestOldFilesStillLoad) {
+  TempDir td;
+  const std::string p = (td.p / "p.h5").string();
+  const PrimitivesFile f = tiny_copy(p);
+  const PrimitivesFile back = read_primitives(p);
+  EXPECT_TRUE(back.checksum);
+  EXPECT_TRUE(back.manifest);
+  ASSERT_EQ(back.cases.size(), f.cases.size());
+  for (size_t i = 0; i < f.cases.size(); ++i) {  // the same tensor bits as the checked-in file
+    EXPECT_EQ(back.cases[i].inputs, f.cases[i].inputs);
+    EXPECT_EQ(back.cases[i].outputs, f.cases[i].outputs);
+    EXPECT_EQ(back.cases[i].sum_abs, f.cases[i].sum_abs);
+  }
+  validate_cases(back);
+  const PrimitivesFile legacy = read_primitives(fmt::format("{}/primitives/tiny-dsa/primitives.h5", TRIDENT_GOLDEN_DATA));
+  EXPECT_FALSE(legacy.checksum || legacy.manifest);
+  validate_cases(legacy);
+}
+
+TEST(PrimitiveReader, FlippedDataBitsAreACorruptFileNotANumericsFailure) {
+  TempDir td;
+  const std::string p = (td.p / "p.h5").string();
+  tiny_copy(p);
+  std::string bytes;
+  {
+    std::ifstream in(p, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (size_t at : {bytes.size() / 3, bytes.size() / 2, bytes.size() - 100}) {
+    std::string b = bytes;
+    b[at] ^= 0x10;
+    std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+    EXPECT_ERROR(read_primitives(p), "checksum mismatch");
+  }
+}
+
+TEST(PrimitiveReader, ADeletedCaseOutputOrRankIsAnError) {
+  TempDir td;
+  const std::string p = (td.p / "p.h5").string();
+  tiny_copy(p);
+  edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/mm/c0", H5P_DEFAULT), 0); });
+  EXPECT_ERROR(read_primitives(p), "case mm/c0 of rank 0 is missing");
+  tiny_copy(p);
+  edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/mm/c0/outputs/C", H5P_DEFAULT), 0); });
+  EXPECT_ERROR(read_primitives(p), "case mm/c0 of rank 0: its outputs are [], the manifest says [\"C\"]");
+  // Without a manifest (an older file) the op's contract still names the missing output.
+  tiny_copy(p, false);
+  edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0/outputs/dst", H5P_DEFAULT), 0); });
+  EXPECT_ERROR(validate_cases(read_primitives(p)), "gather_rows/c0 (rank 0): output 'dst' is missing");
+  // The ranks attribute halved on a 2-rank file, with or without a manifest.
+  for (bool sealed : {true, false}) {
+    tiny_copy(p, sealed, 2);
+    edit_h5(p, [](hid_t f) {
+      hid_t root = H5Gopen2(f, "/", H5P_DEFAULT);
+      const int64_t one = 1;
+      hid_t a = H5Aopen(root, "ranks", H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_INT64, &one);
+      H5Aclose(a), H5Gclose(root);
+    });
+    EXPECT_ERROR(read_primitives(p), "attribute 'ranks' is 1");
+  }
+}
+
+TEST(PrimitiveReader, EveryInputIsRangeCheckedBeforeAKernelRuns) {
+  TempDir td;
+  const std::string p = (td.p / "p.h5").string();
+  struct Edit {
+    std::string dataset;
+    int64_t value;
+    std::string message;
+  };
+  const std::vector<Edit> edits = {
+      {"primitives/gather_rows/c0/inputs/idx", -2147483648, "input 'idx' element 0 is -2147483648"},
+      {"primitives/embedding_forward/c0/inputs/tokens", -2147483648, "input 'tokens' element 0 is -2147483648"},
+      {"primitives/wgrad_acc/c0/inputs/segs", 1000000000, "input 'segs' is not non-decreasing"},
+      {"primitives/router_backward/c0/inputs/sel", 1000000, "input 'sel' element 0 is 1000000, outside [0, 8)"},
+      {"primitives/attn_qkv_forward/c0/inputs/pos", 1 << 30, "input 'pos' element 0 is 1073741824"},
+      {"primitives/linear_ce_forward/c0/inputs/targets", -7, "input 'targets' element 0 is -7"},
+  };
+  for (const Edit& e : edits) {
+    tiny_copy(p);
+    edit_h5(p, [&](hid_t f) { set_element<int64_t>(f, e.dataset, 0, e.value, H5T_NATIVE_INT64); });
+    const PrimitivesFile f = read_primitives(p);  // sealed again on purpose: the contract check is what catches it
+    EXPECT_ERROR(validate_cases(f), e.message) << e.dataset;
+    // run_case (what every backend's check calls) checks the same before any kernel runs.
+    for (const PrimCase& c : f.cases)
+      if (e.dataset.find("/" + c.op + "/") != std::string::npos) {
+        RankTrace trace;
+        emu::EmuDevice dev(0, trace, emu::DeviceOptions{.record_trace = false});
+        CpuKernels<float> k(dev);
+        EXPECT_ERROR(run_case<float>(c, k, dev), e.message) << e.dataset;
+        break;
+      }
+  }
+  // The rope table replaced by an empty dataset (in a file without a manifest, which would name the re-created
+  // dataset's new position first).
+  tiny_copy(p, false);
+  edit_h5(p, [](hid_t f) {
+    hid_t d = H5Dopen2(f, "primitives/attn_qkv_forward/c0/inputs/rope.cos", H5P_DEFAULT);
+    hid_t t = H5Dget_type(d);
+    H5Dclose(d);
+    H5Ldelete(f, "primitives/attn_qkv_forward/c0/inputs/rope.cos", H5P_DEFAULT);
+    hsize_t zero = 0;
+    hid_t sp = H5Screate_simple(1, &zero, nullptr);
+    hid_t nd = H5Dcreate2(f, "primitives/attn_qkv_forward/c0/inputs/rope.cos", t, sp, H5P_DEFAULT, H5P_DEFAULT,
+                          H5P_DEFAULT);
+    hid_t st = H5Tcopy(H5T_C_S1);
+    H5Tset_size(st, H5T_VARIABLE);
+    hid_t ss = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(nd, "dtype", st, ss, H5P_DEFAULT, H5P_DEFAULT);
+    const char* f32 = "f32";
+    H5Awrite(a, st, &f32);
+    H5Aclose(a), H5Sclose(ss), H5Tclose(st), H5Dclose(nd), H5Sclose(sp), H5Tclose(t);
+  });
+  EXPECT_ERROR(validate_cases(read_primitives(p)), "input 'rope.cos' has 0 values");
+}
+
+TEST(PrimitiveReader, ADamagedGlobalHeapIsAnErrorNotACrash) {
+  TempDir td;
+  const std::string p = (td.p / "p.h5").string();
+  std::string bytes;
+  {
+    std::ifstream in(fmt::format("{}/primitives/tiny-dsa/primitives.h5", TRIDENT_GOLDEN_DATA), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  int tried = 0;
+  for (size_t at = bytes.find("GCOL"); at != std::string::npos && tried < 6; at = bytes.find("GCOL", at + 1), ++tried) {
+    for (size_t off : {size_t{16}, size_t{24}, size_t{40}}) {  // an object's index, size and data
+      std::string b = bytes;
+      if (at + off + 8 > b.size()) continue;
+      for (int k = 0; k < 8; ++k) b[at + off + static_cast<size_t>(k)] = '\x7f';
+      std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+      try {
+        validate_cases(read_primitives(p));  // loading is fine when the damage hit nothing HDF5 or we use
+      } catch (const Error&) {
+      }
+    }
+  }
+  EXPECT_GT(tried, 0);
 }
 
 // ---- AdamW moments: a dump after step 3 is checkable on its own -------------------------------------------------

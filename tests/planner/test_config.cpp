@@ -7,6 +7,7 @@
 
 #include "planner/config.h"
 #include "planner/plan.h"
+#include "planner/report.h"
 #include "planner/run.h"
 #include "reference/check.h"
 #include "tests/error_of.h"
@@ -133,8 +134,8 @@ TEST(PlannerConfig, BadInputNamesTheKey) {
       {"mesh key missing", [](json& j) { j["mesh"].erase("ep"); }, "mesh.ep: missing"},
       {"world mismatch", [](json& j) { j["cluster"]["world"] = 128; },
        "d_rep*fsdp*cp = 256 but the world size is 128: use cluster.world = 256 or a mesh of 128 ranks"},
-      {"huge mesh axis", [](json& j) { j["mesh"]["fsdp"] = 9e15; }, "mesh.fsdp: must be <= 16777216 GPUs"},
-      {"huge nvl", [](json& j) { j["cluster"]["nvl"] = 1e12; }, "cluster.nvl: must be <= 16777216 GPUs"},
+      {"huge mesh axis", [](json& j) { j["mesh"]["fsdp"] = 9e15; }, "mesh.fsdp: must be <= 16777216"},
+      {"huge nvl", [](json& j) { j["cluster"]["nvl"] = 1e12; }, "cluster.nvl: must be <= 16777216"},
       {"recipe range", [](json& j) { j["recipe"] = {{"local_seq_min", 65536}}; }, "recipe.local_seq_min: must be <="},
   };
   for (const auto& c : cases) {
@@ -230,4 +231,43 @@ TEST(PlannerConfig, PlacementRulesAreWarnings) {
   EXPECT_EQ(c72.gpus_per_domain, 64);
   EXPECT_EQ(c72.domains, 4);
   EXPECT_TRUE(placement_warnings(n72, *n72.mesh, c72).empty());
+}
+
+// Values beyond the integer type are refused, never clamped; every input has an upper bound; zero sizes are errors.
+TEST(PlannerConfig, ValuesBeyondTheTypeOrTheBoundAreRefusedNotClamped) {
+  auto with = [](const std::string& sec, const std::string& key, const json& v) {
+    json j = example("nvl72_1m.json");
+    j[sec][key] = v;
+    return error_of([&] { parse_config(j, "x.json"); });
+  };
+  const json big = json::parse("9223372036854775808");  // 2^63: an unsigned JSON integer
+  EXPECT_NE(with("model", "layers", big).find("model.layers: must be <= 65536, got 9223372036854775808 (beyond the "
+                                              "64-bit integer range)"),
+            std::string::npos)
+      << with("model", "layers", big);
+  EXPECT_NE(with("model", "layers", json::parse("18446744073709551615")).find("beyond the 64-bit integer range"),
+            std::string::npos);
+  EXPECT_NE(with("model", "layers", INT64_MAX).find("model.layers: must be <= 65536"), std::string::npos);
+  EXPECT_NE(with("model", "experts", int64_t{1} << 31).find("model.experts: must be <= 1048576"), std::string::npos);
+  EXPECT_NE(with("cluster", "gpu_memory_gb", 1e20).find("cluster.gpu_memory_gb: must be <= 1e+06"), std::string::npos);
+  EXPECT_NE(with("model", "params", 1.7e308).find("model.params: must be <= 1e+16"), std::string::npos);
+  EXPECT_NE(with("workload", "attn_to_linear", 1e300).find("workload.attn_to_linear: must be <="), std::string::npos);
+  EXPECT_NE(with("model", "kv_latent_bytes_per_token", 0).find("model.kv_latent_bytes_per_token: must be > 0, got 0"),
+            std::string::npos);
+  EXPECT_NE(with("model", "kv_latent_bytes_per_token", -0.0).find("must be > 0, got 0"), std::string::npos);
+  EXPECT_NE(with("model", "vocab", 0).find("model.vocab: must be a positive integer, got 0"), std::string::npos);
+  EXPECT_NE(with("mesh", "cp", 1e300).find("mesh.cp: expected an integer"), std::string::npos);
+  // At the bounds: accepted.
+  EXPECT_EQ(with("cluster", "gpu_memory_gb", 1e6), "");
+}
+
+// The chart's size does not grow with a value: a 1 PB GPU gives an SVG as small as a 200 GB one.
+TEST(PlannerConfig, SvgSizeIsBounded) {
+  json j = example("nvl72_1m.json");
+  j["cluster"]["gpu_memory_gb"] = 1e6;
+  const PlanInput in = parse_config(j, "x.json");
+  const std::string svg = render_svg(in, *in.mesh, evaluate(in, *in.mesh));
+  EXPECT_LT(svg.size(), 16000u);
+  const PlanInput small = load_config(ex("nvl72_1m.json"));
+  EXPECT_LT(svg.size(), render_svg(small, *small.mesh, evaluate(small, *small.mesh)).size() + 2000);
 }
