@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "emulator/trace_hash.h"
 #include "parallel/device.h"
 #include "parallel/trace.h"
 
@@ -48,6 +49,9 @@ struct DeviceOptions {
   bool check_hazards = false;    // forced on in deferred mode
   bool strict_memory = false;    // a declared access outside device memory is an error (else not tracked)
   bool record_trace = true;
+  // The hash of received bytes in the trace (TraceEntry::recv_hash, emulator/trace_hash.h): FNV-1a 64 (the value
+  // the goldens store) or XXH64 (faster; for comparing two runs, as `trident fuzz` does).
+  RecvHash recv_hash = RecvHash::fnv1a64;
   // Device memory of the rank, in bytes (0: no limit but the host's): an allocation past it fails like an
   // out-of-memory allocation (one error naming the rank, the size and the call site). A test hook for OOM handling.
   int64_t max_bytes = 0;

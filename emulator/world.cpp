@@ -450,18 +450,12 @@ struct World {
 
 // ------------------------------------------------------------------------------------------------------------
 // Device: emulator/device.h. The trace entry of a communication call:
-// FNV-1a 64 of the bytes a rank received (TraceEntry::recv_hash).
-uint64_t fnv1a64(const void* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
+// The hash of the bytes a rank received (TraceEntry::recv_hash): the device's choice (emulator/trace_hash.h).
 void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes,
                 const void* recv = nullptr, size_t recv_bytes = 0) {
   if (!dev.tracing()) return;
   TraceEntry t;
-  if (recv && recv_bytes) t.recv_hash = fnv1a64(recv, recv_bytes);
+  if (recv && recv_bytes) t.recv_hash = recv_hash(dev.options().recv_hash, recv, recv_bytes);
   t.kind = kind;
   t.name = std::string(to_string(c.op));
   t.comm = g.name;

@@ -24,7 +24,8 @@ struct TraceEntry {
   ReduceOp redop = ReduceOp::sum;
   uint64_t count = 0;       // NCCL count argument
   int peer = -1;            // broadcast/reduce: root; send/recv: peer (communicator rank)
-  uint64_t recv_hash = 0;   // communication: FNV-1a 64 of the bytes this rank received (0: none received or not
+  uint64_t recv_hash = 0;   // communication: hash of the bytes this rank received (FNV-1a 64 unless the device
+                            // chose XXH64, emulator/trace_hash.h; 0: none received or not
                             // recorded, e.g. the all_to_all helpers); a failing backend's first differing collective
   // sizes
   int64_t bytes = 0;        // communication: OpStats bytes; compute: the launch's bytes
