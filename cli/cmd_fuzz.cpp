@@ -1,7 +1,9 @@
 // `trident fuzz`: property-based fuzzing of sharding layouts for a model config (docs/fuzz.md). Draws valid layouts
 // (fuzz/layout.h, the generator the step property tests use), checks every property of each (fuzz/check.h), shrinks
 // a failure to a minimal layout and prints it as one `trident emulate ...` line. Exit 0: every property held; 1: one
-// failed; 2: bad input.
+// failed; 2: bad input. Under mpirun every layout runs on the MPI backend (docs/fuzz.md section 7): every process
+// draws the same layouts from the same seed, with the ranks per process drawn with the world, and process 0's
+// verdicts are every process's, so they run the same cases and shrink the same way.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +26,9 @@
 #include "reference/check.h"
 #include "reference/repro.h"
 #include "sim/export.h"
+#ifdef TRIDENT_HAVE_MPI
+#include "mpi/run.h"
+#endif
 
 namespace {
 
@@ -144,6 +150,48 @@ int run(const Opts& o) {
                        m.name(), o.max_world, l.spec.run.seq_len, emu::format_bytes(est.total()),
                        emu::format_bytes(avail)));
   }
+  // ---- under mpirun: every layout on the MPI backend (one MPI session for the whole command)
+  const fuzz::MpiBackend* mpi = nullptr;
+  bool root = true;
+#ifdef TRIDENT_HAVE_MPI
+  std::optional<mpi::Session> session;
+  fuzz::MpiBackend mb;
+  if (mpi::launched_by_mpi()) {
+    if (!o.kernels.empty() && o.kernels != "cpu")
+      fail(fmt::format("--kernels {} needs the emulator backend: under mpirun every layout runs on the MPI backend, "
+                       "which runs the CPU kernels (run trident fuzz without mpirun)",
+                       o.kernels));
+    if (!o.comm.empty() && o.comm != "emu")
+      fail(fmt::format("--comm {} needs the emulator backend: under mpirun every layout runs on the MPI backend, "
+                       "with its own communicator (run trident fuzz without mpirun)",
+                       o.comm));
+    session.emplace();
+    if (o.max_world < session->processes())
+      fail(fmt::format("--max-world {} is below the {} processes mpirun started: under mpirun a layout has at least "
+                       "one rank per process",
+                       o.max_world, session->processes()));
+    g.processes = session->processes();
+    g.comm.clear();
+    root = session->process() == 0;
+    if (!root && !std::freopen("/dev/null", "w", stdout))  // process 0 prints; every process exits the same way
+      fail("cannot silence the output of the processes other than 0");
+    auto runner = [](auto tag) {
+      using T = decltype(tag);
+      return [](const emu::EmulateSpec& s, int64_t rpp, emu::EmulateResult<T>& out) {
+        mpi::FabricOptions fo;
+        fo.ranks_per_process = static_cast<int>(rpp);
+        fo.peer_timeout_s = 60;  // the processes share the cores with the reference check of process 0
+        mpi::MpiRunResult<T> r = mpi::run_mpi<T>(s, fo);
+        if (r.root) out = std::move(r.res);
+        return r.root;
+      };
+    };
+    mb.run_f32 = runner(float{});
+    mb.run_f64 = runner(double{});
+    mb.share = [](const std::string& v) { return mpi::share_from_root(v); };
+    mpi = &mb;
+  }
+#endif
   const int64_t cases = o.cases > 0 ? o.cases : (o.time_s > 0 ? 0 : kDefaultCases);
   std::printf("trident fuzz: %s (%s attention, %lld layers, %lld experts top-%lld%s), layouts of up to %lld ranks, "
               "seed %lld, %s\n",
@@ -152,12 +200,16 @@ int run(const Opts& o) {
               m.cfg.dsa() ? ", DSA" : "", static_cast<long long>(o.max_world), static_cast<long long>(o.seed),
               cases > 0 ? fmt::format("{} cases{}", cases, o.time_s > 0 ? fmt::format(" or {} s", o.time_s) : "").c_str()
                         : fmt::format("{} s", o.time_s).c_str());
+  if (g.processes > 0)
+    std::printf("MPI backend: %lld processes (mpirun); every layout's world a multiple of them, %s ranks per "
+                "process drawn with it; properties runs, bits and memory\n",
+                static_cast<long long>(g.processes), g.processes == 1 ? "its" : "1 or more");
   if (!o.kernels.empty() || !o.comm.empty() || g.plant != StepPlant::none)
     std::printf("fixed: %s%s%s\n", o.kernels.empty() ? "" : ("kernels " + o.kernels + " ").c_str(),
                 o.comm.empty() ? "" : ("comm " + o.comm + " ").c_str(),
                 g.plant == StepPlant::none ? "" : ("planted bug " + o.plant).c_str());
   // the exact command (one builder, reference/repro.h): every flag that changes what is drawn and checked
-  ReproLine rl("trident fuzz");
+  ReproLine rl(g.processes > 0 ? fmt::format("mpirun -np {} trident fuzz", g.processes) : "trident fuzz");
   if (o.config.empty()) rl.opt("--preset", o.preset);
   else rl.opt("--config", o.config);
   if (o.cases > 0 || o.time_s <= 0) rl.opt("--cases", cases);
@@ -171,6 +223,7 @@ int run(const Opts& o) {
   std::fflush(stdout);
 
   // ---- the cases
+  fuzz::keep_freed_memory();
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   Progress bar(o, cases, o.time_s);
@@ -183,11 +236,16 @@ int run(const Opts& o) {
   int64_t done = 0;
   double case_seconds = 0;
   double prop_seconds[fuzz::kNumProperties] = {};
-  while ((cases == 0 || done < cases) && (o.time_s <= 0 || elapsed() < o.time_s)) {
+  auto more = [&] {  // under mpirun process 0 decides (--time: the clocks differ), and every process follows
+    const bool go = (cases == 0 || done < cases) && (o.time_s <= 0 || elapsed() < o.time_s);
+    return mpi ? mpi->share(go ? "1" : "0") == "1" : go;
+  };
+  bool lost = false;  // an MPI run failed: MPI is unusable, no more runs
+  while (!lost && more()) {
     const uint64_t cs = case_seed(static_cast<uint64_t>(o.seed), done);
     fuzz::SeededChoices ch(cs);
     const fuzz::Layout l = fuzz::draw(ch, g);
-    const fuzz::CaseResult r = fuzz::check_layout(l);
+    const fuzz::CaseResult r = fuzz::check_layout(l, -1, mpi);
     case_seconds += r.seconds;
     for (int p = 0; p < fuzz::kNumProperties; ++p) prop_seconds[p] += r.property_seconds[p];
     ++done;
@@ -197,6 +255,7 @@ int run(const Opts& o) {
                                   {"cp", ms.cp}, {"e_fsdp", ms.e_fsdp}, {"ep", ms.ep}})
       dims[name][v]++;
     if (ms.cp_2d()) dims["cp_inner"][ms.cp_inner]++;
+    if (l.processes > 0) dims["ranks_per_process"][l.ranks_per_process]++;
     dims["ep_chunks"][l.spec.ep_chunks]++;
     dims["steps"][l.spec.run.steps]++;
     dims["seq_len"][l.spec.run.seq_len]++;
@@ -216,7 +275,9 @@ int run(const Opts& o) {
       std::fflush(stdout);
       f.shrunk = l;
       f.last = r;
-      if (!o.no_shrink) {
+      lost = r.backend_lost;
+      if (lost) std::printf("the MPI run failed: MPI is unusable for more runs in these processes (not shrunk)\n");
+      if (!o.no_shrink && !lost) {
         std::printf("shrinking...\n");
         std::fflush(stdout);
         const fuzz::ShrinkResult sr = fuzz::shrink(l, r, g, o.shrink_tries, [&](const fuzz::ShrinkResult& s) {
@@ -224,8 +285,11 @@ int run(const Opts& o) {
             std::printf("\r  %lld tries, %lld smaller layouts kept: %s\033[K", static_cast<long long>(s.tries),
                         static_cast<long long>(s.accepted), s.layout.spec.mesh.str().c_str()),
                 std::fflush(stdout);
-        });
+        }, mpi);
         if (!o.quiet && isatty(fileno(stdout))) std::printf("\n");
+        lost = sr.backend_lost;
+        if (lost)
+          std::printf("an MPI run failed while shrinking: MPI is unusable for more runs (shrinking stopped)\n");
         f.shrunk = sr.layout;
         f.last = sr.result;
         f.tries = sr.tries;
@@ -272,7 +336,7 @@ int run(const Opts& o) {
                 static_cast<long long>(f.shrunk.spec.mesh.world()), static_cast<long long>(f.shrunk.spec.run.steps),
                 f.last.detail.c_str(), f.last.repro.c_str());
   std::fflush(stdout);
-  if (!o.json.empty()) {
+  if (!o.json.empty() && root) {
     nlohmann::json j = {{"schema", "trident.fuzz/1"},
                         {"model", m.name()},
                         {"seed", o.seed},
@@ -283,6 +347,7 @@ int run(const Opts& o) {
                         {"case_seconds", case_seconds},
                         {"layouts_per_minute", per_min},
                         {"ok", failures.empty()}};
+    if (g.processes > 0) j["processes"] = g.processes;
     j["properties_checked"] = checked;
     nlohmann::json jd = nlohmann::json::object();
     for (const auto& [name, hist] : dims) {

@@ -1,8 +1,12 @@
 // The properties of one layout and the shrinker (fuzz/check.h).
 #include "fuzz/check.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -11,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 
 #include "emulator/memory.h"
 #include "golden/checkpoint.h"
@@ -310,6 +315,9 @@ CaseResult check_t(const Layout& l, int only) {
   emu::EmulateSpec a = l.spec;
   a.keep_tensors = true;
   a.record_trace = want(Property::scheduler) || want(Property::timeline);
+  // the traces are compared between this process's runs only: the fast hash of the received bytes (XXH64; the
+  // goldens' FNV-1a 64 is byte-serial and took 42% of a tiny layout's time)
+  a.device.recv_hash = emu::RecvHash::xxh64;
   a.keep_state = want(Property::resume) && l.resume;
   a.watchdog_s = 120;
   res.checked.push_back(Property::runs);
@@ -358,6 +366,7 @@ CaseResult check_t(const Layout& l, int only) {
     b.device = emu::DeviceOptions{};
     b.device.mode = emu::DeviceMode::deferred;
     b.device.seed = l.seed2;
+    b.device.recv_hash = emu::RecvHash::xxh64;
     b.record_trace = true;
     Layout lb = l;
     lb.spec.device = b.device;
@@ -418,6 +427,76 @@ CaseResult check_t(const Layout& l, int only) {
     spent(Property::resume);
   }
   return done();
+}
+
+// A layout on the MPI backend (Layout::processes > 0): the run on every process, then on process 0 the bits against
+// the cached reference and the memory estimate against the gathered device peaks; process 0's verdict ("" or the
+// property's index, a newline and the detail) is shared, so every process returns the same result.
+template <class T>
+CaseResult check_mpi_t(const Layout& l, int only, const MpiBackend& mb) {
+  CaseResult res;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto want = [&](Property p) { return only < 0 || only == static_cast<int>(p); };
+  auto mark = t0;
+  auto spent = [&](Property p) {
+    const auto now = std::chrono::steady_clock::now();
+    res.property_seconds[static_cast<int>(p)] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  auto finish = [&](Property p, bool ok, std::string detail) {
+    spent(p);
+    if (!ok) {
+      res.ok = false;
+      res.failed = p;
+      res.detail = std::move(detail);
+      res.repro = l.repro();
+    }
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+  };
+  emu::EmulateSpec a = l.spec;
+  a.keep_tensors = want(Property::bits);
+  a.record_trace = false;
+  a.keep_state = false;
+  res.checked.push_back(Property::runs);
+  if (want(Property::bits)) res.checked.push_back(Property::bits);
+  if (want(Property::memory)) res.checked.push_back(Property::memory);
+  emu::EmulateResult<T> r;
+  bool root = false;
+  try {
+    if constexpr (std::is_same_v<T, double>) root = mb.run_f64(a, l.ranks_per_process, r);
+    else root = mb.run_f32(a, l.ranks_per_process, r);
+  } catch (const std::exception& e) {
+    res.backend_lost = true;
+    return finish(Property::runs, false, e.what());
+  }
+  spent(Property::runs);
+  std::string verdict;
+  if (root) {
+    auto verdict_of = [](Property p, const std::string& d) { return fmt::format("{}\n{}", static_cast<int>(p), d); };
+    if (want(Property::bits)) {
+      const emu::CheckReport rep = check_against_reference<T>(a, r);
+      if (!rep.ok()) verdict = verdict_of(Property::bits, rep.summary());
+      spent(Property::bits);
+    }
+    if (verdict.empty() && want(Property::memory)) {
+      emu::EmulateMemoryInputs mi{a.cfg, a.run, a.mesh, a.ep_chunks, a.vocab_slices, /*keep_tensors=*/true,
+                                  /*check_reference=*/true};
+      mi.lower_exact_sum = true;  // the MPI backend always lowers exact sums
+      const emu::MemoryEstimate est = emu::estimate_emulate(mi);
+      const int64_t peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
+      if (est.device_bytes() < static_cast<double>(peak))
+        verdict = verdict_of(Property::memory, fmt::format("estimated device bytes per rank {:.0f} < measured peak {} "
+                                                           "({})",
+                                                           est.device_bytes(), peak, est.describe()));
+      spent(Property::memory);
+    }
+  }
+  verdict = mb.share(verdict);
+  if (verdict.empty()) return finish(Property::memory, true, "");
+  const size_t nl = verdict.find('\n');
+  const auto p = static_cast<Property>(std::stoi(verdict.substr(0, nl)));
+  return finish(p, false, verdict.substr(nl + 1));
 }
 
 // ---- shrinking ----------------------------------------------------------------------------------------------------
@@ -538,13 +617,25 @@ std::vector<Layout> simplifications(const Layout& l, const GenOptions& fixed, Pr
 
 }  // namespace
 
-CaseResult check_layout(const Layout& l, int only) {
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+}
+
+CaseResult check_layout(const Layout& l, int only, const MpiBackend* mpi) {
+  if (l.processes > 0) {
+    TD_CHECK(mpi != nullptr, "fuzz: a layout for the MPI backend needs the backend (trident fuzz under mpirun)");
+    if (l.spec.cfg.policy == Policy::fp64) return check_mpi_t<double>(l, only, *mpi);
+    return check_mpi_t<float>(l, only, *mpi);
+  }
   if (l.spec.cfg.policy == Policy::fp64) return check_t<double>(l, only);
   return check_t<float>(l, only);
 }
 
 ShrinkResult shrink(const Layout& failing, const CaseResult& failure, const GenOptions& fixed, int64_t max_tries,
-                    const std::function<void(const ShrinkResult&)>& on_try) {
+                    const std::function<void(const ShrinkResult&)>& on_try, const MpiBackend* mpi) {
   ShrinkResult sr{failing, failure, 0, 0};
   const Property p = failure.failed;
   if (failure.second_seed && p == Property::hazards) {  // a hazard of the second seed's run: shrink that run
@@ -559,9 +650,15 @@ ShrinkResult shrink(const Layout& failing, const CaseResult& failure, const GenO
       if (sr.tries >= max_tries) break;
       ++sr.tries;
       // the layout's own property: hazards and runs need the run only; the rest their own check
-      const CaseResult r = check_layout(c, p == Property::runs || p == Property::hazards ? static_cast<int>(Property::runs)
-                                                                                      : static_cast<int>(p));
+      const CaseResult r = check_layout(c,
+                                        p == Property::runs || p == Property::hazards ? static_cast<int>(Property::runs)
+                                                                                      : static_cast<int>(p),
+                                        mpi);
       if (on_try) on_try(sr);
+      if (r.backend_lost) {  // MPI is unusable: the smallest failing layout so far
+        sr.backend_lost = true;
+        return sr;
+      }
       if (!r.ok && r.failed == p) {
         sr.layout = c;
         sr.result = r;

@@ -76,6 +76,10 @@ bool normalize(Layout& l) {
   const model::Config& cfg = s.cfg;
   const int64_t W = m.world();
   if (W < 1 || m.ep < 1 || W % m.ep != 0 || cfg.experts % m.ep != 0) return false;
+  if (l.processes > 0) {  // the MPI backend: every process holds world / processes ranks
+    if (W % l.processes != 0) return false;
+    l.ranks_per_process = W / l.processes;
+  }
   m.e_fsdp = W / m.ep;
   if (m.cp_inner > 1 && (m.cp % m.cp_inner != 0 || m.cp_inner >= m.cp)) m.cp_inner = 1;
   s.run.sequences = m.d_rep * m.fsdp * l.per_group;
@@ -121,7 +125,26 @@ Layout draw(Choices& c, const GenOptions& o) {
     s.cfg.policy = Policy::bf16;
   }
   int64_t cp = 1, fsdp = 1, d_rep = 1;
-  if (all) {  // the world first, uniform in [1, max_world] (small worlds as often as large), then its factors: cp a
+  const int64_t np = o.processes;
+  if (np > 0) {  // the MPI backend: the world uniform among the multiples of the processes that factor (ranks per
+                 // process = world / processes), then its factors as below
+    const int64_t cmax = big ? 16 : 8, fmax = big ? 8 : 4, dmax = big ? 4 : 3;
+    struct F { int64_t cp, fsdp; };
+    std::vector<std::pair<int64_t, std::vector<F>>> worlds;
+    for (int64_t W = np; W <= std::min(max_w, cmax * fmax * dmax); W += np) {
+      std::vector<F> fs;
+      for (int64_t x = 1; x <= std::min(W, cmax); x *= 2)
+        for (int64_t f = 1; f <= fmax && W % x == 0; ++f)
+          if ((W / x) % f == 0 && W / x / f <= dmax) fs.push_back({x, f});
+      if (!fs.empty()) worlds.emplace_back(W, std::move(fs));
+    }
+    TD_CHECK(!worlds.empty(), "fuzz: no world of up to {} ranks is a multiple of the {} MPI processes", max_w, np);
+    const auto& [W, fs] = worlds[static_cast<size_t>(c.in_range(0, static_cast<int64_t>(worlds.size())))];
+    const F f = fs[static_cast<size_t>(c.in_range(0, static_cast<int64_t>(fs.size())))];
+    cp = f.cp;
+    fsdp = f.fsdp;
+    d_rep = W / (cp * fsdp);
+  } else if (all) {  // the world first, uniform in [1, max_world] (small worlds as often as large), then its factors: cp a
               // power of two, fsdp and d_rep within their ranges (a world they cannot factor is drawn again)
     const int64_t cmax = big ? 16 : 8, fmax = big ? 8 : 4, dmax = big ? 4 : 3;
     for (int attempt = 0; attempt < 64; ++attempt) {
@@ -196,6 +219,17 @@ Layout draw(Choices& c, const GenOptions& o) {
     if (s.device.mode == emu::DeviceMode::deferred && l.seed2 == s.device.seed) l.seed2 += 1000;
     l.resume = c.coin(1, 4);
   }
+  if (np > 0) {  // what the MPI backend runs: the eager device without checks or traces, its own communicator
+                // (exact sums always lowered), the CPU kernels, no checkpoint
+    l.processes = np;
+    s.device = emu::DeviceOptions{};
+    s.comm = emu::CommBackend::emu;
+    s.nccl_blocking = false;
+    s.lower_exact_sum = false;
+    s.drop_count = 0;
+    l.kernels = "cpu";
+    l.resume = false;
+  }
   if (!normalize(l)) {  // a drawn 2D CP the rules refuse: 1D
     s.mesh.cp_inner = 1;
     TD_CHECK(normalize(l), "fuzz: drew an invalid layout {}", l.repro());
@@ -212,6 +246,11 @@ Layout draw(Choices& c, const GenOptions& o) {
 std::string Layout::repro() const {
   std::string r = spec.repro(true);
   if (kernels != "cpu") r += " --kernels " + ReproLine::quote(kernels);
+  if (processes > 0) {  // the launcher first and the backend's flags last, as `trident emulate --backend mpi` prints
+    ReproLine b("");
+    b.opt("--backend", "mpi").opt_if("--ranks-per-process", ranks_per_process, 1);
+    r = fmt::format("mpirun -np {} {}{}", processes, r, b.str());
+  }
   return r;
 }
 
@@ -250,6 +289,7 @@ std::vector<std::string> Layout::features() const {
   add(spec.lower_exact_sum, "lowered exact sums");
   add(kernels == "cuda-ref-host", "cuda-ref-host kernels");
   add(resume, "checkpoint resumed on another mesh");
+  add(processes > 0 && ranks_per_process > 1, "ranks per process > 1");
   return f;
 }
 

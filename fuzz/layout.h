@@ -53,6 +53,11 @@ struct GenOptions {
   // bodies, a resumed checkpoint, a second scheduler seed). false: the classic draws of the step property test
   // (mesh, EP chunks, vocabulary slices, recompute, bf16, the device), nothing else.
   bool all_features = true;
+  // > 0: layouts for the MPI backend under mpirun with this many processes (`trident fuzz` under mpirun): worlds
+  // that are multiples of it (ranks per process = world / processes, drawn with the world), the eager device
+  // without traces or hazard checks, the MPI communicator (exact sums always lowered), the CPU kernels, no
+  // checkpoint (docs/mpi.md section 1). 0: the emulator backend, every feature.
+  int64_t processes = 0;
 };
 
 struct Layout {
@@ -66,8 +71,12 @@ struct Layout {
   MeshShape resume_mesh;
   int64_t resume_chunks = 1;
   std::string model_name;    // preset or config path (summary)
+  // > 0: the run is on the MPI backend, `processes` processes of ranks_per_process ranks each (GenOptions::processes)
+  int64_t processes = 0;
+  int64_t ranks_per_process = 0;  // (= world / processes; normalize())
 
-  // The `trident emulate ...` line of the first run (with --check-reference and --kernels when not cpu).
+  // The `trident emulate ...` line of the first run (with --check-reference and --kernels when not cpu; on the MPI
+  // backend `mpirun -np P trident emulate ... --backend mpi --ranks-per-process k`, as `emulate` prints it).
   std::string repro() const;
   // The layout without its seeds (scheduler seeds): two layouts with equal keys are the same layout.
   std::string key() const;
@@ -79,7 +88,8 @@ struct Layout {
 Layout draw(Choices& c, const GenOptions& o);
 
 // Fills the derived fields of a layout after its mesh, per_group or chunk_tiles changed (sequences, seq_len, e_fsdp,
-// chunks clamped to the local tiles). Returns false when the result breaks a mesh rule (the shrinker skips it).
+// chunks clamped to the local tiles, ranks per process). Returns false when the result breaks a mesh rule or, on the
+// MPI backend, the world is not a multiple of the processes (the shrinker skips it).
 bool normalize(Layout& l);
 
 // The kernel sets `trident fuzz` and `trident emulate` take beyond cpu: cpu-ulp:OP[:INDEX] (the CPU kernels with the

@@ -6,8 +6,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include "mpi/comm.h"
 #include "parallel/mesh_comm.h"
@@ -57,7 +60,8 @@ struct Reader {
 
 struct RankOut {
   std::vector<RankStepStats> steps;
-  int64_t peak = 0;
+  int64_t peak = 0;         // the step's tracked buffers
+  int64_t device_peak = 0;  // every device allocation (EmuDevice::memory)
   CommStats stats;
   PhaseCounts phases;
 };
@@ -67,6 +71,7 @@ std::vector<char> pack(const RankOut& r) {
   w.pod<uint64_t>(r.steps.size());
   for (const RankStepStats& s : r.steps) w.pod(s);
   w.pod(r.peak);
+  w.pod(r.device_peak);
   w.pod<uint64_t>(r.stats.size());
   for (const auto& [name, tab] : r.stats) {
     w.str(name);
@@ -90,6 +95,7 @@ RankOut unpack(const std::vector<char>& b) {
   o.steps.resize(r.pod<uint64_t>());
   for (RankStepStats& s : o.steps) s = r.pod<RankStepStats>();
   o.peak = r.pod<int64_t>();
+  o.device_peak = r.pod<int64_t>();
   for (auto n = r.pod<uint64_t>(); n > 0; --n) {
     std::string name = r.str();
     o.stats[name] = r.pod<OpStatsTable>();
@@ -136,21 +142,6 @@ size_t or_tensors(std::vector<md::ParamSet<T>>& v, const char* src) {
   return at;
 }
 
-// MPI for this process. Finalised only after a clean run (a run that failed leaves it to process exit).
-struct Session {
-  Session() {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    TD_CHECK(!inited, "mpi: MPI was initialised twice");
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    if (provided < MPI_THREAD_SERIALIZED)
-      fail(fmt::format("mpi: the MPI library provides thread level {}; the backend needs MPI_THREAD_SERIALIZED ({})",
-                       provided, static_cast<int>(MPI_THREAD_SERIALIZED)));
-  }
-  void finalize() { MPI_Finalize(); }
-};
-
 struct Thread {
   pthread_t t{};
   std::function<void()> fn;
@@ -162,6 +153,88 @@ struct Thread {
 
 }  // namespace
 
+// ---- the MPI session of this process ------------------------------------------------------------------------------
+namespace {
+std::mutex g_session_m;
+int g_sessions = 0;          // live Sessions (nested ones included)
+bool g_failed = false;       // a run failed: MPI stays unfinalised
+bool g_finalized = false;    // MPI was finalised (it cannot be initialised again)
+}  // namespace
+
+Session::Session() {
+  std::lock_guard lk(g_session_m);
+  if (g_finalized) fail("mpi: MPI was finalised already in this process (one MPI session per process)");
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    owner_ = true;
+    if (provided < MPI_THREAD_SERIALIZED) {
+      g_failed = true;  // not finalised: the process exits with the error
+      fail(fmt::format("mpi: the MPI library provides thread level {}; the backend needs MPI_THREAD_SERIALIZED ({})",
+                       provided, static_cast<int>(MPI_THREAD_SERIALIZED)));
+    }
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &process_);
+  MPI_Comm_size(MPI_COMM_WORLD, &processes_);
+  ++g_sessions;
+}
+
+Session::~Session() {
+  std::lock_guard lk(g_session_m);
+  --g_sessions;
+  if (owner_ && !g_failed && !g_finalized) {
+    MPI_Finalize();
+    g_finalized = true;
+  }
+}
+
+bool Session::active() {
+  std::lock_guard lk(g_session_m);
+  return g_sessions > 0;
+}
+
+void Session::mark_failed() {
+  std::lock_guard lk(g_session_m);
+  g_failed = true;
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+
+std::string share_from_root(const std::string& value, double timeout_s) {
+  TD_CHECK(Session::active(), "mpi: share_from_root needs an active Session");
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  auto wait = [&](MPI_Request& req, const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int flag = 0;;) {
+      MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (flag) return;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+        Session::mark_failed();
+        fail(fmt::format("mpi: process {} waited {:.0f} s for process 0's {}: it died or is stuck", me, timeout_s,
+                         what));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
+  uint64_t n = me == 0 ? value.size() : 0;
+  MPI_Request req;
+  MPI_Ibcast(&n, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &req);
+  wait(req, "verdict size");
+  std::string out = me == 0 ? value : std::string(n, '\0');
+  if (n > 0) {
+    MPI_Ibcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD, &req);
+    wait(req, "verdict");
+  }
+  return out;
+}
+
 template <class T>
 MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, const OnStart& on_start) {
   if (spec.device.mode != emu::DeviceMode::eager || spec.device.check_hazards || spec.record_trace)
@@ -169,7 +242,14 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
          "traces need the emulator backend)");
   if (!spec.skip_wait.empty()) fail("--backend mpi: skip_wait is an emulator test hook");
   if (spec.comm != emu::CommBackend::emu) fail("--backend mpi uses its own communicator (--comm needs the emulator backend)");
-  Session session;
+  std::optional<Session> own_session;  // only when no Session is active: MPI for this call
+  if (!Session::active()) own_session.emplace();
+  struct FailGuard {  // any exit by exception from here on leaves MPI unfinalised (a peer may be gone)
+    bool armed = true;
+    ~FailGuard() {
+      if (armed) Session::mark_failed();
+    }
+  } fail_guard;
   auto fabric_owner = std::make_unique<Fabric>(opt);  // freed before MPI_Finalize
   Fabric& fabric = *fabric_owner;
   const int W = fabric.world();
@@ -231,6 +311,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
         out.phases = step.phase_counts();
       }
       dev.finish();
+      out.device_peak = dev.memory().peak;
       accumulate_stats(out.stats, *world);
       for (const auto* c : {&mc.fsdp_cp, &mc.d_rep, &mc.fsdp, &mc.cp, &mc.e_fsdp, &mc.ep, &mc.cp_outer, &mc.cp_inner})
         if (*c) accumulate_stats(out.stats, **c);
@@ -315,6 +396,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       }
       for (RankOut& o : outs) {
         res.peak_bytes.push_back(o.peak);
+        res.device_peak_bytes.push_back(o.device_peak);
         res.rank_stats.push_back(std::move(o.stats));
         res.phases.push_back(std::move(o.phases));
       }
@@ -323,10 +405,11 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   } catch (const std::exception& e) {
     fabric.fail(e.what());
     fabric.stop_after_failure();
+    Session::mark_failed();
     throw;
   }
-  fabric_owner.reset();
-  session.finalize();
+  fabric_owner.reset();  // before MPI_Finalize (own_session's end)
+  fail_guard.armed = false;
   return r;
 }
 

@@ -1,7 +1,8 @@
 // Throughput of `trident fuzz` in layouts per minute (docs/fuzz.md section 6): for each preset, draws and checks
 // layouts (fuzz/layout.h, fuzz/check.h: every property, as the command does) for --seconds, and prints the layouts
-// per minute and where the time went. Usage: bench_fuzz [--seconds S] [--max-world W] [--seed N] [PRESET...]
-// (default: 60 s of tiny, max-world 8).
+// per minute and where the time went. Usage: bench_fuzz [--seconds S | --cases N] [--max-world W] [--seed N]
+// [PRESET...] (default: 60 s of tiny, max-world 8). --cases N: exactly the first N layouts of the seed (the same
+// layouts on every run: the way to compare two builds).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,17 +16,20 @@
 using namespace trident;
 
 int main(int argc, char** argv) {
+  fuzz::keep_freed_memory();  // as `trident fuzz` does
   double seconds = 60;
+  int64_t max_cases = 0;  // > 0: exactly this many layouts, however long they take
   int64_t max_world = 8;
   uint64_t seed = 1;
   std::vector<std::string> presets;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
+    else if (a == "--cases" && i + 1 < argc) max_cases = std::atoll(argv[++i]);
     else if (a == "--max-world" && i + 1 < argc) max_world = std::atoll(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a.starts_with("--")) {
-      std::fprintf(stderr, "usage: bench_fuzz [--seconds S] [--max-world W] [--seed N] [PRESET...]\n");
+      std::fprintf(stderr, "usage: bench_fuzz [--seconds S | --cases N] [--max-world W] [--seed N] [PRESET...]\n");
       return 2;
     } else presets.push_back(a);
   }
@@ -40,7 +44,7 @@ int main(int argc, char** argv) {
     double prop[fuzz::kNumProperties] = {};
     const auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    while (elapsed() < seconds) {
+    while (max_cases > 0 ? cases < max_cases : elapsed() < seconds) {
       fuzz::SeededChoices c(seed * 1000003 + static_cast<uint64_t>(cases));
       const fuzz::CaseResult r = fuzz::check_layout(fuzz::draw(c, g));
       ++cases;
