@@ -2,6 +2,7 @@
 // parts (parallel/step_impl.h: FSDP, CP attention, EP, layers and driver, optimizer).
 #include "parallel/step.h"
 
+#include <cmath>
 #include <type_traits>
 
 #include "parallel/step_impl.h"
@@ -33,7 +34,21 @@ template <class T>
 RankStep<T>::~RankStep() = default;
 template <class T>
 RankStepStats RankStep<T>::step(const md::Batch& b) {
-  return impl_->step(b);
+  const int64_t n = impl_->step_count + 1;  // the optimizer step this call takes (a resumed run continues its count)
+  RankStepStats st;
+  try {
+    st = impl_->step(b);
+  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step
+    const std::string what = e.what();
+    if (what.rfind("step ", 0) == 0) throw;
+    fail(fmt::format("step {}: {}", n, what));
+  }
+  // Loss and grad norm are global values, the same on every rank: every rank stops at the same step, naming the
+  // first tensor of its gradient shards that holds a non-finite value (every path: emulator, MPI, NCCL).
+  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+    fail(fmt::format("step {}: loss {} / grad norm {} is not finite{} (diverged: lower --lr?)", n, st.loss,
+                     st.grad_norm, impl_->first_nonfinite_gradient()));
+  return st;
 }
 template <class T>
 void RankStep<T>::write_params(md::ParamSet<T>& full) const {

@@ -5,6 +5,8 @@
 #include "parallel/shard.h"
 #include "parallel/step_impl.h"
 
+#include <cmath>
+
 namespace trident {
 
 namespace md = trident::model;
@@ -331,6 +333,19 @@ void StepImpl<T>::write(md::ParamSet<T>& out, bool grads) const {
 
 // The rank's optimizer state for a checkpoint: its valid part of every parameter it owns (parallel/shard.h).
 template <class T>
+std::string StepImpl<T>::first_nonfinite_gradient() const {
+  for (const PState& st : ps) {
+    if (!st.trainable || st.nsh == 0) continue;
+    const std::vector<T> h = dev.fetch(st.g.data(), st.nsh, CS);  // host sync (an error path)
+    for (size_t i = 0; i < h.size(); ++i)
+      if (!std::isfinite(static_cast<double>(h[i])))
+        return fmt::format(": the gradient of {} is {} at element {} of rank {}'s shard", sh.init->info[st.p].name,
+                           h[i], i, rank);
+  }
+  return {};
+}
+
+template <class T>
 ShardState<T> StepImpl<T>::state() const {
   ShardState<T> out;
   out.step = step_count;
@@ -375,7 +390,8 @@ ShardState<T> StepImpl<T>::state() const {
   template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
                                           const std::vector<SwigluRows>&);                                         \
   template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;                                                 \
-  template ShardState<T> StepImpl<T>::state() const;
+  template ShardState<T> StepImpl<T>::state() const;                                                             \
+  template std::string StepImpl<T>::first_nonfinite_gradient() const;
 TD_STEP_FSDP(float)
 TD_STEP_FSDP(double)
 #undef TD_STEP_FSDP

@@ -117,6 +117,9 @@ struct StepImpl {
   model::AttnG<T> attn_g(int64_t i);
   void write(model::ParamSet<T>& out, bool grads) const;
   ShardState<T> state() const;
+  // After a step whose loss or grad norm is not finite: ": the gradient of NAME is X at element I of rank R's
+  // shard" for the first such value of this rank's gradient shards ("" when they are all finite). Host sync.
+  std::string first_nonfinite_gradient() const;
 
   // ---- the current step's rows (step_layers.cpp) -----------------------------------------------------------------
   int64_t N = 0, nseq = 0, ch = 0, S = 0, cp = 1;  // local rows, local sequences, zig-zag chunk, seq_len, cp

@@ -113,8 +113,16 @@ StepStats Trainer<T>::step(const Batch& batch) {
   opt.progress = progress;
   acc.clear();
   acc.sink = &grads;
-  const ForwardResult<T> fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
-  acc.finalize(grads);
+  const int64_t n = step_count + 1;  // the optimizer step this call takes (a resumed run continues its count)
+  ForwardResult<T> fr;
+  try {
+    fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
+    acc.finalize(grads);
+  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step
+    const std::string what = e.what();
+    if (what.rfind("step ", 0) == 0) throw;
+    fail(fmt::format("step {}: {}", n, what));
+  }
   // Exact global grad norm over every trainable gradient (order-free), rounded once.
   ExactAcc<double> sq;
   for (size_t p = 0; p < params.size(); ++p)
@@ -126,6 +134,21 @@ StepStats Trainer<T>::step(const Batch& batch) {
   st.n_valid = fr.n_valid;
   st.grad_norm = std::sqrt(sq.round());
   st.clip = clip_coef(sq, h.max_grad_norm);
+  // A non-finite loss or gradient stops the run before the update (no NaN parameter is ever stored or saved),
+  // naming the step and the first tensor that holds one.
+  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm)) {
+    std::string where;
+    for (size_t p = 0; p < grads.size() && where.empty(); ++p) {
+      const T* g = grads.t[p].ptr();
+      for (int64_t i = 0; i < static_cast<int64_t>(grads.t[p].size()); ++i)
+        if (!std::isfinite(static_cast<double>(g[i]))) {
+          where = fmt::format(": the gradient of {} is {} at element {}", params.info[p].name, g[i], i);
+          break;
+        }
+    }
+    fail(fmt::format("step {}: loss {} / grad norm {} is not finite{} (diverged: lower --lr?)", n, st.loss,
+                     st.grad_norm, where));
+  }
   if (progress) progress->set(StepProgress::Stage::optimizer);
   ++step_count;
   for (size_t p = 0; p < params.size(); ++p) {
