@@ -2,6 +2,7 @@
 #include "fuzz/check.h"
 
 #include <malloc.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "emulator/memory.h"
 #include "golden/checkpoint.h"
@@ -96,18 +98,35 @@ constexpr const char* kReproResumeDir = "/tmp/trident-fuzz-resume";
 
 // ---- the reference, computed once per batch ----------------------------------------------------------------------
 // The single-rank reference depends on the model and the batch, not on the layout: layouts that share a model,
-// policy and batch (sequences, length, documents, steps) share one reference run. A bounded cache (the last batches'
-// runs, kRefCacheBytes of tensors at most).
+// policy and batch (sequences, length, documents) share one reference run, and a run of n steps holds the first
+// steps of every longer one (the steps' batches and the optimizer do not depend on the step count): a layout of
+// more steps extends the cached run from its trainer. A bounded cache (the last batches' runs, kRefCacheBytes of
+// tensors at most).
 constexpr double kRefCacheBytes = 256.0 * 1024 * 1024;
+// The references run on one OpenMP thread (same bits: the reference does not depend on the thread count). libgomp
+// reads OMP_WAIT_POLICY when it loads, before `trident` sets it to passive, so idle team threads spin; on a busy
+// 2-core machine the spinning made the reference 5x slower than one thread (bench_fuzz, 12 layouts: 16.5 s vs
+// 1.7 s).
+struct OneOmpThread {
+  int before = omp_get_max_threads();
+  OneOmpThread() { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(before); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+};
+
 template <class T>
 struct RefRun {
   std::vector<double> loss;
   std::vector<model::ParamSet<T>> grads, params;  // per step
+  // The trainer after the last step (to extend the run); taken, under the cache's lock, by the one that extends it.
+  mutable std::shared_ptr<model::Trainer<T>> trainer;
   double bytes() const {
     double b = 0;
     for (const auto* v : {&grads, &params})
       for (const model::ParamSet<T>& p : *v)
         for (const auto& t : p.t) b += static_cast<double>(t.size()) * sizeof(T);
+    if (!params.empty()) b += b / static_cast<double>(2 * params.size()) * 4;  // the trainer: params, grads, m, v
     return b;
   }
 };
@@ -121,29 +140,52 @@ std::shared_ptr<const RefRun<T>> reference_run(const emu::EmulateSpec& s) {
   model::RunConfig run = s.run;
   run.recompute = false;  // changes no bit (docs/checkpoints.md: recompute, token chunk, mesh, chunks)
   run.token_chunk = model::RunConfig().token_chunk;
+  run.steps = 1;  // a longer run holds the shorter ones
   model::add_model_flags(key, s.preset, s.config_path, s.cfg);
   model::add_run_flags(key, run);
   key.opt("--first-step", s.first_step);
   const std::string k = key.str();
   const bool cacheable = s.overrides.empty() && s.batches.empty();
+  const size_t steps = static_cast<size_t>(s.run.steps);
+  std::shared_ptr<const RefRun<T>> base;
+  std::shared_ptr<model::Trainer<T>> tr;
   if (cacheable) {
     std::lock_guard lk(mu);
-    if (auto it = cache.find(k); it != cache.end()) return it->second;
+    if (auto it = cache.find(k); it != cache.end()) {
+      if (it->second->loss.size() >= steps) return it->second;
+      base = it->second;
+      tr = std::exchange(base->trainer, nullptr);  // null: another thread is extending it (start over)
+    }
   }
   auto r = std::make_shared<RefRun<T>>();
-  model::Trainer<T> tr(s.cfg, s.run);
-  tr.params = emu::spec_init<T>(s);
-  for (const model::Batch& b : emu::spec_batches(s)) {
-    r->loss.push_back(tr.step(b).loss);
-    r->grads.push_back(tr.grads);
-    r->params.push_back(tr.params);
+  if (tr) {
+    r->loss = base->loss;
+    r->grads = base->grads;
+    r->params = base->params;
+  } else {
+    tr = std::make_shared<model::Trainer<T>>(s.cfg, s.run);
+    tr->params = emu::spec_init<T>(s);
+  }
+  const std::vector<model::Batch> batches = emu::spec_batches(s);
+  const OneOmpThread one_thread;
+  for (size_t st = r->loss.size(); st < steps; ++st) {
+    r->loss.push_back(tr->step(batches[st]).loss);
+    r->grads.push_back(tr->grads);
+    r->params.push_back(tr->params);
   }
   if (cacheable) {  // the newest entries within kRefCacheBytes (the newest always)
+    r->trainer = tr;
     std::lock_guard lk(mu);
-    if (cache.emplace(k, r).second) {
+    auto [it, fresh] = cache.try_emplace(k, r);
+    if (fresh) {
       order.push_back(k);
-      total += r->bytes();
+    } else if (it->second->loss.size() < r->loss.size()) {
+      total -= it->second->bytes();
+      it->second = r;
+    } else {
+      return r;  // another thread cached as long a run meanwhile
     }
+    total += r->bytes();
     while (order.size() > 1 && total > kRefCacheBytes) {
       total -= cache.at(order.front())->bytes();
       cache.erase(order.front());
@@ -417,7 +459,10 @@ CaseResult check_t(const Layout& l, int only) {
       fs::remove_all(dir);
       b.first_step = st.step;
       const emu::EmulateResult<T> rb = emu::emulate<T>(b, kf, &st);
-      const emu::CheckReport rep = emu::check_reference<T>(b, rb, &st);
+      const emu::CheckReport rep = [&] {
+        const OneOmpThread one_thread;
+        return emu::check_reference<T>(b, rb, &st);
+      }();
       if (!rep.ok()) return failed(Property::resume, rep.summary(), repro);
     } catch (const std::exception& e) {
       std::error_code ec;
