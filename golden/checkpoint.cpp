@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "golden/read_guard.h"
 #include "golden/state_dump.h"
 #include "parallel/shard.h"
 #include "reference/check.h"
@@ -342,10 +343,19 @@ void read_rank_file(const fs::path& path, const std::string& where, const md::Co
                     const std::vector<md::ParamInfo>& info, const MeshShape& mesh, int64_t rank, int64_t step,
                     md::TrainState<T>& out) {
   const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
+  // The bytes were checked against the manifest's CRC before; a file damaged before it was checksummed could still
+  // hold a global heap HDF5 would crash or loop on: refused first, as for every HDF5 file Trident reads.
+  std::error_code ec;
+  check_global_heaps(path.string(), fs::file_size(path, ec), 0, "checkpoint file");
   H5::H5File f(path.string(), H5F_ACC_RDONLY);
   int64_t r = -1, s = -1;
-  f.openAttribute("rank").read(H5::PredType::NATIVE_INT64, &r);
-  f.openAttribute("step").read(H5::PredType::NATIVE_INT64, &s);
+  for (auto [name, out] : {std::pair{"rank", &r}, std::pair{"step", &s}}) {
+    if (!f.attrExists(name)) fail(fmt::format("{}: attribute '{}' is missing", where, name));
+    H5::Attribute a = f.openAttribute(name);
+    if (a.getTypeClass() != H5T_INTEGER || a.getDataType().getSize() > 8 || a.getSpace().getSimpleExtentNpoints() != 1)
+      fail(fmt::format("{}: attribute '{}' is not one integer", where, name));
+    a.read(H5::PredType::NATIVE_INT64, out);
+  }
   if (r != rank || s != step)
     fail(fmt::format("{}: holds rank {} at step {}, the manifest says rank {} at step {}", where, r, s, rank, step));
   const char* names[3] = {"params", "exp_avg", "exp_avg_sq"};
