@@ -6,7 +6,10 @@
 #include <map>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cli/command.h"
+#include "platform/process.h"
 #include "reference/model/config.h"
 
 namespace trident::cli {
@@ -29,8 +32,14 @@ std::string preset_help() {
 int main(int argc, char** argv) {
   using namespace trident::cli;
   // OpenMP threads sleep when idle instead of spinning (a spinning pool slows everything else on a loaded machine
-  // several-fold); OMP_WAIT_POLICY=active in the environment still wins.
-  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  // several-fold); OMP_WAIT_POLICY=active in the environment still wins. libgomp reads the variable when it is
+  // loaded, before main, so setting it here takes a re-exec of this binary (same pid, same arguments; once, since
+  // the variable is then set). Where the exec fails the run goes on with the library's default.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+    const std::string self = trident::platform::self_exec_path();
+    if (!self.empty()) execv(self.c_str(), argv);
+  }
   CLI::App app{"trident: reference, emulator and planner for FSDP x CP x EP MoE training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "trident 0.1.0");
