@@ -18,11 +18,11 @@ Checksum verify_checksum_of(const std::string& path, const char* kind);
 // starts (0, or kChecksumBlock after the checksum header). Throws trident::Error naming `kind` and the byte.
 void check_global_heaps(const std::string& path, uint64_t file_size, uint64_t superblock, const char* kind);
 
-// Runs `work` in a forked child process (it dies with its parent) with a time limit of 10 s plus 1 s per 50 MB of
-// `file_size`; `result` gets the string `work` returned. A trident::Error thrown by `work` is rethrown here with its
-// message; a crash (signal), a child that ends without a result, or the time limit is one trident::Error naming
-// `kind` and `path`. Returns false (nothing done) when no child could be forked.
+// Runs `work` in a forked child process (it dies with its parent) with a time limit of `limit_s` seconds (0: 10 s
+// plus 1 s per 50 MB of `file_size`); `result` gets the string `work` returned. A trident::Error thrown by `work` is
+// rethrown here with its message; a crash (signal), a child that ends without a result, or the time limit is one
+// trident::Error naming `kind` and `path`. Returns false (nothing done) when no child could be forked.
 bool run_isolated(const std::string& path, uint64_t file_size, const char* kind,
-                  const std::function<std::string()>& work, std::string& result);
+                  const std::function<std::string()>& work, std::string& result, double limit_s = 0);
 
 }  // namespace trident::golden

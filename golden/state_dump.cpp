@@ -1128,7 +1128,7 @@ bool write_all(int fd, const std::string& b) {
 }  // namespace
 
 bool run_isolated(const std::string& path, uint64_t file_size, const char* kind,
-                  const std::function<std::string()>& work, std::string& result) {
+                  const std::function<std::string()>& work, std::string& result, double limit_arg) {
   int fds[2];
   if (!platform::pipe_cloexec(fds)) return false;
   const pid_t parent = ::getpid();
@@ -1161,7 +1161,7 @@ bool run_isolated(const std::string& path, uint64_t file_size, const char* kind,
   ::close(fds[1]);
   // Generous: 10 s plus 1 s per 50 MB, far beyond what a sound file of that size needs (milliseconds for the
   // goldens), short enough that a parser stuck in a loop is no hang for the caller.
-  const double limit_s = 10.0 + static_cast<double>(file_size) / 50e6;
+  const double limit_s = limit_arg > 0 ? limit_arg : 10.0 + static_cast<double>(file_size) / 50e6;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
   std::string buf;
   bool timed_out = false;

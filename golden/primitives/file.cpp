@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include <unistd.h>
@@ -425,6 +426,16 @@ void check_structure(const PrimitivesFile& f, const std::vector<std::string>& ra
   const std::string cfg_policy = f.config.contains("policy") && f.config["policy"].is_string()
                                      ? f.config["policy"].get<std::string>()
                                      : std::string();
+  // Case names per (rank, op) are c0, c1, ... in order, as the recorder names them: a deleted case in the middle is
+  // an error even in a file without a manifest.
+  std::map<std::pair<int, std::string>, std::set<std::string>> names;
+  for (const PrimCase& c : f.cases) names[{c.rank, c.op}].insert(c.name);
+  for (const auto& [key, set] : names)
+    for (size_t i = 0; i < set.size(); ++i)
+      if (!set.count(fmt::format("c{}", i)))
+        fail(fmt::format("op {} of rank {}: {} cases but no case c{} (cases are named c0, c1, ...: one is missing or "
+                         "renamed)",
+                         key.second, key.first, set.size(), i));
   for (const PrimCase& c : f.cases) {
     if (c.policy != "" && c.policy != "fp32" && c.policy != "bf16" && c.policy != "fp64")
       fail(fmt::format("case {}/{} of rank {}: policy '{}'", c.op, c.name, c.rank, c.policy.substr(0, 64)));
@@ -717,8 +728,11 @@ PrimitivesFile read_primitives(const std::string& path, const ReadOptions& opt) 
   const uint64_t size = fs::file_size(path, ec);
   if (ec) fail(fmt::format("cannot read primitive golden '{}': {}", path, ec.message()));
   std::string b;
+  // A primitive golden holds thousands of small objects: it parses in about a second (3.5 MB) on an idle machine,
+  // many times that on a loaded one. The limit only has to end a parser stuck in a loop: 60 s plus 1 s per MB.
+  const double limit_s = 60.0 + static_cast<double>(size) / 1e6;
   if (opt.isolate &&
-      run_isolated(path, size, "primitive golden", [&] { return encode(read_in_process(path, size)); }, b))
+      run_isolated(path, size, "primitive golden", [&] { return encode(read_in_process(path, size)); }, b, limit_s))
     return decode(std::move(b));
   return read_in_process(path, size);
 }

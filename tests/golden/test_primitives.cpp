@@ -294,9 +294,17 @@ TEST(Primitives, BadFilesAreOneError) {
 // ---- The validating reader and the op contracts (docs/golden.md "What the primitive reader checks") --------------
 
 // The checked-in tiny golden rewritten (with the checksum and the case manifest unless `sealed` is false) into `path`.
+// (The ops the tests below edit, so the copies stay small and quick to write and read.)
 PrimitivesFile tiny_copy(const std::string& path, bool sealed = true, int ranks = 1) {
-  PrimitivesFile f = read_primitives(fmt::format("{}/primitives/tiny/primitives.h5", TRIDENT_GOLDEN_DATA));
-  EXPECT_FALSE(f.checksum);  // written before the checksum existed: still read
+  static const PrimitivesFile full =
+      read_primitives(fmt::format("{}/primitives/tiny/primitives.h5", TRIDENT_GOLDEN_DATA));
+  EXPECT_FALSE(full.checksum);  // written before the checksum existed: still read
+  PrimitivesFile f = full;
+  static const std::set<std::string> ops = {"mm",          "gather_rows",      "embedding_forward", "wgrad_acc",
+                                            "router_backward", "attn_qkv_forward", "linear_ce_forward"};
+  f.cases.clear();
+  for (const PrimCase& c : full.cases)
+    if (ops.count(c.op)) f.cases.push_back(c);
   if (ranks > 1) {
     const size_t n = f.cases.size();
     for (size_t i = 0; i < n; ++i) {
@@ -396,7 +404,11 @@ TEST(PrimitiveReader, ADeletedCaseOutputOrRankIsAnError) {
   tiny_copy(p);
   edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/mm/c0/outputs/C", H5P_DEFAULT), 0); });
   EXPECT_ERROR(read_primitives(p), "case mm/c0 of rank 0: its outputs are [], the manifest says [\"C\"]");
-  // Without a manifest (an older file) the op's contract still names the missing output.
+  // Without a manifest (an older file): a case missing from the middle of an op's c0, c1, ... is an error, ...
+  tiny_copy(p, false);
+  edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0", H5P_DEFAULT), 0); });
+  EXPECT_ERROR(read_primitives(p), "op gather_rows of rank 0: 1 cases but no case c0");
+  // ... and the op's contract names a missing output.
   tiny_copy(p, false);
   edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0/outputs/dst", H5P_DEFAULT), 0); });
   EXPECT_ERROR(validate_cases(read_primitives(p)), "gather_rows/c0 (rank 0): output 'dst' is missing");
@@ -477,8 +489,8 @@ TEST(PrimitiveReader, ADamagedGlobalHeapIsAnErrorNotACrash) {
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
   int tried = 0;
-  for (size_t at = bytes.find("GCOL"); at != std::string::npos && tried < 6; at = bytes.find("GCOL", at + 1), ++tried) {
-    for (size_t off : {size_t{16}, size_t{24}, size_t{40}}) {  // an object's index, size and data
+  for (size_t at = bytes.find("GCOL"); at != std::string::npos && tried < 3; at = bytes.find("GCOL", at + 1), ++tried) {
+    for (size_t off : {size_t{16}, size_t{40}}) {  // an object's index and its data
       std::string b = bytes;
       if (at + off + 8 > b.size()) continue;
       for (int k = 0; k < 8; ++k) b[at + off + static_cast<size_t>(k)] = '\x7f';
