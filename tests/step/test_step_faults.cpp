@@ -54,7 +54,7 @@ TEST(StepFaults, RankThrowsMidStep) {
   int rank = -1;
   const std::string m = expect_failure(faulty(StepFault::Kind::throw_error, 2, 1), &rank);
   EXPECT_EQ(rank, 2);
-  EXPECT_HAS(m, "rank 2: injected fault: rank 2 throws in layer 1's forward");
+  EXPECT_HAS(m, "rank 2: step 1: injected fault: rank 2 throws in layer 1's forward");  // the step is named
   EXPECT_HAS(m, "ranks failed in total");  // the other ranks were released, not left hanging
 }
 
