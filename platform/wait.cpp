@@ -1,4 +1,5 @@
-// platform/wait.h: the futex (Linux default), std::atomic::wait (portable) or a condition variable (fallback).
+// platform/wait.h: the futex (Linux default), a condition variable (portable), or std::atomic::wait (portable with
+// TRIDENT_WAIT_ATOMIC).
 #include "platform/wait.h"
 
 #include <condition_variable>
@@ -10,7 +11,7 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#elif defined(__cpp_lib_atomic_wait)
+#elif defined(__cpp_lib_atomic_wait) && defined(TRIDENT_WAIT_ATOMIC)
 #define TD_WAIT_ATOMIC 1
 #else
 #define TD_WAIT_CONDVAR 1
@@ -20,31 +21,74 @@ namespace trident::platform {
 
 namespace {
 
-// The fallback: one mutex and condition variable per hashed address. A waiter holds the slot's mutex from its check
-// of the word until it sleeps, and a waker takes the same mutex after changing the word, so no wake is lost.
-struct Slot {
+// The portable wait, a parking lot: each sleeping thread waits on its own mutex and condition variable, listed in
+// the bucket of the word's address. A waiter re-checks the word under the bucket lock before it lists itself, and a
+// waker takes the bucket lock after changing the word, so no wake is lost; a waker signals each waiter under the
+// waiter's own mutex, so n threads woken at once (a barrier) do not queue on one lock.
+struct Waiter {
   std::mutex mu;
   std::condition_variable cv;
+  bool woken = false;            // under mu
+  const void* addr = nullptr;    // under the bucket's mutex
+  Waiter* next = nullptr;
 };
-Slot& slot_of(const void* addr) {
-  static Slot slots[256];
+struct Bucket {
+  std::mutex mu;
+  Waiter* head = nullptr;
+};
+Bucket& bucket_of(const void* addr) {
+  static Bucket buckets[256];
   const uint64_t h = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(addr)) >> 2) * 0x9E3779B97F4A7C15ull;
-  return slots[h >> 56];
+  return buckets[h >> 56];
 }
+thread_local Waiter t_waiter;
 
 }  // namespace
 
 void condvar_wait(std::atomic<uint32_t>& w, uint32_t old) {
-  Slot& s = slot_of(&w);
-  std::unique_lock lk(s.mu);
-  while (w.load(std::memory_order_acquire) == old) s.cv.wait(lk);
+  Waiter& me = t_waiter;
+  while (w.load(std::memory_order_acquire) == old) {
+    Bucket& b = bucket_of(&w);
+    {
+      std::lock_guard lk(b.mu);
+      if (w.load(std::memory_order_acquire) != old) return;
+      {
+        std::lock_guard mk(me.mu);
+        me.woken = false;
+      }
+      me.addr = &w;
+      me.next = b.head;
+      b.head = &me;
+    }
+    std::unique_lock mk(me.mu);
+    me.cv.wait(mk, [&] { return me.woken; });
+  }
 }
 
 void condvar_wake(std::atomic<uint32_t>& w, int n) {
-  (void)n;  // a slot is shared by several words: every sleeper wakes and checks its own
-  Slot& s = slot_of(&w);
-  { std::lock_guard lk(s.mu); }
-  s.cv.notify_all();
+  Bucket& b = bucket_of(&w);
+  Waiter* first = nullptr;
+  {
+    std::lock_guard lk(b.mu);
+    for (Waiter** p = &b.head; *p && n > 0;) {
+      Waiter* x = *p;
+      if (x->addr == &w) {
+        *p = x->next;
+        x->next = first;
+        first = x;
+        --n;
+      } else {
+        p = &x->next;
+      }
+    }
+  }
+  while (first) {
+    Waiter* x = first;
+    first = x->next;  // read before x may return and wait again
+    std::lock_guard mk(x->mu);
+    x->woken = true;
+    x->cv.notify_one();  // under x's mutex: x cannot return (and its thread end) before this is done
+  }
 }
 
 #if defined(TD_WAIT_FUTEX)

@@ -3,9 +3,12 @@
 // The emulator's rank threads and fiber worker threads sleep here. One interface, chosen at configure time:
 //  * default on Linux x86-64: the futex system call on the word itself (no spinning; with hundreds of rank threads
 //    on two cores a spin-then-sleep wait costs more than the sleep);
-//  * TRIDENT_PORTABLE (macOS, arm64, or forced with -DTRIDENT_PORTABLE=ON): C++20 std::atomic::wait/notify where
-//    the standard library has it, else a condition variable per hashed address (condvar_wait/condvar_wake below,
-//    compiled everywhere so its test runs on every machine).
+//  * TRIDENT_PORTABLE (macOS, arm64, or forced with -DTRIDENT_PORTABLE=ON): a parking lot, each sleeping thread
+//    on its own mutex and condition variable, listed under the word's address (condvar_wait/condvar_wake below,
+//    compiled everywhere so its test runs on every build); with
+//    -DTRIDENT_WAIT_ATOMIC=ON, C++20 std::atomic::wait/notify instead. Not the default: libstdc++ 12 spins with
+//    sched_yield before it sleeps, and a thread ping-pong took 169 us against 8 us with the condition variable and
+//    7 us with the futex on the loaded 2-core machine (docs/laptops.md section 4).
 // Ordering comes from the atomic operations on the word: the waker changes it (release) before wake_word, the
 // waiter reads it (acquire).
 #pragma once
@@ -21,7 +24,7 @@ void wake_word(std::atomic<uint32_t>& w, int n);
 // "futex", "atomic-wait" or "condvar": which implementation wait_word uses in this build.
 const char* wait_impl();
 
-// The condition-variable implementation (the fallback of the portable build), callable directly for its test.
+// The condition-variable implementation (the portable build's), callable directly for its test.
 void condvar_wait(std::atomic<uint32_t>& w, uint32_t old);
 void condvar_wake(std::atomic<uint32_t>& w, int n);
 
