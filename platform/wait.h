@@ -7,8 +7,8 @@
 //    on its own mutex and condition variable, listed under the word's address (condvar_wait/condvar_wake below,
 //    compiled everywhere so its test runs on every build); with
 //    -DTRIDENT_WAIT_ATOMIC=ON, C++20 std::atomic::wait/notify instead. Not the default: libstdc++ 12 spins with
-//    sched_yield before it sleeps, and a thread ping-pong took 169 us against 8 us with the condition variable and
-//    7 us with the futex on the loaded 2-core machine (docs/laptops.md section 4).
+//    sched_yield before it sleeps, and a thread ping-pong took 169 us with it against 7-18 us with the futex or a
+//    condition variable on the loaded 2-core machine (docs/laptops.md section 4).
 // Ordering comes from the atomic operations on the word: the waker changes it (release) before wake_word, the
 // waiter reads it (acquire).
 #pragma once
