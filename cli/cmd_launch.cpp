@@ -191,16 +191,22 @@ TRIDENT_COMMAND({"launch", "start N local processes of a trident command, one pe
                    sub.add_option("--master-port", o->port, "MASTER_PORT (default: a free port of this machine)")
                        ->check(CLI::Range(int64_t{1}, int64_t{65535}));
                    sub.add_option("--master-addr", o->addr, "MASTER_ADDR")->capture_default_str();
+                   // The help shows each range; the check is in the action (CLI11's range check lets nan through and
+                   // would exit 1): one line, exit 2.
+                   const auto range_shown = [](std::string desc) {
+                     return CLI::Validator([](std::string&) { return std::string(); }, std::move(desc));
+                   };
                    sub.add_option("--grace", o->grace,
                                   "seconds the other processes get to end after one failed, before SIGTERM "
                                   "(then SIGKILL 5 s later)")
+                       ->check(range_shown("FLOAT in [0 - 3600]"))
                        ->capture_default_str();
                    sub.add_option("--timeout", o->timeout, "stop the whole job after this many seconds (0: never)")
+                       ->check(range_shown("FLOAT in [0 - 1e+07]"))
                        ->capture_default_str();
                    sub.add_option("command", o->args, "the trident command every process runs, after --")
                        ->required();
                    return [o]() -> int {
-                     // Checked here rather than by CLI11 (whose range check lets nan through): one line, exit 2.
                      for (const std::string& e : {check_seconds("--grace", o->grace, 3600),
                                                   check_seconds("--timeout", o->timeout, 1e7)})
                        if (!e.empty()) {
