@@ -298,7 +298,7 @@ TEST(Primitives, BadFilesAreOneError) {
 PrimitivesFile tiny_copy(const std::string& path, bool sealed = true, int ranks = 1) {
   static const PrimitivesFile full =
       read_primitives(fmt::format("{}/primitives/tiny/primitives.h5", TRIDENT_GOLDEN_DATA));
-  EXPECT_FALSE(full.checksum);  // written before the checksum existed: still read
+  EXPECT_TRUE(full.checksum && full.manifest);  // the checked-in goldens are sealed
   PrimitivesFile f = full;
   static const std::set<std::string> ops = {"mm",          "gather_rows",      "embedding_forward", "wgrad_acc",
                                             "router_backward", "attn_qkv_forward", "linear_ce_forward"};
@@ -373,8 +373,12 @@ TEST(PrimitiveReader, NewFilesCarryAChecksumAndAManifestOldFilesStillLoad) {
     EXPECT_EQ(back.cases[i].sum_abs, f.cases[i].sum_abs);
   }
   validate_cases(back);
-  const PrimitivesFile legacy = read_primitives(fmt::format("{}/primitives/tiny-dsa/primitives.h5", TRIDENT_GOLDEN_DATA));
+  // A file written before the checksum and the manifest existed still loads (the reader notes their absence).
+  const std::string old_path = (td.p / "old.h5").string();
+  tiny_copy(old_path, /*sealed=*/false);
+  const PrimitivesFile legacy = read_primitives(old_path);
   EXPECT_FALSE(legacy.checksum || legacy.manifest);
+  ASSERT_EQ(legacy.cases.size(), f.cases.size());
   validate_cases(legacy);
 }
 
@@ -484,8 +488,10 @@ TEST(PrimitiveReader, ADamagedGlobalHeapIsAnErrorNotACrash) {
   TempDir td;
   const std::string p = (td.p / "p.h5").string();
   std::string bytes;
-  {
-    std::ifstream in(fmt::format("{}/primitives/tiny-dsa/primitives.h5", TRIDENT_GOLDEN_DATA), std::ios::binary);
+  {  // an unsealed file: a sealed one is refused by its checksum before HDF5 parses anything
+    const std::string src = (td.p / "unsealed.h5").string();
+    tiny_copy(src, /*sealed=*/false);
+    std::ifstream in(src, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
   int tried = 0;
