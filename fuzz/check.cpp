@@ -1,7 +1,9 @@
 // The properties of one layout and the shrinker (fuzz/check.h).
 #include "fuzz/check.h"
 
+#if defined(__GLIBC__)
 #include <malloc.h>
+#endif
 #include <omp.h>
 #include <stdlib.h>
 

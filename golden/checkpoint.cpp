@@ -23,6 +23,7 @@
 #include "golden/read_guard.h"
 #include "golden/state_dump.h"
 #include "parallel/shard.h"
+#include "platform/files.h"
 #include "reference/check.h"
 #include "reference/model/params.h"
 
@@ -203,10 +204,10 @@ void save_impl(const std::string& dir, const CheckpointMeta& meta, const std::ve
         fail(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), target.string(), errno_text()));
     } else {
       // Atomic swap: at every instant DIR is either the old checkpoint or the new one.
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      if (platform::rename_exchange(tmp.c_str(), target.c_str()) == 0) {
         fs::remove_all(tmp, ec);  // now the old checkpoint
       } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
-        // A file system without RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+        // A file system (or system) without an atomic exchange: move the old one aside first. A crash between the two renames
         // leaves no DIR, and the old checkpoint complete at .NAME.old-PID-N (docs/checkpoints.md).
         const fs::path old = private_dir("old");  // empty: the rename below replaces it
         if (::rename(target.c_str(), old.c_str()) != 0)

@@ -24,6 +24,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "platform/net.h"
 #include "reference/atomic_write.h"
 #include "reference/check.h"
 #include "reference/counted.h"
@@ -54,7 +55,7 @@ bool io_all(int fd, char* buf, size_t n, bool write, clk::time_point until) {
     const int pr = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
-    const ssize_t k = write ? ::send(fd, buf + done, n - done, MSG_NOSIGNAL) : ::recv(fd, buf + done, n - done, 0);
+    const ssize_t k = write ? platform::send_nosignal(fd, buf + done, n - done) : ::recv(fd, buf + done, n - done, 0);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (k <= 0) return false;
     done += static_cast<size_t>(k);
@@ -285,7 +286,7 @@ void serve(int lfd, int nranks, const UniqueId& id, const std::string& secret, c
     // New connections: a challenge each (a full table drops the oldest handshake, never a verified reply).
     if (pr > 0 && (p[0].revents & POLLIN)) {
       for (;;) {
-        const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        const int fd = platform::accept_cloexec(lfd, /*nonblock=*/true);
         if (fd < 0) break;
         if (conns.size() >= kMaxPending) {
           for (size_t i = 0; i < conns.size(); ++i)
@@ -313,7 +314,7 @@ void serve(int lfd, int nranks, const UniqueId& id, const std::string& secret, c
     for (size_t i = conns.size(); i-- > 0;) {
       Conn& c = conns[i];
       if (c.sent < c.out.size()) {
-        const ssize_t k = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+        const ssize_t k = platform::send_nosignal(c.fd, c.out.data() + c.sent, c.out.size() - c.sent);
         if (k > 0) c.sent += static_cast<size_t>(k);
         else if (k < 0 && errno != EAGAIN && errno != EINTR) {
           close_conn(i);
@@ -397,7 +398,7 @@ UniqueId TcpExchange::exchange(int rank, int nranks, const MakeId& make) {
   const std::string where = fmt::format("{}:{}", addr_, port_);
   const auto until = clk::now() + timeout_;
   if (rank == 0) {
-    Fd ls{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+    Fd ls{platform::socket_cloexec(AF_INET, SOCK_STREAM, /*nonblock=*/true)};
     TD_CHECK(ls.fd >= 0, "NCCL id exchange (tcp): socket: {}", errno_str());
     const int one = 1;
     ::setsockopt(ls.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -410,7 +411,7 @@ UniqueId TcpExchange::exchange(int rank, int nranks, const MakeId& make) {
     return id;
   }
   for (;;) {
-    Fd c{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+    Fd c{platform::socket_cloexec(AF_INET, SOCK_STREAM, /*nonblock=*/false)};
     TD_CHECK(c.fd >= 0, "NCCL id exchange (tcp): socket: {}", errno_str());
     if (::connect(c.fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) == 0) {
       const auto hs = std::min(until, clk::now() + kHandshake);
