@@ -10,7 +10,7 @@
 namespace trident::platform {
 
 int rename_exchange(const char* a, const char* b) {
-#if defined(__linux__) && defined(RENAME_EXCHANGE)
+#if defined(__linux__) && defined(RENAME_EXCHANGE) && !defined(TRIDENT_PORTABLE)
   return ::renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
 #elif defined(__APPLE__)
   return ::renamex_np(a, b, RENAME_SWAP);

@@ -1,6 +1,7 @@
 // File-system calls that differ between systems.
 //
-// rename_exchange(): Linux renameat2(RENAME_EXCHANGE), macOS renamex_np(RENAME_SWAP): the two paths swap atomically.
+// rename_exchange(): Linux renameat2(RENAME_EXCHANGE), macOS renamex_np(RENAME_SWAP): the two paths swap atomically;
+// with TRIDENT_PORTABLE on Linux it reports ENOSYS, so the callers' two-rename fallback runs in that build.
 #pragma once
 
 namespace trident::platform {

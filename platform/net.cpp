@@ -9,7 +9,7 @@
 
 namespace trident::platform {
 
-#if !defined(__linux__)
+#if !defined(__linux__) || defined(TRIDENT_PORTABLE)
 namespace {
 // The flags Linux sets in one call: close-on-exec, non-blocking, no SIGPIPE (where the system has SO_NOSIGPIPE).
 int set_flags(int fd, bool nonblock) {
@@ -30,7 +30,7 @@ int set_flags(int fd, bool nonblock) {
 #endif
 
 int socket_cloexec(int domain, int type, bool nonblock) {
-#if defined(__linux__)
+#if defined(__linux__) && !defined(TRIDENT_PORTABLE)
   return ::socket(domain, type | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
 #else
   return set_flags(::socket(domain, type, 0), nonblock);
@@ -38,7 +38,7 @@ int socket_cloexec(int domain, int type, bool nonblock) {
 }
 
 int accept_cloexec(int lfd, bool nonblock) {
-#if defined(__linux__)
+#if defined(__linux__) && !defined(TRIDENT_PORTABLE)
   return ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0));
 #else
   return set_flags(::accept(lfd, nullptr, nullptr), nonblock);

@@ -1,7 +1,8 @@
 // Socket calls that differ between systems: close-on-exec and non-blocking flags, and no SIGPIPE on a closed peer.
 //
-// Linux: SOCK_CLOEXEC / SOCK_NONBLOCK, accept4 and send(MSG_NOSIGNAL). Elsewhere (macOS): socket / accept, then fcntl
-// for the flags and SO_NOSIGPIPE on the socket, and a plain send.
+// Linux: SOCK_CLOEXEC / SOCK_NONBLOCK, accept4 and send(MSG_NOSIGNAL). Elsewhere and with TRIDENT_PORTABLE: socket /
+// accept, then fcntl for the flags, SO_NOSIGPIPE on the socket where the system has it (macOS), and
+// send(MSG_NOSIGNAL) where the system has that flag.
 #pragma once
 #include <sys/types.h>
 
