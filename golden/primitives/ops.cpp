@@ -742,6 +742,15 @@ const std::map<std::string, OpEntry<T>>& op_table() {
   return table;
 }
 
+// Replays case c through its op's binder b, then checks that a policy is stored only on an op that takes one.
+template <class T>
+void replay_checked(const OpEntry<T>& op, Binder<T>& b, const PrimCase& c) {
+  op.replay(b);
+  if (!b.uses_policy() && !c.policy.empty())
+    fail(fmt::format("primitive case {}/{} (rank {}): policy '{}' on an op without one (the file is corrupt)", c.op,
+                     c.name, c.rank, c.policy.substr(0, 64)));
+}
+
 template <class T>
 std::vector<NamedTensor> replay(const PrimCase& c, Kernels<T>& k, Device& dev, bool abs_inputs,
                                 bool expect_outputs = false) {
@@ -755,10 +764,7 @@ std::vector<NamedTensor> replay(const PrimCase& c, Kernels<T>& k, Device& dev, b
   Binder<T> b(Mode::replay, dev, dev.compute_stream(), cc, &k);
   b.abs_inputs = abs_inputs;
   b.expect_outputs = expect_outputs;
-  it->second.replay(b);
-  if (!b.uses_policy() && !c.policy.empty())
-    fail(fmt::format("primitive case {}/{} (rank {}): policy '{}' on an op without one (the file is corrupt)", c.op,
-                     c.name, c.rank, c.policy.substr(0, 64)));
+  replay_checked(it->second, b, c);
   return std::move(b.results);
 }
 
@@ -1317,10 +1323,7 @@ void validate_case(const PrimCase& c) {
   Binder<T> b(Mode::replay, s.dev, s.dev.compute_stream(), cc, &s.k);
   b.expect_outputs = true;
   b.skip_call = true;
-  it->second.replay(b);
-  if (!b.uses_policy() && !c.policy.empty())
-    fail(fmt::format("primitive case {}/{} (rank {}): policy '{}' on an op without one (the file is corrupt)", c.op,
-                     c.name, c.rank, c.policy.substr(0, 64)));
+  replay_checked(it->second, b, c);
 }
 void validate_cases(const PrimitivesFile& f) {
   for (const PrimCase& c : f.cases) {
