@@ -296,22 +296,23 @@ class TorchKernels:
         """dx (N, d) = dxk (N*K, d) viewed (N, K, d) summed over K."""
         return {"dx": _np(x["dxk"].reshape(s["N"], s["K"], s["d"]).sum(1))}
 
-    def gather_index(self, idx):
+    def gather_index(self, idx, rows):
+        """The row indices as the kernel uses them (rows: the rows of the indexed array)."""
         return idx
 
     def op_gather_rows(self, x, s):
         """dst (n, w) = src[idx] (index_select)."""
-        idx = self.gather_index(x["idx"].long())
         src = x["src"].reshape(-1, s["w"])
+        idx = self.gather_index(x["idx"].long(), src.shape[0])
         return {"dst": _np(src.index_select(0, idx))}
 
     def op_scatter_rows(self, x, s):
         """dst (max(idx) + 1, w): row idx[j] = src (n, w) row j (index_copy_; other rows +0)."""
-        idx = self.gather_index(x["idx"].long())
         rows = int(x["idx"].max()) + 1 if x["idx"].numel() else 0
+        idx = self.gather_index(x["idx"].long(), rows)
         dst = torch.zeros(rows, s["w"], dtype=self.dtype)
         if idx.numel():
-            dst.index_copy_(0, idx.clamp(0, rows - 1), x["src"].reshape(-1, s["w"]))
+            dst.index_copy_(0, idx, x["src"].reshape(-1, s["w"]))
         return {"dst": _np(dst)}
 
     # ---- attention projections ---------------------------------------------------------------------------------
