@@ -24,7 +24,6 @@ Policy: the checked-in goldens are fp32 (`Case.policy` "fp32"). TorchKernels(pol
 attention operand to bfloat16 and accumulates in float32, as the bf16 policy states (docs/numerics.md); the
 checker's impl(op, inputs, shapes) does not receive the case's policy, so pick the instance that matches it
 (`kernels_for(case.policy)`)."""
-import math
 
 import numpy as np
 
@@ -389,14 +388,13 @@ class TorchKernels:
         def grads(rows, wrt_a):
             A = a[rows].clone().requires_grad_(True)
             acts = self.qkv_forward(cfg, W, A, x["pos"].long()[rows], cos, sin)
-            n = A.shape[0]
             dqc = x["dqc"].reshape(N, -1)[rows].reshape(acts["qc"].shape)
             dpay = x["dpayload"].reshape(N, -1)[rows][:, :P_core]
             wrt = [A] if wrt_a else [W[k] for k in names]
-            return torch.autograd.grad((acts["qc"], acts["payload"]), wrt, (dqc, dpay), allow_unused=True), n
+            return torch.autograd.grad((acts["qc"], acts["payload"]), wrt, (dqc, dpay), allow_unused=True)
 
-        (da,), _ = grads(slice(0, N), True)
-        gw, _ = grads(slice(r0, r1), False)
+        (da,) = grads(slice(0, N), True)
+        gw = grads(slice(r0, r1), False)
         out = {"da": _np(da)}
         for k, g in zip(names, gw):
             out["G." + k] = _np(g if g is not None else torch.zeros_like(W[k]))
@@ -416,7 +414,8 @@ class TorchKernels:
     def op_attn_out_forward(self, x, s):
         """Adapter: acts.o flat (N, H, Dv_core); acts.ocat flat (N, H*Dv) (MLA only); y (N, d)."""
         N = s["N"]
-        ocat, y = self.out_forward(s["config"], self._weights(x), x["acts.o"].reshape(N, s["config"]["attention"]["heads"], -1))
+        H = s["config"]["attention"]["heads"]
+        ocat, y = self.out_forward(s["config"], self._weights(x), x["acts.o"].reshape(N, H, -1))
         out = {"y": _np(y)}
         if ocat is not None:
             out["acts.ocat"] = _np(ocat.reshape(-1))

@@ -129,7 +129,8 @@ def main(argv=None):
     print(table(rows, a.markdown))
     bad = [f"{op}/{o}" for (op, o), r in rows.items() if not r["ratio"] <= SANITY]
     print(f"\n{len(rows)} outputs of {len({op for op, _ in rows})} ops; worst ratio "
-          f"{max(r['ratio'] for r in rows.values()):.2f}; beyond the provisional sanity scale ({SANITY} u max|golden|): "
+          f"{max(r['ratio'] for r in rows.values()):.2f}; beyond the provisional sanity scale "
+          f"({SANITY} u max|golden|): "
           f"{', '.join(bad) or 'none'}")
     return 1 if bad else 0
 
