@@ -16,6 +16,8 @@ set(TRIDENT_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/trident)
 set(TRIDENT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Trident)
 
 # The libraries check_primitives needs, and their Trident dependencies (exported names: Trident::<name>).
+# Trident::hdf5_cpp names the HDF5 include directory and libraries this build found (FindHDF5 wants the C language
+# enabled, which a C++ consumer need not do).
 set(_trident_export_libs
     trident_primitives primitives  trident_golden golden  trident_emulator emulator  trident_nccl nccl
     trident_parallel parallel  trident_layout layout  trident_model model  trident_reference reference
