@@ -61,7 +61,7 @@ install(TARGETS ${_targets} trident EXPORT TridentTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${TRIDENT_INSTALL_INCLUDEDIR})
 foreach(_dir reference reference/model parallel golden golden/primitives emulator platform gpu/nccl)
-  file(GLOB _h ${CMAKE_CURRENT_SOURCE_DIR}/${_dir}/*.h)
+  file(GLOB _h CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${_dir}/*.h)
   install(FILES ${_h} DESTINATION ${TRIDENT_INSTALL_INCLUDEDIR}/${_dir})
 endforeach()
 # The checked-in primitive goldens (golden/data/primitives/<preset>), for checking a kernel set without a checkout.
