@@ -339,56 +339,88 @@ Manifest read_manifest(const std::string& dir) {
   return out;
 }
 
+// The parts of every tensor a rank file holds, in the order put_parts takes them: for each parameter the rank owns,
+// its /params, /exp_avg and /exp_avg_sq parts (the moments of trainable ones only), unpadded, as raw bytes. Parsed in
+// a forked child (load_checkpoint), so it returns bytes and throws trident::Error only.
 template <class T>
-void read_rank_file(const fs::path& path, const std::string& where, const md::Config& cfg,
-                    const std::vector<md::ParamInfo>& info, const MeshShape& mesh, int64_t rank, int64_t step,
-                    md::TrainState<T>& out) {
-  const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
-  // The bytes were checked against the manifest's CRC before; a file damaged before it was checksummed could still
-  // hold a global heap HDF5 would crash or loop on: refused first, as for every HDF5 file Trident reads.
-  std::error_code ec;
-  check_global_heaps(path.string(), fs::file_size(path, ec), 0, "checkpoint file");
-  H5::H5File f(path.string(), H5F_ACC_RDONLY);
-  int64_t r = -1, s = -1;
-  for (auto [name, out] : {std::pair{"rank", &r}, std::pair{"step", &s}}) {
-    if (!f.attrExists(name)) fail(fmt::format("{}: attribute '{}' is missing", where, name));
-    H5::Attribute a = f.openAttribute(name);
-    if (a.getTypeClass() != H5T_INTEGER || a.getDataType().getSize() > 8 || a.getSpace().getSimpleExtentNpoints() != 1)
-      fail(fmt::format("{}: attribute '{}' is not one integer", where, name));
-    a.read(H5::PredType::NATIVE_INT64, out);
+std::string read_rank_parts(const fs::path& path, const std::string& where, const md::Config& cfg,
+                            const std::vector<md::ParamInfo>& info, const MeshShape& mesh, int64_t rank,
+                            int64_t step) {
+  try {
+    const H5::PredType& mt = std::is_same_v<T, double> ? H5::PredType::NATIVE_DOUBLE : H5::PredType::NATIVE_FLOAT;
+    // The bytes were checked against the manifest's CRC before; a file damaged before it was checksummed could
+    // still hold a global heap HDF5 would crash or loop on: refused first, as for every HDF5 file Trident reads.
+    std::error_code ec;
+    check_global_heaps(path.string(), fs::file_size(path, ec), 0, "checkpoint file");
+    H5::H5File f(path.string(), H5F_ACC_RDONLY);
+    int64_t r = -1, s = -1;
+    for (auto [name, out] : {std::pair{"rank", &r}, std::pair{"step", &s}}) {
+      if (!f.attrExists(name)) fail(fmt::format("{}: attribute '{}' is missing", where, name));
+      H5::Attribute a = f.openAttribute(name);
+      if (a.getTypeClass() != H5T_INTEGER || a.getDataType().getSize() > 8 ||
+          a.getSpace().getSimpleExtentNpoints() != 1)
+        fail(fmt::format("{}: attribute '{}' is not one integer", where, name));
+      a.read(H5::PredType::NATIVE_INT64, out);
+    }
+    if (r != rank || s != step)
+      fail(fmt::format("{}: holds rank {} at step {}, the manifest says rank {} at step {}", where, r, s, rank, step));
+    const char* names[3] = {"params", "exp_avg", "exp_avg_sq"};
+    hsize_t expect[3] = {0, 0, 0};
+    H5::Group groups[3] = {f.openGroup(names[0]), f.openGroup(names[1]), f.openGroup(names[2])};
+    std::string out;
+    for (size_t p = 0; p < info.size(); ++p) {
+      const ParamPlacement pl = place(info[p], mesh, cfg.experts, rank);
+      if (!pl.owner) continue;
+      for (int g = 0; g < 3; ++g) {
+        if (g > 0 && !info[p].trainable) continue;
+        ++expect[g];
+        if (!groups[g].nameExists(info[p].name))
+          fail(fmt::format("{}: /{}/{} is missing", where, names[g], info[p].name));
+        H5::DataSet ds = groups[g].openDataSet(info[p].name);
+        H5::DataSpace sp = ds.getSpace();
+        const int nd = sp.getSimpleExtentNdims();
+        std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+        if (nd > 0) sp.getSimpleExtentDims(dims.data());
+        const std::vector<hsize_t> want(pl.shape.begin(), pl.shape.end());
+        if (dims != want || ds.getTypeClass() != H5T_FLOAT || ds.getFloatType().getSize() != sizeof(T))
+          fail(fmt::format("{}: /{}/{} has the wrong shape or type (want {} [{}])", where, names[g], info[p].name,
+                           dtype_of<T>(), fmt::join(pl.shape, ", ")));
+        const size_t at = out.size();
+        out.resize(at + static_cast<size_t>(pl.valid_elems()) * sizeof(T));
+        if (pl.valid_elems() > 0) ds.read(out.data() + at, mt);
+      }
+    }
+    for (int g = 0; g < 3; ++g)
+      if (groups[g].getNumObjs() != expect[g])
+        fail(fmt::format("{}: /{} holds {} datasets, expected {}", where, names[g], groups[g].getNumObjs(),
+                         expect[g]));
+    return out;
+  } catch (const H5::Exception& e) {
+    fail(fmt::format("{}: HDF5: {}", where, e.getDetailMsg()));
   }
-  if (r != rank || s != step)
-    fail(fmt::format("{}: holds rank {} at step {}, the manifest says rank {} at step {}", where, r, s, rank, step));
-  const char* names[3] = {"params", "exp_avg", "exp_avg_sq"};
+}
+
+// Puts a rank's parts (read_rank_parts) into the full state.
+template <class T>
+void put_parts(const std::string& parts, const std::string& where, const md::Config& cfg,
+               const std::vector<md::ParamInfo>& info, const MeshShape& mesh, int64_t rank, md::TrainState<T>& out) {
   md::ParamSet<T>* sets[3] = {&out.params, &out.m, &out.v};
-  hsize_t expect[3] = {0, 0, 0};
-  H5::Group groups[3] = {f.openGroup(names[0]), f.openGroup(names[1]), f.openGroup(names[2])};
   std::vector<T> part;
+  size_t at = 0;
   for (size_t p = 0; p < info.size(); ++p) {
     const ParamPlacement pl = place(info[p], mesh, cfg.experts, rank);
     if (!pl.owner) continue;
     for (int g = 0; g < 3; ++g) {
       if (g > 0 && !info[p].trainable) continue;
-      ++expect[g];
-      if (!groups[g].nameExists(info[p].name))
-        fail(fmt::format("{}: /{}/{} is missing", where, names[g], info[p].name));
-      H5::DataSet ds = groups[g].openDataSet(info[p].name);
-      H5::DataSpace sp = ds.getSpace();
-      const int nd = sp.getSimpleExtentNdims();
-      std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
-      if (nd > 0) sp.getSimpleExtentDims(dims.data());
-      const std::vector<hsize_t> want(pl.shape.begin(), pl.shape.end());
-      if (dims != want || ds.getTypeClass() != H5T_FLOAT || ds.getFloatType().getSize() != sizeof(T))
-        fail(fmt::format("{}: /{}/{} has the wrong shape or type (want {} [{}])", where, names[g], info[p].name,
-                         dtype_of<T>(), fmt::join(pl.shape, ", ")));
+      const size_t bytes = static_cast<size_t>(pl.valid_elems()) * sizeof(T);
+      if (parts.size() - at < bytes) fail(fmt::format("{}: internal error: the reader sent too few bytes", where));
       part.resize(static_cast<size_t>(pl.valid_elems()));
-      if (!part.empty()) ds.read(part.data(), mt);
+      if (bytes > 0) std::memcpy(part.data(), parts.data() + at, bytes);
+      at += bytes;
       put_part(pl, part.data(), sets[g]->t[p].ptr());
     }
   }
-  for (int g = 0; g < 3; ++g)
-    if (groups[g].getNumObjs() != expect[g])
-      fail(fmt::format("{}: /{} holds {} datasets, expected {}", where, names[g], groups[g].getNumObjs(), expect[g]));
+  if (at != parts.size()) fail(fmt::format("{}: internal error: the reader sent too many bytes", where));
 }
 
 }  // namespace
@@ -506,13 +538,16 @@ md::TrainState<T> load_checkpoint(const std::string& dir, CheckpointMeta* meta_o
   st.step = meta.step;
   H5::Exception::dontPrint();
   for (int64_t r = 0; r < static_cast<int64_t>(man.files.size()); ++r) {
-    const std::string where = fmt::format("checkpoint '{}': {}", dir, std::get<0>(man.files[static_cast<size_t>(r)]));
-    try {
-      read_rank_file<T>(fs::path(dir) / std::get<0>(man.files[static_cast<size_t>(r)]), where, meta.cfg, info,
-                        meta.mesh, r, meta.step, st);
-    } catch (const H5::Exception& e) {
-      fail(fmt::format("{}: HDF5: {}", where, e.getDetailMsg()));
-    }
+    const auto& [path, bytes, crc] = man.files[static_cast<size_t>(r)];
+    const fs::path fp = fs::path(dir) / path;
+    const std::string where = fmt::format("checkpoint '{}': {}", dir, path);
+    // Parsed in a forked child with a time limit, as every HDF5 file Trident reads (golden/read_guard.h): a CRC
+    // made after the damage (a file damaged before it was checksummed, or re-sealed) lets HDF5 itself parse
+    // corrupt metadata, and a crash or a loop of the library is then one error, not the end of the run.
+    const auto work = [&] { return read_rank_parts<T>(fp, where, meta.cfg, info, meta.mesh, r, meta.step); };
+    std::string parts;
+    if (!run_isolated(fp.string(), static_cast<uint64_t>(bytes), "checkpoint file", work, parts)) parts = work();
+    put_parts<T>(parts, where, meta.cfg, info, meta.mesh, r, st);
   }
   validate_restored(st, meta, dir);
   if (meta_out) *meta_out = meta;

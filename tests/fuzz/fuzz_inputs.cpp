@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,9 +98,14 @@ struct Rng {
   }
 };
 
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+std::string read_file(const std::string& p) {  // in one read (a character iterator is slow under ASan)
+  std::ifstream in(p, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  std::string s(static_cast<size_t>(std::max<std::streamoff>(in.tellg(), 0)), '\0');
+  in.seekg(0);
+  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  s.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return s;
 }
 void write_file(const std::string& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
@@ -119,10 +125,15 @@ struct Outcome {
   }
 };
 
-// Exit codes of a case's child process.
-enum : int { kLoaded = 0, kRejected = 1, kOtherException = 2, kInvariant = 3, kSkipped = 4 };
+// Exit codes of a case's child process: none is 1, the exit code of a sanitizer finding (UBSan exits with 1 after
+// its report, ASan too without abort_on_error), so a finding is a failure, never taken for a rejected input.
+enum : int { kLoaded = 20, kRejected = 21, kOtherException = 22, kInvariant = 23, kSkipped = 24 };
 
 [[noreturn]] void invariant(const std::string& what) { throw std::logic_error("invariant: " + what); }
+
+// Thrown when a mutation could not be made (the case is counted as skipped). An exception rather than exit():
+// exit() would run LeakSanitizer's scan of the whole inherited heap in the case's process.
+struct Skipped {};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Config mutations
@@ -934,7 +945,7 @@ void h5_case(Rng& r, const std::vector<Base>& bases, const std::string& dir, Out
     try {
       o.mutation = b.name + ", " + structural_mutation(r, file);
     } catch (const H5Fail&) {
-      std::exit(kSkipped);
+      throw Skipped{};
     }
     in_process_ok = true;
     if (b.sealed && r.coin(0.85)) {
@@ -1225,7 +1236,7 @@ void prim_case(Rng& r, const std::vector<PrimBase>& bases, const std::string& di
     try {
       o.mutation = b.name + ", " + prim_mutation(r, file, must_reject);
     } catch (const H5Fail&) {
-      std::exit(kSkipped);
+      throw Skipped{};
     }
     must_reject = must_reject && (b.sealed || o.mutation.find("ranks =") != std::string::npos ||
                                   o.mutation.find("mesh spec") != std::string::npos ||
@@ -1283,13 +1294,21 @@ void reseal_checkpoint(const std::string& dir) {
 void ckpt_case(Rng& r, const std::string& dir, Outcome& o) {
   const std::string ck_dir = dir + "/ck";
   fs::copy(g_ckpt_base, ck_dir, fs::copy_options::recursive);
-  bool valid = true;
-  if (r.coin(0.8)) {  // a value
+  bool valid = true, damaged = false;
+  const double pick = std::uniform_real_distribution<double>(0, 1)(r.g);
+  if (pick < 0.25) {  // damaged bytes of the rank file: HDF5 itself parses them when the CRC is re-sealed
+    const std::string file = ck_dir + "/rank_00000.h5";
+    std::string w;
+    const std::string orig = read_file(file), bytes = byte_mutation(r, orig, w);
+    write_file(file, bytes);
+    damaged = bytes != orig;  // (bytes overwritten by the same bytes change nothing)
+    o.mutation = "rank_00000.h5 " + w;
+  } else if (pick < 0.85) {  // a value
     const std::string file = ck_dir + "/rank_00000.h5";
     hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    if (f < 0) std::exit(kSkipped);
+    if (f < 0) throw Skipped{};
     const std::vector<std::string> ds = h5_paths(f, H5O_TYPE_DATASET);
-    if (ds.empty()) std::exit(kSkipped);
+    if (ds.empty()) throw Skipped{};
     const std::string p = r.pick(ds);
     const bool is_v = p.rfind("exp_avg_sq/", 0) == 0, is_m = p.rfind("exp_avg/", 0) == 0;
     const double v = r.pick<double>({std::nan(""), INFINITY, -INFINITY, 3e38, -3e38, -1e-30, -1.0, 0.5, -0.5, 1e-3,
@@ -1302,7 +1321,7 @@ void ckpt_case(Rng& r, const std::string& dir, Outcome& o) {
       poke(d, r.range(0, 1 << 16), v, false);
     } catch (const H5Fail&) {
       H5Dclose(d), H5Fclose(f);
-      std::exit(kSkipped);
+      throw Skipped{};
     }
     H5Dclose(d);
     H5Fclose(f);
@@ -1327,8 +1346,14 @@ void ckpt_case(Rng& r, const std::string& dir, Outcome& o) {
   else o.mutation += ", not re-sealed";
   o.announce();
   const model::TrainState<float> st = golden::load_checkpoint<float>(ck_dir);
-  if (!valid || !reseal) invariant("an invalid or stale checkpoint loaded (silent pass)");
-  (void)st;
+  if (!reseal && (damaged || pick >= 0.25))
+    invariant("a checkpoint changed without re-sealing loaded (silent pass)");
+  if (!valid) invariant("an invalid checkpoint loaded (silent pass)");
+  // Loaded (damaged bytes may hit only tensor data): what loading promises, every value finite.
+  for (const model::ParamSet<float>* set : {&st.params, &st.m, &st.v})
+    for (const auto& t : set->t)
+      for (float x : t.data)
+        if (!std::isfinite(x)) invariant(damaged ? "a damaged checkpoint loaded a non-finite value" : "non-finite");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1393,6 +1418,8 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
     else if (kind == "cli") cli_case(r, o);
     else h5_case(r, bases, dir, o);
     return kLoaded;
+  } catch (const Skipped&) {
+    return kSkipped;
   } catch (const Error& e) {
     msg = e.what();
     return kRejected;
@@ -1406,6 +1433,41 @@ int run_case(const Options& opt, const std::vector<Base>& bases, int64_t i, cons
     msg = "unknown exception type";
     return kOtherException;
   }
+}
+
+// Runs `f` in a forked child process; returns "" when it succeeded, else what went wrong.
+std::string in_child(const std::function<void()>& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string err;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    (void)!::write(fds[1], err.data(), err.size());
+    ::_exit(err.empty() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    err.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && err.empty())
+    err = fmt::format("the process ended with status {}", status);
+  return err;
 }
 
 int usage() {
@@ -1455,6 +1517,7 @@ int main(int argc, char** argv) {
     } else return usage();
   }
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const auto t_start = std::chrono::steady_clock::now();
   const fs::path work = fs::temp_directory_path() / fmt::format("trident_fuzz_{}", static_cast<long>(::getpid()));
   fs::create_directories(work);
   struct Cleanup {
@@ -1465,58 +1528,73 @@ int main(int argc, char** argv) {
     }
   } cleanup{work};
 
-  // The HDF5 bases: small dumps with and without the checksum, and a checked-in golden file (no checksum).
+  // The HDF5 bases: small dumps with and without the checksum, and a checked-in golden file (no checksum); the
+  // primitive goldens (1 and 2 ranks, with and without the checksum and manifest); a one-rank checkpoint. Named
+  // here, written by a child process: this process forks every case (and a case may fork an isolated reader), and
+  // a fork's cost grows with the forking process's resident memory (about 20 ms of CPU a fork at 240 MB under
+  // ASan, against 8 ms at 80 MB), so the parent never holds what making the bases allocates.
   std::vector<Base> bases;
-  {
-    const auto gen = generic_dump(opt.seed), mod = model_dump(opt.seed);
-    for (bool sealed : {true, false}) {
-      const std::string tag = sealed ? "sealed" : "legacy";
-      bases.push_back({(work / ("generic_" + tag + ".h5")).string(), sealed, "generic " + tag + " dump"});
-      golden::write_state(bases.back().path, gen, {.checksum = sealed});
-      bases.push_back({(work / ("model_" + tag + ".h5")).string(), sealed, "model " + tag + " dump"});
-      golden::write_state(bases.back().path, mod, {.checksum = sealed});
-    }
-    const std::string g = opt.source_dir + "/golden/data/micro_fp32_step1.h5";
-    if (fs::exists(g)) bases.push_back({g, false, "golden/data/micro_fp32_step1.h5"});
-    for (const Base& b : bases) golden::read_state(b.path);  // the bases themselves load
+  for (bool sealed : {true, false}) {
+    const std::string tag = sealed ? "sealed" : "legacy";
+    bases.push_back({(work / ("generic_" + tag + ".h5")).string(), sealed, "generic " + tag + " dump"});
+    bases.push_back({(work / ("model_" + tag + ".h5")).string(), sealed, "model " + tag + " dump"});
   }
-  if (opt.kinds.count("prim")) {  // primitive goldens: 1 and 2 ranks, with and without the checksum and manifest
-    for (int ranks : {1, 2}) {
-      const golden::PrimitivesFile f = prim_subset(opt.source_dir, ranks);
-      for (bool sealed : {true, false}) {
-        const std::string tag = fmt::format("{} rank(s) {}", ranks, sealed ? "sealed" : "legacy");
+  const std::string micro_golden = opt.source_dir + "/golden/data/micro_fp32_step1.h5";
+  if (fs::exists(micro_golden)) bases.push_back({micro_golden, false, "golden/data/micro_fp32_step1.h5"});
+  if (opt.kinds.count("prim"))
+    for (int ranks : {1, 2})
+      for (bool sealed : {true, false})
         g_prim_bases.push_back({(work / fmt::format("prim_{}_{}.h5", ranks, sealed)).string(), sealed, ranks,
-                                "primitives " + tag});
-        golden::write_primitives(g_prim_bases.back().path, f, {.checksum = sealed});
-        golden::validate_cases(golden::read_primitives(g_prim_bases.back().path));
-      }
+                                fmt::format("primitives {} rank(s) {}", ranks, sealed ? "sealed" : "legacy")});
+  if (opt.kinds.count("ckpt")) g_ckpt_base = (work / "ckpt_base").string();
+  const std::string setup_error = in_child([&] {
+    const auto gen = generic_dump(opt.seed), mod = model_dump(opt.seed);
+    for (size_t i = 0; i < 4; ++i)
+      golden::write_state(bases[i].path, i % 2 == 0 ? gen : mod, {.checksum = bases[i].sealed});
+    for (const Base& b : bases) golden::read_state(b.path);  // the bases themselves load
+    for (const PrimBase& b : g_prim_bases) {
+      golden::write_primitives(b.path, prim_subset(opt.source_dir, b.ranks), {.checksum = b.sealed});
+      golden::validate_cases(golden::read_primitives(b.path));
     }
-  }
-  if (opt.kinds.count("ckpt")) {  // a one-rank checkpoint of the micro model at step 3, moments inside their bounds
-    const model::Config cfg = goldentest::micro_config(128, 0);
-    golden::CheckpointMeta meta;
-    meta.writer = "train";
-    meta.cfg = cfg;
-    meta.mesh = parse_mesh("d_rep=1");
-    meta.step = 3;
-    model::TrainState<float> st;
-    st.params = model::ParamSet<float>::init(cfg, 1);
-    st.m = model::ParamSet<float>::zeros(cfg);
-    st.v = model::ParamSet<float>::zeros(cfg);
-    st.step = 3;
-    std::mt19937_64 g(opt.seed);
-    for (size_t p = 0; p < st.m.t.size(); ++p)
-      for (size_t i = 0; i < st.m.t[p].data.size(); ++i) {
-        st.m.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 2001) / 1000.0 - 1.0) * 0.01f;
-        st.v.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 1000) / 1000.0) * 1e-4f;
-      }
-    g_ckpt_base = (work / "ckpt_base").string();
-    golden::save_checkpoint<float>(g_ckpt_base, meta, st);
-    (void)golden::load_checkpoint<float>(g_ckpt_base);
+    if (!g_ckpt_base.empty()) {  // the micro model at step 3, moments inside their bounds
+      const model::Config cfg = goldentest::micro_config(128, 0);
+      golden::CheckpointMeta meta;
+      meta.writer = "train";
+      meta.cfg = cfg;
+      meta.mesh = parse_mesh("d_rep=1");
+      meta.step = 3;
+      model::TrainState<float> st;
+      st.params = model::ParamSet<float>::init(cfg, 1);
+      st.m = model::ParamSet<float>::zeros(cfg);
+      st.v = model::ParamSet<float>::zeros(cfg);
+      st.step = 3;
+      std::mt19937_64 g(opt.seed);
+      for (size_t p = 0; p < st.m.t.size(); ++p)
+        for (size_t i = 0; i < st.m.t[p].data.size(); ++i) {
+          st.m.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 2001) / 1000.0 - 1.0) * 0.01f;
+          st.v.t[p].data[i] = static_cast<float>(static_cast<double>(g() % 1000) / 1000.0) * 1e-4f;
+        }
+      golden::save_checkpoint<float>(g_ckpt_base, meta, st);
+      (void)golden::load_checkpoint<float>(g_ckpt_base);
+    }
+  });
+  if (!setup_error.empty()) {
+    std::fprintf(stderr, "fuzz_inputs: making the bases failed: %s\n", setup_error.c_str());
+    return 2;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
+  const double setup_s = std::chrono::duration<double>(t0 - t_start).count();
   std::map<std::string, std::array<int64_t, 5>> count;  // kind -> loaded, rejected, skipped, failed, total
+  std::map<std::string, double> cpu;                     // kind -> CPU seconds of its cases (children, reaped)
+  auto children_cpu = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_CHILDREN, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double cpu0 = children_cpu();
+  double cpu_last = cpu0;
   int64_t failures = 0;
   const int64_t first = opt.only_case >= 0 ? opt.only_case : 0;
   const int64_t last = opt.only_case >= 0 ? opt.only_case + 1 : opt.cases;
@@ -1561,6 +1639,9 @@ int main(int argc, char** argv) {
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    const double cpu_now = children_cpu();
+    cpu[kind] += cpu_now - cpu_last;
+    cpu_last = cpu_now;
     const size_t nl = report.find('\n');
     const std::string mutation = report.substr(0, nl), msg = nl == std::string::npos ? "" : report.substr(nl + 1);
     auto& c = count[kind];
@@ -1577,7 +1658,9 @@ int main(int argc, char** argv) {
         case kSkipped: ++c[2]; break;
         case kInvariant: failure = msg; break;
         case kOtherException: failure = "exception other than trident::Error: " + msg; break;
-        default: failure = fmt::format("exit status {}", WEXITSTATUS(status));
+        default:
+          failure = WEXITSTATUS(status) == 1 ? "exit status 1 (a sanitizer finding? its report is above)"
+                                             : fmt::format("exit status {}", WEXITSTATUS(status));
       }
     }
     if (opt.verbose) {
@@ -1606,16 +1689,20 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t total = 0, loaded = 0, rejected = 0, skipped = 0;
   for (const auto& [k, c] : count) {
-    std::printf("fuzz %-4s: %5lld cases, %5lld loaded, %5lld rejected (trident::Error), %4lld skipped, %lld failed\n",
+    std::printf("fuzz %-4s: %5lld cases, %5lld loaded, %5lld rejected (trident::Error), %4lld skipped, %lld failed; "
+                "%.1f CPU s (%.1f ms a case)\n",
                 k.c_str(), static_cast<long long>(c[4]), static_cast<long long>(c[0]), static_cast<long long>(c[1]),
-                static_cast<long long>(c[2]), static_cast<long long>(c[3]));
+                static_cast<long long>(c[2]), static_cast<long long>(c[3]), cpu[k],
+                c[4] > 0 ? 1e3 * cpu[k] / static_cast<double>(c[4]) : 0.0);
     total += c[4];
     loaded += c[0];
     rejected += c[1];
     skipped += c[2];
   }
-  std::printf("fuzz: seed %llu, %lld cases in %.1f s: %lld loaded, %lld rejected, %lld skipped, %lld failures\n",
-              static_cast<unsigned long long>(opt.seed), static_cast<long long>(total), secs,
+  std::printf("fuzz: seed %llu, %lld cases in %.1f s (%.1f CPU s; setup %.1f s): %lld loaded, %lld rejected, %lld "
+              "skipped, %lld failures\n",
+              static_cast<unsigned long long>(opt.seed), static_cast<long long>(total), secs, cpu_last - cpu0,
+              setup_s,
               static_cast<long long>(loaded), static_cast<long long>(rejected), static_cast<long long>(skipped),
               static_cast<long long>(failures));
   return failures == 0 ? 0 : 1;
