@@ -16,8 +16,9 @@
 // directory has no manifest (or is never at DIR's name), so it never loads as DIR.
 //
 // Loading verifies the manifest's checksum and fields, then every listed file's size and CRC-32 before HDF5 parses
-// a byte, then each dataset's shape and type; any problem is one trident::Error naming the directory, the file
-// and the reason.
+// a byte, then parses each rank file in a forked child with a time limit (golden/read_guard.h: a crash or loop of
+// HDF5 on a damaged file is an error), checking each dataset's shape and type; any problem is one trident::Error
+// naming the directory, the file and the reason.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,6 @@
-// The protections every HDF5 reader of Trident shares (state dumps, primitive goldens; docs/golden.md "What the
-// reader checks"): the checksum header, the walk of HDF5's global heaps before HDF5 parses them, and the parse in a
-// forked child process with a time limit. Internal to golden/.
+// The protections every HDF5 reader of Trident shares (state dumps, primitive goldens, checkpoint rank files;
+// docs/golden.md "What the reader checks"): the checksum header, the walk of HDF5's global heaps before HDF5 parses
+// them, and the parse in a forked child process with a time limit. Internal to golden/.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -38,16 +38,19 @@ RankStepStats RankStep<T>::step(const md::Batch& b) {
   RankStepStats st;
   try {
     st = impl_->step(b);
-  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step
+  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step (and layer, when it says one)
     const std::string what = e.what();
     if (what.rfind("step ", 0) == 0) throw;
-    fail(fmt::format("step {}: {}", n, what));
+    fail(fmt::format("step {}{} {}", n, what.rfind("layer ", 0) == 0 ? "," : ":", what));
   }
   // Loss and grad norm are global values, the same on every rank: every rank stops at the same step, naming the
   // first tensor of its gradient shards that holds a non-finite value (every path: emulator, MPI, NCCL).
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     fail(fmt::format("step {}: loss {} / grad norm {} is not finite{} (diverged: lower --lr?)", n, st.loss,
                      st.grad_norm, impl_->first_nonfinite_gradient()));
+  // Finite gradients can still make the update overflow (a huge --lr): one pass over the rank's shards.
+  if (const std::string bad = impl_->first_nonfinite_state(); !bad.empty())
+    fail(fmt::format("step {}: the update made {} (diverged: lower --lr?)", n, bad));
   return st;
 }
 template <class T>

@@ -346,6 +346,25 @@ std::string StepImpl<T>::first_nonfinite_gradient() const {
 }
 
 template <class T>
+std::string StepImpl<T>::first_nonfinite_state() const {
+  if (!dev.immediate()) return {};  // device memory: not read here (no host sync, the trace unchanged)
+  for (const PState& st : ps) {
+    if (st.nsh == 0) continue;
+    const std::pair<const Buf<T>*, const char*> sets[3] = {{&st.w, "params"}, {&st.m, "exp_avg"},
+                                                           {&st.v, "exp_avg_sq"}};
+    for (const auto& [buf, group] : sets) {
+      if (buf != &st.w && !st.trainable) continue;
+      const T* x = buf->data();  // host memory on an immediate device
+      for (int64_t i = 0; i < st.nsh; ++i)
+        if (!std::isfinite(static_cast<double>(x[i])))
+          return fmt::format("{} of {} {} at element {} of rank {}'s shard", group, sh.init->info[st.p].name, x[i], i,
+                             rank);
+    }
+  }
+  return {};
+}
+
+template <class T>
 ShardState<T> StepImpl<T>::state() const {
   ShardState<T> out;
   out.step = step_count;
@@ -355,15 +374,22 @@ ShardState<T> StepImpl<T>::state() const {
   for (const PState& st : ps) {
     const ParamPlacement pl = place(sh.init->info[st.p], sh.mesh, E, rank);
     if (!pl.owner) continue;
-    auto get = [&](const Buf<T>& b, std::vector<T>& dst) {
+    auto get = [&](const Buf<T>& b, std::vector<T>& dst, const char* group) {
       const std::vector<T> h = dev.fetch(b.data(), st.nsh, CS);  // host sync (checkpoint)
       dst.resize(sz(pl.valid_elems()));
       unpad_part(pl, h.data(), dst.data());
+      // Every device's values are on the host here: a non-finite one (an update that overflowed on a device whose
+      // memory the step does not scan) is never saved.
+      for (size_t i = 0; i < dst.size(); ++i)
+        if (!std::isfinite(static_cast<double>(dst[i])))
+          fail(fmt::format("step {}: the update made {} of {} {} at element {} of rank {}'s part (diverged: lower "
+                           "--lr?)",
+                           step_count, group, sh.init->info[st.p].name, dst[i], i, rank));
     };
-    get(st.w, out.w[st.p]);
+    get(st.w, out.w[st.p], "params");
     if (st.trainable) {
-      get(st.m, out.m[st.p]);
-      get(st.v, out.v[st.p]);
+      get(st.m, out.m[st.p], "exp_avg");
+      get(st.v, out.v[st.p], "exp_avg_sq");
     }
   }
   return out;
@@ -391,7 +417,8 @@ ShardState<T> StepImpl<T>::state() const {
                                           const std::vector<SwigluRows>&);                                         \
   template void StepImpl<T>::write(md::ParamSet<T>&, bool) const;                                                 \
   template ShardState<T> StepImpl<T>::state() const;                                                             \
-  template std::string StepImpl<T>::first_nonfinite_gradient() const;
+  template std::string StepImpl<T>::first_nonfinite_gradient() const;                                             \
+  template std::string StepImpl<T>::first_nonfinite_state() const;
 TD_STEP_FSDP(float)
 TD_STEP_FSDP(double)
 #undef TD_STEP_FSDP

@@ -120,6 +120,10 @@ struct StepImpl {
   // After a step whose loss or grad norm is not finite: ": the gradient of NAME is X at element I of rank R's
   // shard" for the first such value of this rank's gradient shards ("" when they are all finite). Host sync.
   std::string first_nonfinite_gradient() const;
+  // After the update: "GROUP of NAME is X at element I of rank R's shard" for the first non-finite value of this
+  // rank's parameter and moment shards ("" when all are finite). Reads host memory on an immediate device (the
+  // emulator's eager device: no sync, no trace entry); "" on others, where the next step's loss or router stops it.
+  std::string first_nonfinite_state() const;
 
   // ---- the current step's rows (step_layers.cpp) -----------------------------------------------------------------
   int64_t N = 0, nseq = 0, ch = 0, S = 0, cp = 1;  // local rows, local sequences, zig-zag chunk, seq_len, cp

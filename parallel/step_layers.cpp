@@ -210,7 +210,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     xsave[sz(i + 1)] = zeros(N * d, CS);
     mem.add(xsave[sz(i + 1)].bytes());
     LayerState& st = states[sz(i)];
-    layer_fwd(i, xsave[sz(i)].data(), st, xsave[sz(i + 1)].data(), fwd(u));
+    md::in_layer(i, [&] { layer_fwd(i, xsave[sz(i)].data(), st, xsave[sz(i + 1)].data(), fwd(u)); });
     if (st.moe) count_load(i, st);
     if (rec) retire(st, /*keep_dsa_sel=*/true);  // full recompute: keep only the layer input (and DSA selection)
     else mem.add(st_bytes[sz(i)] = st.bytes());
@@ -274,7 +274,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     LayerState& st = states[sz(i)];
     if (rec) {  // full recompute: re-run the layer forward (CP gather and EP dispatch included)
       Buf<T> out = zeros(N * d, CS);
-      layer_fwd(i, xsave[sz(i)].data(), st, out.data(), bwd(u));
+      md::in_layer(i, [&] { layer_fwd(i, xsave[sz(i)].data(), st, out.data(), bwd(u)); });
       mem.add(st_bytes[sz(i)] = st.bytes());
     }
     layer_bwd(i, xsave[sz(i)].data(), st, dx.data(), dprev.data(), bwd(u));

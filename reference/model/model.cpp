@@ -209,7 +209,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     at(StepProgress::Stage::forward, i);
     LayerActs<T>& A = acts[static_cast<size_t>(store ? i : 0)];
     A.attn.keep_sel = false;
-    layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data());
+    in_layer(i, [&] { layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, xs[i + 1].data()); });
     if (W[i].moe) {
       res.load[i] = A.moe.load;
       res.sel[i] = A.moe.sel;
@@ -267,7 +267,7 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
         A.attn.sel = res.dsa_sel[static_cast<size_t>(i)];
         A.attn.keep_sel = true;
       }
-      layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data());
+      in_layer(i, [&] { layer_forward<T>(pol, cfg, W[i], xs[i].data(), rows, rope, A, out.data()); });
     }
     // Streaming: the layer's block without its routed experts, whose slices open one expert at a time inside it.
     const bool split = cfg.is_moe_layer(i) && g.is_streaming();

@@ -2,8 +2,10 @@
 // (docs/model.md). Gradients go into GradAcc<T> (ExactAcc per element), rounded once by GradAcc::finalize.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "reference/check.h"
 #include "reference/model/attention.h"
 #include "reference/model/config.h"
 #include "reference/model/moe.h"
@@ -50,6 +52,20 @@ struct LayerActs {
 template <class T>
 void layer_forward(Policy pol, const Config& cfg, const LayerW<T>& W, const T* x, const TokenRows& rows,
                    const RopeTable<T>& rope, LayerActs<T>& A, T* out);
+// Runs f, a forward of layer i: an error about its values (the router's NaN score, the DSA indexer's NaN score)
+// gets the layer in front, "layer 2 router: NaN score at row 0 expert 0"; a step adds its number
+// ("step 3, layer 2 router: ..."). Other errors pass unchanged.
+template <class F>
+void in_layer(int64_t i, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.rfind("router:", 0) != 0 && what.rfind("dsa_select:", 0) != 0) throw;
+    fail(fmt::format("layer {} {}", i, what));
+  }
+}
+
 // dout (N,d) -> dx (N,d) written; gradients accumulated into G.
 // dh = dout + dnorm2(ffn backward); dx = dh + dnorm1(attn backward) (elementwise, in that order).
 template <class T>

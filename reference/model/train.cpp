@@ -118,10 +118,10 @@ StepStats Trainer<T>::step(const Batch& batch) {
   try {
     fr = model_forward_backward<T>(cfg, params, batch, opt, acc);
     acc.finalize(grads);
-  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step
+  } catch (const Error& e) {  // e.g. the router's NaN score: say at which step (and layer, when it says one)
     const std::string what = e.what();
     if (what.rfind("step ", 0) == 0) throw;
-    fail(fmt::format("step {}: {}", n, what));
+    fail(fmt::format("step {}{} {}", n, what.rfind("layer ", 0) == 0 ? "," : ":", what));
   }
   // Exact global grad norm over every trainable gradient (order-free), rounded once.
   ExactAcc<double> sq;
@@ -161,6 +161,20 @@ StepStats Trainer<T>::step(const Batch& batch) {
     const auto& load = fr.load[static_cast<size_t>(i)];
     router_bias_update(params[fmt::format("layers.{}.moe.router_bias", i)].ptr(), load.data(), cfg.experts,
                        cfg.bias_rate);
+  }
+  // Finite gradients can still make the update overflow (a huge --lr): one pass over the parameters and moments
+  // stops the run at the step that stored a non-finite value, naming it (read only: the bits are untouched).
+  for (size_t p = 0; p < params.size(); ++p) {
+    const std::pair<const ParamSet<T>*, const char*> sets[3] = {{&params, "params"}, {&m, "exp_avg"}, {&v, "exp_avg_sq"}};
+    for (const auto& [set, group] : sets) {
+      if (set != &params && !params.info[p].trainable) continue;
+      const T* x = set->t[p].ptr();
+      const int64_t ne = static_cast<int64_t>(set->t[p].size());
+      for (int64_t i = 0; i < ne; ++i)
+        if (!std::isfinite(static_cast<double>(x[i])))
+          fail(fmt::format("step {}: the update made {} of {} {} at element {} (diverged: lower --lr?)", n, group,
+                           params.info[p].name, x[i], i));
+    }
   }
   if (progress) progress->set(StepProgress::Stage::idle);
   return st;

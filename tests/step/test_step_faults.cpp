@@ -3,10 +3,13 @@
 // (measured), naming the ranks and the call sites, and the process keeps working afterwards.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "emulator/world.h"
+#include "reference/model/train.h"
 #include "step_cases.h"
 
 namespace trident {
@@ -88,6 +91,83 @@ TEST(StepFaults, DeviceOutOfMemoryMidStep) {
   EXPECT_HAS(m, "out of memory allocating");
   EXPECT_HAS(m, fmt::format("device limit {}", peak / 2));
   EXPECT_HAS(m, ".cpp:");  // the allocation's call site
+}
+
+// ---- Non-finite values: the run stops naming the step and the tensor (or the layer), on every path ----------------
+
+// The tiny preset on the fsdp=2, cp=2, e_fsdp=2, ep=2 mesh for one step, with `tensor` set to NaN everywhere.
+emu::EmulateSpec nan_in(const std::string& tensor) {
+  emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .steps = 1});
+  s.keep_tensors = false;
+  for (const model::ParamInfo& p : model::param_layout(s.cfg))
+    if (p.name == tensor) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      s.overrides.push_back({tensor, std::vector<double>(static_cast<size_t>(n), std::nan(""))});
+    }
+  EXPECT_EQ(s.overrides.size(), 1u) << tensor;
+  return s;
+}
+
+std::string emulate_error(const emu::EmulateSpec& s) {
+  try {
+    (void)emu::emulate<float>(s);
+    ADD_FAILURE() << "the run passed";
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::string train_error(const emu::EmulateSpec& s) {
+  model::Trainer<float> tr(s.cfg, s.run);
+  for (const auto& [name, values] : s.overrides) {
+    float* w = tr.params[name].ptr();
+    for (size_t i = 0; i < values.size(); ++i) w[i] = static_cast<float>(values[i]);
+  }
+  try {
+    (void)tr.step(model::synthetic_batch(s.cfg, s.run, 0));
+    ADD_FAILURE() << "the step passed";
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(StepNonFinite, RouterNaNNamesTheStepAndTheLayer) {
+  // A NaN router weight of layer 2 (a MoE layer of tiny): its scores are NaN. The single-rank reference, the
+  // emulated ranks on the eager and the deferred device, with and without full recompute.
+  const std::string want = "step 1, layer 2 router: NaN score at row 0 expert 0";
+  emu::EmulateSpec s = nan_in("layers.2.moe.router");
+  EXPECT_HAS(train_error(s), want);
+  EXPECT_HAS(emulate_error(s), want);
+  s.device.mode = emu::DeviceMode::deferred;
+  s.run.recompute = true;
+  EXPECT_HAS(emulate_error(s), want);
+}
+
+TEST(StepNonFinite, AnUpdateThatOverflowsNamesTheStepAndTheTensor) {
+  // Finite loss and gradients, but the update overflows: the embedding row of a token the batch never holds is
+  // 1e37 (the forward never reads it, its gradient is 0), and weight decay at lr 1000 multiplies it by
+  // 1 - 1000 x 0.1 = -99. The run stops at that step naming the tensor and the element, before the next forward.
+  emu::EmulateSpec s = make_spec({.mesh = M(1, 2, 2, 2, 2), .steps = 2});
+  s.keep_tensors = false;
+  s.run.lr = 1000;
+  const model::Batch b = model::synthetic_batch(s.cfg, s.run, 0);
+  int64_t absent = 0;
+  while (std::find(b.tokens.begin(), b.tokens.end(), absent) != b.tokens.end()) ++absent;
+  ASSERT_LT(absent, s.cfg.vocab);
+  const model::ParamSet<float> init = model::ParamSet<float>::init(s.cfg, s.cfg.seed);
+  const auto& e = init["embed"].data;
+  std::vector<double> embed(e.begin(), e.end());
+  const int64_t at = absent * s.cfg.d_model;
+  embed[static_cast<size_t>(at)] = 1e37;
+  s.overrides.push_back({"embed", embed});
+  const std::string t = train_error(s);
+  EXPECT_HAS(t, fmt::format("step 1: the update made params of embed -inf at element {} (diverged", at));
+  const std::string m = emulate_error(s);
+  EXPECT_HAS(m, "step 1: the update made params of embed -inf at element ");
+  EXPECT_HAS(m, "'s shard (diverged: lower --lr?)");
 }
 
 }  // namespace
