@@ -20,6 +20,7 @@
 #include "emulator/device.h"
 #include "emulator/memory.h"
 #include "emulator/run_step.h"
+#include "golden/plugin.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
 #include "gpu/fast/check.h"
@@ -229,10 +230,23 @@ struct Backend {
   std::string name;          // cpu | cpu-ulp
   std::string perturb_op;    // cpu-ulp: the op whose first output gets one ulp flipped
   int64_t perturb_index = 0;
+  const golden::LoadedPlugin* plugin = nullptr;  // plugin:PATH.so (golden/plugin.h; loaded once, kept loaded)
 };
 // "cpu", "cpu-ulp:OP[:INDEX]"; cuda-ref / cuda-fast are named but not built into this binary.
 Backend parse_backend(const std::string& s) {
   if (s == "cpu") return {s, "cpu", "", 0};
+  // plugin:PATH.so: a kernel set built outside this tree (docs/plugins.md), loaded and ABI-checked here.
+  if (s.rfind("plugin:", 0) == 0) {
+    Backend b{s, "plugin", "", 0};
+    const std::string path = s.substr(7), own = "plugin '" + path + "': ";
+    try {
+      b.plugin = &golden::load_plugin(path);
+    } catch (const Error& e) {  // "plugin 'P': why" -> "--backend plugin:P: why"
+      const std::string why = e.what();
+      fail(fmt::format("--backend {}: {}", s, why.rfind(own, 0) == 0 ? why.substr(own.size()) : why));
+    }
+    return b;
+  }
   if (s.rfind("cpu-ulp:", 0) == 0) {
     Backend b{s, "cpu-ulp", s.substr(8), 0};
     if (const size_t c = b.perturb_op.find(':'); c != std::string::npos) {
@@ -268,8 +282,8 @@ Backend parse_backend(const std::string& s) {
                      "(the CPU backends are cpu, cuda-ref-host, cuda-fast-host and cpu-ulp:OP[:INDEX])",
                      s, why, host));
   }
-  fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cuda-fast-host, cpu-ulp:OP[:INDEX]; cuda-ref and "
-                   "cuda-fast need a CUDA build and a device)",
+  fail(fmt::format("unknown backend '{}' (cpu, cuda-ref-host, cuda-fast-host, cpu-ulp:OP[:INDEX], plugin:PATH.so; "
+                   "cuda-ref and cuda-fast need a CUDA build and a device)",
                    s));
 }
 bool is_fast_backend(const Backend& b) { return b.name == "cuda-fast" || b.name == "cuda-fast-host"; }
@@ -277,6 +291,23 @@ template <class T>
 std::unique_ptr<Kernels<T>> make_kernels(const Backend& b, Device& dev) {
   if (b.name == "cuda-ref-host") return gpu::make_ref_host_kernels<T>(dev);
   if (b.name == "cuda-fast-host") return gpu::make_fast_host_kernels<T>(dev);
+  if (b.name == "plugin") {
+    const golden::PluginKernels& pk = b.plugin->kernels;
+    const golden::KernelsFactory<T>& f = [&]() -> const golden::KernelsFactory<T>& {
+      if constexpr (std::is_same_v<T, float>) return pk.f32;
+      else return pk.f64;
+    }();
+    if (!f)
+      fail(fmt::format("--backend {}: the plugin '{}' has no Kernels<{}> (its trident_kernels_v1 left {} empty) and "
+                       "this golden has {} cases",
+                       b.spec, pk.name, std::is_same_v<T, float> ? "float" : "double",
+                       std::is_same_v<T, float> ? "f32" : "f64", std::is_same_v<T, float> ? "f32" : "f64"));
+    std::unique_ptr<Kernels<T>> k = f(dev);
+    if (!k)
+      fail(fmt::format("--backend {}: the plugin '{}' made no kernel set (its factory returned null)", b.spec,
+                       pk.name));
+    return k;
+  }
   if (b.name == "cuda-ref" || b.name == "cuda-fast") {  // buffers must live on the GPU: only `check` sets that up
 #ifdef TRIDENT_HAVE_CUDA
     if (auto* cd = dynamic_cast<gpu::CudaDevice*>(&dev))
@@ -622,10 +653,12 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                    sub.add_option("golden", o->golden, "golden directory (or its primitives.h5)")->required();
                    sub.add_option("--backend", o->backend,
                                   "cpu | cuda-ref-host | cuda-ref | cuda-fast-host | cuda-fast | cpu-ulp:OP[:INDEX] "
+                                  "| plugin:PATH.so "
                                   "(cuda-ref-host: the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, "
                                   "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, checked "
                                   "with the tolerance table's gpu rows; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
-                                  "first output, a deliberately wrong backend)")
+                                  "first output, a deliberately wrong backend; plugin:PATH.so: the kernel set of a "
+                                  "plugin built against an installed Trident, docs/plugins.md)")
                        ->capture_default_str();
                    sub.add_option("--report", o->report, "write a JSON report here");
                    sub.add_option("--op", o->op, "check only this op");

@@ -1,0 +1,50 @@
+"""The planted bugs of trident_golden.torch_bugs (ctest label `python`): at least 20, each touching ops of the kernel
+set, each detected on at least one checked-in golden (an output beyond the provisional sanity scale, or a selection
+that differs), and the honest kernel set is detected on none. Skipped (exit 77) where PyTorch is not installed."""
+import sys
+import unittest
+
+try:
+    import torch
+except ImportError as e:
+    print(f"test_torch_bugs: SKIPPED: PyTorch is not importable ({e}); apt-get install python3-torch")
+    sys.exit(77)
+
+import trident_golden as tg
+from trident_golden import torch_bugs, torch_report
+from trident_golden.torch_ops import TorchKernels, kernels
+
+torch.set_num_threads(1)
+GOLDENS = [(n, tg.load_primitives(p)) for n, p in torch_report.default_goldens()]
+
+
+class TorchBugs(unittest.TestCase):
+    def test_catalogue(self):
+        self.assertGreaterEqual(len(torch_bugs.BUGS), 20)
+        self.assertEqual(len({b.name for b in torch_bugs.BUGS}), len(torch_bugs.BUGS))
+        for b in torch_bugs.BUGS:
+            self.assertTrue(b.ops and set(b.ops) <= set(TorchKernels.OPS), b.name)
+            self.assertTrue(b.description, b.name)
+
+    def test_every_bug_detected(self):
+        for b in torch_bugs.BUGS:
+            hits = [n for n, g in GOLDENS if torch_bugs.outcome(b.impl, g, b.ops)["sanity"]]
+            self.assertTrue(hits, f"{b.name}: not detected on any golden")
+
+    def test_honest_kernels_not_detected(self):
+        ops = TorchKernels.OPS
+        for n, g in GOLDENS:
+            o = torch_bugs.outcome(lambda: kernels, g, ops)
+            self.assertFalse(o["sanity"], f"{n}: {o}")
+            # and both tolerance checks accept it (their "missed" flag: every output passes)
+            self.assertTrue(o["allclose_missed"] and o["assert_close_missed"], f"{n}: {o}")
+
+    def test_bug_leaves_other_ops_alone(self):
+        b = next(b for b in torch_bugs.BUGS if b.name == "gelu_for_silu")
+        impl = b.impl()
+        c = GOLDENS[0][1].find("residual_forward")
+        self.assertTrue((impl(c.op, c.inputs, c.shapes)["out"] == kernels(c.op, c.inputs, c.shapes)["out"]).all())
+
+
+if __name__ == "__main__":
+    unittest.main()
