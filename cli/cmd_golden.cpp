@@ -607,8 +607,8 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                                   "cpu | cuda-ref-host | cuda-ref | cuda-fast-host | cuda-fast | cpu-ulp:OP[:INDEX] "
                                   "| plugin:PATH.so "
                                   "(cuda-ref-host: the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, "
-                                  "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, checked "
-                                  "with the tolerance table's gpu rows; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
+                                  "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, judged "
+                                  "by the golden's acceptance rule; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
                                   "first output, a deliberately wrong backend; plugin:PATH.so: the kernel set of a "
                                   "plugin built against an installed Trident, docs/plugins.md)")
                        ->capture_default_str();

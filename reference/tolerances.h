@@ -141,6 +141,10 @@ inline constexpr Tolerance kTolerances[] = {
      "(golden/primitives/accept.cpp states each op's chain); the total times k_const = 2 for another association "
      "order of the same formula and for second-order terms"},
     {"composite", "fp64", "accept", 2.0, 4.0, "as composite/fp32/accept with fp64's u"},
+    {"composite", "bf16", "accept", 2.0, 0.0,
+     "bf16 policy, added to the fp32 chain: an intermediate rounded to bf16 as a GEMM operand (SwiGLU's h for the down "
+     "projection, dug and duu for dx) moves each term by at most u_bf16 relative, at whichever value each side rounds "
+     "it (the oracle rounds nothing inside); k_const 2 as the composite row's. sum_abs = the GEMM's sum |terms|"},
     // The whole step with the fast tier vs the reference (gpu/fast/step_check.h; both from the same parameters each
     // step): relative differences with sum_abs = 1, n_terms = the step's longest reduction (max of vocab, d_model, FFN
     // widths, tile, seq_len). A budget over per-op bounds, not a proof: element-wise each fast op is within its row

@@ -83,7 +83,19 @@ Rules rmsnorm_backward_rules(const PrimCase& c, const Calc& k, const std::string
   return out;
 }
 
-// SwiGLU forward: ug = x wg; uu = x wu; h = silu(ug) uu; y = h wd.
+// The bf16 policy's roundings inside an op (an intermediate rounded to bf16 as a GEMM operand): each term of the GEMM
+// whose operand is rounded moves by at most u_bf16 |term| on either side, at whichever value that side rounds; the
+// oracle rounds nothing inside. Adds k_const u_bf16 sum|terms| (the composite bf16 row) to the bound and the bf16
+// magnitude to the relative test's floor.
+void add_bf16(Rule& r, const std::vector<double>& terms) {
+  const Tolerance& t = tolerance("composite", "bf16", "accept");
+  for (size_t i = 0; i < r.bound.size(); ++i) r.bound[i] += t.k_const * unit_roundoff("bf16") * terms[i];
+  r.u_bf16_floor = unit_roundoff("bf16") * rms(terms);
+}
+
+// SwiGLU forward: ug = x wg; uu = x wu; h = silu(ug) uu; y = h wd. Under the bf16 policy x and the weights are
+// rounded operands (as the oracle's inputs), and h is rounded to bf16 for the down projection: y's bf16 term
+// sum_f abs(h wd).
 Rules swiglu_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
   const int64_t N = si(c, "N"), d = si(c, "d"), F = si(c, "F");
   const std::vector<double> x = values(c, "x"), wg = values(c, "wg"), wu = values(c, "wu"), wd = values(c, "wd");
@@ -102,12 +114,15 @@ Rules swiglu_forward_rules(const PrimCase& c, const Calc& k, const std::string& 
   out.emplace("ug", composite(ug.b, ug.s, acc));
   out.emplace("uu", composite(uu.b, uu.s, acc));
   out.emplace("h", composite(bh, mh, acc));
-  out.emplace("y", composite(y.b, y.s, acc));
+  Rule ry = composite(y.b, y.s, acc);
+  if (c.policy == "bf16") add_bf16(ry, y.s);
+  out.emplace("y", std::move(ry));
   return out;
 }
 
 // SwiGLU dgrad: dh = dy wd^T; sg = sigmoid(ug); dug = (dh uu) (sg (1 + ug (1 - sg))); duu = dh silu(ug);
-// dx = dug wg^T + duu wu^T.
+// dx = dug wg^T + duu wu^T. Under the bf16 policy dug and duu are rounded to bf16 for the dx GEMMs: dx's bf16 term
+// sum_f abs(dug wg) + abs(duu wu).
 Rules swiglu_dgrad_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
   const int64_t N = si(c, "N"), d = si(c, "d"), F = si(c, "F");
   const std::vector<double> dy = values(c, "dy"), wg = values(c, "wg"), wu = values(c, "wu"), wd = values(c, "wd"),
@@ -135,7 +150,9 @@ Rules swiglu_dgrad_rules(const PrimCase& c, const Calc& k, const std::string& ac
   Rules out;
   out.emplace("dug", composite(bdug, mdug, acc));
   out.emplace("duu", composite(bduu, mduu, acc));
-  out.emplace("dx", composite(bdx, mdx, acc));
+  Rule rdx = composite(bdx, mdx, acc);
+  if (c.policy == "bf16") add_bf16(rdx, mdx);
+  out.emplace("dx", std::move(rdx));
   return out;
 }
 
@@ -262,7 +279,6 @@ bool exact_op(const std::string& op) {
 // The per-element rules of a case's floating outputs, by output name (empty for ops without a derived chain).
 Rules case_rules(const PrimCase& c, const std::vector<NamedTensor>& ref) {
   Rules out;
-  const bool bf = c.policy == "bf16";
   const std::string acc = c.dtype == "f64" ? "fp64" : "fp32";
   const Calc k{unit_roundoff(acc), tolerance("composite", acc, "accept").k_per_term};
   auto absd = [&] { return reference_outputs<double>(widened_case(c), true); };
@@ -274,8 +290,6 @@ Rules case_rules(const PrimCase& c, const std::vector<NamedTensor>& ref) {
   const std::map<std::string, ElemBounds> eb = elem_bounds(c);
   if (!eb.empty()) {
     for (const auto& [name, e] : eb) out.emplace(name, from_elem(e, acc));
-  } else if (bf) {
-    return out;  // the other ops' chains are fp32/fp64 only so far: bits under the bf16 policy
   } else if (op == "sum_acc") {
     const std::vector<int64_t> segs = ints64(c, "segs");
     const double rows = segs.empty() ? 0.0 : static_cast<double>(segs.back() - segs.front());

@@ -38,6 +38,10 @@ inline bool is_operand(const std::string& op, const std::string& name) {
   if (op == "wgrad_acc") return name == "X" || name == "dY";
   if (op.rfind("linear_ce", 0) == 0) return name == "hidden" || name == "W";
   if (op.find("core_") != std::string::npos) return name == "q" || name == "kv";
+  if (op == "swiglu_forward" || op == "expert_forward") return name == "x" || name == "wg" || name == "wu" || name == "wd";
+  if (op == "swiglu_backward_dgrad" || op == "expert_backward_dgrad")
+    return name == "dy" || name == "wg" || name == "wu" || name == "wd";
+  if (op == "router_forward") return name == "a" || name == "wr";
   return false;
 }
 inline std::vector<double> values(const PrimCase& c, const std::string& name) {

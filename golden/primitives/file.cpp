@@ -423,7 +423,8 @@ void check_accept(const PrimCase& c) {
   };
   const std::string w = fmt::format("case {}/{} of rank {}", c.op, c.name, c.rank);
   for (const auto& [name, e] : c.accept.items()) {
-    if (output(name) == c.outputs.end()) fail(fmt::format("{}: accept names no output '{}'", w, name.substr(0, 64)));
+    if (output(name) == c.outputs.end())
+      fail(fmt::format("{}: output '{}' is missing (the file stores its acceptance rule)", w, name.substr(0, 64)));
     if (!e.is_object() || !e.contains("rule") || !e["rule"].is_string() ||
         (e["rule"] != "bound" && e["rule"] != "exact"))
       fail(fmt::format("{}: accept '{}' is not {{\"rule\": \"bound\" | \"exact\", ...}}", w, name));

@@ -2,7 +2,7 @@
 
 An implementation is a function impl(op, inputs, shapes) -> dict of outputs, or None for an op it does not
 implement (skipped). `inputs` maps each input name to a numpy array (the golden's dtype and shape), `shapes` holds the
-scalar arguments. Outputs it returns are judged by the rule the golden stores for each (docs/golden.md "The acceptance
+scalar arguments, and "policy" ("fp32", "bf16", "fp64") for the ops that take a precision policy. Outputs it returns are judged by the rule the golden stores for each (docs/golden.md "The acceptance
 rule"; the same rule as `trident check`, golden/primitives/accept.cpp):
 
   bound    |got - oracle| <= bound per element (the fp64 oracle and the derived bound are stored in the golden), and
@@ -181,7 +181,10 @@ def check(golden, impl, op=None, case=None, rank=None, impl_name="module:functio
     res = Result()
     res.sealed = getattr(g, "sealed", False)
     for c in g.select(op or None, case or None, rank):
-        out = impl(c.op, {k: v.copy() for k, v in c.inputs.items()}, dict(c.shapes))
+        shapes = dict(c.shapes)
+        if c.policy:
+            shapes["policy"] = c.policy   # the op's precision policy argument ("fp32", "bf16", "fp64")
+        out = impl(c.op, {k: v.copy() for k, v in c.inputs.items()}, shapes)
         if out is None:
             res.skipped += 1
             continue

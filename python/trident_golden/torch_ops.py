@@ -20,10 +20,9 @@ a kernel author uses (docs/torch.md lists them all). The arithmetic goes through
 activation, RMSNorm, RoPE, attention mask, softmax, top-k, ...) so that torch_bugs.py can plant one realistic bug at
 a time by overriding one hook.
 
-Policy: the checked-in goldens are fp32 (`Case.policy` "fp32"). TorchKernels(policy="bf16") rounds every GEMM and
-attention operand to bfloat16 and accumulates in float32, as the bf16 policy states (docs/numerics.md); the
-checker's impl(op, inputs, shapes) does not receive the case's policy, so pick the instance that matches it
-(`kernels_for(case.policy)`)."""
+Policy: TorchKernels(policy="bf16") rounds every GEMM and attention operand to bfloat16 and accumulates in float32,
+as the bf16 policy states (docs/numerics.md). The checker passes a case's policy as shapes["policy"] (ops that take
+one), and `kernels` picks the matching instance (`kernels_for(policy)`)."""
 
 import numpy as np
 
@@ -676,5 +675,6 @@ def kernels_for(policy="fp32"):
 
 
 def kernels(op, inputs, shapes):
-    """impl(op, inputs, shapes) for trident_golden.check: the fp32 kernel set (every checked-in golden is fp32)."""
-    return kernels_for("fp32")(op, inputs, shapes)
+    """impl(op, inputs, shapes) for trident_golden.check: the kernel set of the case's precision policy (the checker
+    passes it as shapes["policy"] for the ops that take one; fp32 otherwise)."""
+    return kernels_for(shapes.get("policy") or "fp32")(op, inputs, shapes)
