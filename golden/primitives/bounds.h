@@ -171,7 +171,9 @@ inline AttnBwdBounds attn_backward_bounds(const model::CoreDims& cd, bool bf, co
           const size_t kq = static_cast<size_t>(i * Dq + c), kk = static_cast<size_t>(j * P + g * Dq + c);
           b.dq.sum_abs[kq] += kc * A;
           b.dkv.sum_abs[kk] += qc * A;
-          if (bf) b.dq.sum_abs_bf16[kq] += kc * ds, b.dkv.sum_abs_bf16[kk] += qc * ds;
+          // bf16: ds rounded, and dp's operand dO rounded (dp moves by u_bf16 sum|dO v|, ds by scale p that)
+          const double dsb = ds + sc * p * DPabs;
+          if (bf) b.dq.sum_abs_bf16[kq] += kc * dsb, b.dkv.sum_abs_bf16[kk] += qc * dsb;
         }
         for (int64_t c = 0; c < Dv; ++c) {
           const double dc = std::fabs(dO[i * Dv + c]);

@@ -243,8 +243,10 @@ class TorchKernels:
         if ug.numel() == 0:
             z = torch.zeros_like
             return {"dug": _np(z(ug)), "duu": _np(z(uu)), "dx": _np(z(x["dy"]))}
-        y = self.matmul(self.act(ug) * uu, x["wd"])
-        dug, duu = torch.autograd.grad(y, (ug, uu), x["dy"])
+        # dh = dy wd^T as its own GEMM (bf16 policy: bf16 operands, an fp32 result): autograd through a bf16-rounded
+        # operand would hand back dh rounded to bf16, which the policy does not do
+        dh = self.matmul(x["dy"], x["wd"].t())
+        dug, duu = torch.autograd.grad(self.act(ug) * uu, (ug, uu), dh)
         dx = self.matmul(dug, x["wg"].t()) + self.matmul(duu, x["wu"].t())
         return {"dug": _np(dug), "duu": _np(duu), "dx": _np(dx)}
 
