@@ -16,6 +16,8 @@ set(TRIDENT_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/trident)
 set(TRIDENT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Trident)
 
 # The libraries check_primitives needs, and their Trident dependencies (exported names: Trident::<name>).
+# Trident::hdf5_cpp names the HDF5 include directory and libraries this build found (FindHDF5 wants the C language
+# enabled, which a C++ consumer need not do).
 set(_trident_export_libs
     trident_primitives primitives  trident_golden golden  trident_emulator emulator  trident_nccl nccl
     trident_parallel parallel  trident_layout layout  trident_model model  trident_reference reference
@@ -59,7 +61,7 @@ install(TARGETS ${_targets} trident EXPORT TridentTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${TRIDENT_INSTALL_INCLUDEDIR})
 foreach(_dir reference reference/model parallel golden golden/primitives emulator platform gpu/nccl)
-  file(GLOB _h ${CMAKE_CURRENT_SOURCE_DIR}/${_dir}/*.h)
+  file(GLOB _h CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${_dir}/*.h)
   install(FILES ${_h} DESTINATION ${TRIDENT_INSTALL_INCLUDEDIR}/${_dir})
 endforeach()
 # The checked-in primitive goldens (golden/data/primitives/<preset>), for checking a kernel set without a checkout.

@@ -7,11 +7,7 @@
 TRIDENT_PLUGIN_ABI()
 
 extern "C" TRIDENT_PLUGIN_EXPORT void trident_kernels_v1(trident::golden::PluginKernels* out) {
-#ifdef EXAMPLE_PERTURB_MM
-  out->name = "example (mm perturbed by 1%)";
-#else
   out->name = "example";
-#endif
   out->f32 = [](trident::Device& d) { return std::make_unique<example::ExampleKernels<float>>(d); };
   out->f64 = [](trident::Device& d) { return std::make_unique<example::ExampleKernels<double>>(d); };
 }
