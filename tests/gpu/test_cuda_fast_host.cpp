@@ -20,7 +20,8 @@
 namespace trident {
 namespace {
 
-const char* const kPresets[] = {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"};
+const char* const kPresets[] = {"tiny",      "tiny-gqa",      "tiny-e64",        "tiny-dsa",
+                                "tiny-packed", "tiny-bf16", "tiny-dsa-bf16", "tiny-packed-bf16"};
 
 golden::PrimitivesFile golden_file(const std::string& preset) {
   return golden::read_primitives(std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset + "/primitives.h5");

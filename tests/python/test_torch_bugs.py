@@ -1,6 +1,6 @@
 """The planted bugs of trident_golden.torch_bugs (ctest label `python`): at least 20, each touching ops of the kernel
-set, each detected on at least one checked-in golden (an output beyond the provisional sanity scale, or a selection
-that differs), and the honest kernel set is detected on none. Skipped (exit 77) where PyTorch is not installed."""
+set, each failing the golden's acceptance rule on at least one checked-in golden (and beyond the sanity scale, or with
+a selection that differs), while the honest kernel set passes the rule and the scale on every golden. Skipped (exit 77) where PyTorch is not installed."""
 import sys
 import unittest
 
@@ -28,14 +28,16 @@ class TorchBugs(unittest.TestCase):
 
     def test_every_bug_detected(self):
         for b in torch_bugs.BUGS:
-            hits = [n for n, g in GOLDENS if torch_bugs.outcome(b.impl, g, b.ops)["sanity"]]
-            self.assertTrue(hits, f"{b.name}: not detected on any golden")
+            out = {n: torch_bugs.outcome(b.impl, g, b.ops) for n, g in GOLDENS}
+            self.assertTrue([n for n, o in out.items() if o["sanity"]], f"{b.name}: not detected on any golden")
+            self.assertTrue([n for n, o in out.items() if o["checker_failed"]], f"{b.name}: passes the rule everywhere")
 
     def test_honest_kernels_not_detected(self):
         ops = TorchKernels.OPS
         for n, g in GOLDENS:
             o = torch_bugs.outcome(lambda: kernels, g, ops)
             self.assertFalse(o["sanity"], f"{n}: {o}")
+            self.assertFalse(o["checker_failed"], f"{n}: the honest set fails the rule: {o}")
             # and both tolerance checks accept it (their "missed" flag: every output passes)
             self.assertTrue(o["allclose_missed"] and o["assert_close_missed"], f"{n}: {o}")
 
