@@ -16,6 +16,7 @@ from trident_golden.torch_ops import TorchKernels, kernels
 
 torch.set_num_threads(1)
 GOLDENS = [(n, tg.load_primitives(p)) for n, p in torch_report.default_goldens()]
+ROOT = __import__("os").path.join(__import__("os").path.dirname(__import__("os").path.abspath(__file__)), "..", "..")
 
 
 class TorchBugs(unittest.TestCase):
@@ -40,6 +41,31 @@ class TorchBugs(unittest.TestCase):
             self.assertFalse(o["checker_failed"], f"{n}: the honest set fails the rule: {o}")
             # and both tolerance checks accept it (their "missed" flag: every output passes)
             self.assertTrue(o["allclose_missed"] and o["assert_close_missed"], f"{n}: {o}")
+
+    def test_bf16_accumulation_fails_the_bf16_goldens(self):
+        # The bf16 policy is bf16 operands with fp32 accumulation: a kernel that also accumulates in bf16 (every
+        # partial sum of its GEMMs rounded to bfloat16) is wrong, and the rule rejects it on the bf16 golden, while
+        # the kernel set that follows the policy passes (test_torch_ops).
+        class Bf16Accumulation(TorchKernels):
+            def __init__(self):
+                super().__init__("bf16")
+
+            def matmul(self, a, b):
+                a, b = self.operand(a), self.operand(b)
+                if a.shape[-1] == 0:
+                    return torch.matmul(a, b)
+                acc = None
+                for k in range(a.shape[-1]):   # one rank-1 product per k, the running sum rounded to bf16
+                    t = a[..., :, k:k + 1] * b[..., k:k + 1, :]
+                    acc = t.to(torch.bfloat16) if acc is None else (acc.float() + t).to(torch.bfloat16)
+                return acc.float()
+
+        golden = tg.load_primitives(f"{ROOT}/golden/data/primitives/tiny-bf16")
+        bad = Bf16Accumulation()
+        for op in ("mm", "swiglu_forward", "attn_out_forward"):
+            res = tg.check(golden, bad, op=op)
+            self.assertTrue(res.failures, f"{op}: bf16 accumulation passes the bf16 rule")
+            self.assertIn("bf16", golden.find(op).policy)
 
     def test_bug_leaves_other_ops_alone(self):
         b = next(b for b in torch_bugs.BUGS if b.name == "gelu_for_silu")
