@@ -11,19 +11,24 @@ namespace {
 using Vec = std::vector<double>;
 inline size_t z(int64_t i) { return static_cast<size_t>(i); }
 
-// Per element: value, first-order bound, magnitude of the last step's terms.
+// Per element: value, first-order bound, magnitude of the last step's terms, and under the bf16 policy the bf16
+// magnitude f: the bf16 roundings inside the op (intermediates rounded as GEMM operands, and inputs the op rounds for
+// some uses only, which the oracle leaves unrounded) move the value by at most u_bf16 f to first order, f propagated
+// through the chain like a bound (each rounding of an operand x adds |x| to its f; no rounding of f's own).
 struct Val {
-  Vec v, b, m;
-  explicit Val(size_t n = 0) : v(n, 0.0), b(n, 0.0), m(n, 0.0) {}
+  Vec v, b, m, f;
+  explicit Val(size_t n = 0) : v(n, 0.0), b(n, 0.0), m(n, 0.0), f(n, 0.0) {}
 };
 struct VB {
-  double v, b;
+  double v, b, f = 0;
 };
+// x rounded to bf16 as a GEMM operand (bf: under the bf16 policy): |x| joins its bf16 magnitude.
+inline VB r16(VB x, bool bf) { return VB{x.v, x.b, x.f + (bf ? std::fabs(x.v) : 0.0)}; }
 
 // A sum of K products per element, C(i, j) = sum_q a(i, q) b(q, j) (a, b return value and bound): values, the
 // magnitude s = sum |a b| and the terms' own bounds bt = sum (|a| bb + ba |b|) (the sum's rounding is k.sum's).
 struct Prod {
-  Vec v, s, bt;
+  Vec v, s, bt, f;  // f: the bf16 magnitude sum (|a| fb + fa |b|)
   double K = 0;
   Vec bound(const Calc& k) const {
     Vec b(v.size());
@@ -32,7 +37,7 @@ struct Prod {
   }
   Val val(const Calc& k) const {
     Val x;
-    x.v = v, x.b = bound(k), x.m = s;
+    x.v = v, x.b = bound(k), x.m = s, x.f = f;
     return x;
   }
 };
@@ -40,15 +45,16 @@ template <class FA, class FB>
 Prod prod(int64_t M, int64_t N, int64_t K, FA&& a, FB&& b) {
   Prod p;
   p.K = static_cast<double>(K);
-  p.v.assign(z(M * N), 0.0), p.s = p.v, p.bt = p.v;
+  p.v.assign(z(M * N), 0.0), p.s = p.v, p.bt = p.v, p.f = p.v;
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
-      double v = 0, s = 0, bt = 0;
+      double v = 0, s = 0, bt = 0, f = 0;
       for (int64_t q = 0; q < K; ++q) {
         const VB x = a(i, q), y = b(q, j);
         v += x.v * y.v, s += std::fabs(x.v * y.v), bt += x.b * std::fabs(y.v) + std::fabs(x.v) * y.b;
+        f += x.f * std::fabs(y.v) + std::fabs(x.v) * y.f;
       }
-      p.v[z(i * N + j)] = v, p.s[z(i * N + j)] = s, p.bt[z(i * N + j)] = bt;
+      p.v[z(i * N + j)] = v, p.s[z(i * N + j)] = s, p.bt[z(i * N + j)] = bt, p.f[z(i * N + j)] = f;
     }
   return p;
 }
@@ -61,7 +67,7 @@ Val fused(const Calc& k, std::initializer_list<const Prod*> ps) {
   for (const Prod* p : ps) K += p->K;
   for (size_t i = 0; i < x.v.size(); ++i) {
     double s = 0, bt = 0;
-    for (const Prod* p : ps) x.v[i] += p->v[i], s += p->s[i], bt += p->bt[i];
+    for (const Prod* p : ps) x.v[i] += p->v[i], s += p->s[i], bt += p->bt[i], x.f[i] += p->f[i];
     x.b[i] = k.sum(K, s, bt), x.m[i] = s;
   }
   return x;
@@ -85,11 +91,12 @@ void rope(const Calc& k, Val& x, int64_t N, int64_t ld, int64_t off, int64_t nh,
       for (int64_t i = 0; i < hh; ++i) {
         const size_t iu = z(t * ld + off + h * hs + i), iw = iu + z(hh), it = z(pos[z(t)] * hh + i);
         const double c = cs[it], s = backward ? -sn[it] : sn[it];
-        const double u = x.v[iu], w = x.v[iw], bu = x.b[iu], bw = x.b[iw];
+        const double u = x.v[iu], w = x.v[iw], bu = x.b[iu], bw = x.b[iw], fu = x.f[iu], fw = x.f[iw];
         const double p1 = u * c, p2 = w * s, p3 = w * c, p4 = u * s;
         const double b1 = k.mul(u, bu, c, 0), b2 = k.mul(w, bw, s, 0), b3 = k.mul(w, bw, c, 0), b4 = k.mul(u, bu, s, 0);
         x.v[iu] = p1 - p2, x.b[iu] = k.add(p1, b1, -p2, b2), x.m[iu] = std::fabs(p1) + std::fabs(p2);
         x.v[iw] = p3 + p4, x.b[iw] = k.add(p3, b3, p4, b4), x.m[iw] = std::fabs(p3) + std::fabs(p4);
+        x.f[iu] = std::fabs(c) * fu + std::fabs(s) * fw, x.f[iw] = std::fabs(c) * fw + std::fabs(s) * fu;
       }
 }
 
@@ -111,6 +118,21 @@ Vec reread(const Vec& saved, const Val& fwd) {
   return b;
 }
 
+// The bf16 terms of an output (the composite bf16 row, as accept.cpp's add_bf16): k_const u_bf16 f added to the
+// bound, u_bf16 rms(f) the floor's bf16 part.
+void add_bf16_f(Rule& r, const Vec& f) {
+  const Tolerance& t = tolerance("composite", "bf16", "accept");
+  for (size_t i = 0; i < r.bound.size(); ++i) r.bound[i] += t.k_const * unit_roundoff("bf16") * f[i];
+  r.u_bf16_floor = unit_roundoff("bf16") * rms(f);
+}
+Rule rule_of(const Val& x, const std::string& acc, bool bf) {
+  Rule r = composite(x.b, x.m, acc);
+  if (bf) add_bf16_f(r, x.f);
+  return r;
+}
+// An input's values as stored (values() rounds the op's operands under the bf16 policy).
+Vec raw(const PrimCase& c, const std::string& name) { return values_as_double(input(c, name)); }
+
 std::pair<int64_t, int64_t> rows_of(const PrimCase& c) {
   const std::vector<int64_t> segs = ints64(c, "segs");
   return segs.empty() ? std::pair<int64_t, int64_t>{0, 0} : std::pair{segs.front(), segs.back()};
@@ -121,10 +143,13 @@ std::pair<int64_t, int64_t> rows_of(const PrimCase& c) {
 // kv_norm: ss = sum c_i^2 (r terms, c's bounds through 2|c|); m = ss / r; s = m + eps (eps rounded too);
 // rinv = rsqrt(s) (4 ulps); payload = [(c rinv) g, rope(c_rope), +0 (DSA: the indexer key, not written here)].
 // GQA: qc = rope(a Wq) per head; payload = [rope(a Wk) per KV head, a Wv].
+// bf16 policy: a and the weights are operands (rounded in the oracle too); inside, q_nope is rounded for the
+// absorption GEMM: qc[:, :r]'s bf16 magnitude sum_i |q_nope_i Wuk_h(i)|. Nothing else is rounded (GQA: no term).
 struct QkvFwd {
   Val q, qc, c, rinv, payload;
 };
 QkvFwd qkv_forward(const PrimCase& c, const Calc& k, const model::Config& cfg) {
+  const bool bf = c.policy == "bf16";
   const int64_t N = si(c, "N"), d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   const Rope rp = rope_of(c);
   const Vec a = values(c, "a"), wq = values(c, "W.wq");
@@ -153,13 +178,16 @@ QkvFwd qkv_forward(const PrimCase& c, const Calc& k, const model::Config& cfg) {
   for (int64_t h = 0; h < H; ++h) {
     const Val& q = f.q;
     const Prod lat = prod(
-        N, r, Dn, [&](int64_t t, int64_t i) { return VB{q.v[z(t * Qw + h * (Dn + Dr) + i)], q.b[z(t * Qw + h * (Dn + Dr) + i)]}; },
+        N, r, Dn,
+        [&](int64_t t, int64_t i) {
+          return r16(VB{q.v[z(t * Qw + h * (Dn + Dr) + i)], q.b[z(t * Qw + h * (Dn + Dr) + i)]}, bf);
+        },
         exact_t(wuk, H * Dn, h * Dn));
     const Vec lb = lat.bound(k);
     for (int64_t t = 0; t < N; ++t) {
       for (int64_t i = 0; i < r; ++i) {
         const size_t o = z((t * H + h) * Dq + i), s = z(t * r + i);
-        f.qc.v[o] = lat.v[s], f.qc.b[o] = lb[s], f.qc.m[o] = lat.s[s];
+        f.qc.v[o] = lat.v[s], f.qc.b[o] = lb[s], f.qc.m[o] = lat.s[s], f.qc.f[o] = lat.f[s];
       }
       for (int64_t i = 0; i < Dr; ++i) {
         const size_t o = z((t * H + h) * Dq + r + i), s = z(t * Qw + h * (Dn + Dr) + Dn + i);
@@ -198,9 +226,10 @@ QkvFwd qkv_forward(const PrimCase& c, const Calc& k, const model::Config& cfg) {
 
 Rules qkv_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc, const model::Config& cfg) {
   const QkvFwd f = qkv_forward(c, k, cfg);
+  const bool bf = c.policy == "bf16";
   Rules out;
   auto put = [&](const char* name, const Val& x) {
-    if (!x.v.empty()) out.emplace(name, composite(x.b, x.m, acc));
+    if (!x.v.empty()) out.emplace(name, rule_of(x, acc, bf));
   };
   put("acts.q", f.q), put("acts.qc", f.qc), put("acts.c", f.c), put("acts.kv_rinv", f.rinv);
   put("acts.payload", f.payload);
@@ -209,6 +238,8 @@ Rules qkv_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
 
 // ---- attn_out_forward / attn_out_backward --------------------------------------------------------------------------
 // MLA forward: ocat_h = o_h Wuv_h (r terms); y = ocat Wo (H*Dv terms, ocat's bounds). GQA: y = o Wo (H*Dh terms).
+// bf16 policy: acts.o and the weights are operands; ocat is rounded for the Wo GEMM: y's bf16 magnitude
+// sum |ocat Wo| (GQA: no term).
 Val ocat_of(const Calc& k, const model::Config& cfg, int64_t N, const Vec& o, const Vec& wuv) {
   const int64_t H = cfg.heads, r = cfg.kv_lora_rank, Dv = cfg.v_dim;
   Val x(z(N * H * Dv));
@@ -235,17 +266,23 @@ Rules out_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
     return out;
   }
   const int64_t W = cfg.heads * cfg.v_dim;
+  const bool bf = c.policy == "bf16";
   const Val oc = ocat_of(k, cfg, N, o, values(c, "W.wuv"));
-  const Val y = prod(N, d, W, [&](int64_t t, int64_t q) { return VB{oc.v[z(t * W + q)], oc.b[z(t * W + q)]}; },
+  const Val y = prod(N, d, W, [&](int64_t t, int64_t q) { return r16(VB{oc.v[z(t * W + q)], oc.b[z(t * W + q)]}, bf); },
                      exact_n(wo, d)).val(k);
   out.emplace("acts.ocat", composite(oc.b, oc.m, acc));
-  out.emplace("y", composite(y.b, y.m, acc));
+  out.emplace("y", rule_of(y, acc, bf));
   return out;
 }
 
 // MLA backward: docat = dy Wo^T (d terms); dO_h = docat_h Wuv_h^T (Dv terms, docat's bounds); G.wo = sum over the
 // rows of ocat^T dy (ocat: the saved acts.ocat, or recomputed from acts.o: reread); G.wuv_h = sum over the rows of
 // o_h^T docat_h. GQA: dO = dy Wo^T (d terms); G.wo = sum over the rows of o^T dy (exact products: a pure sum).
+// bf16 policy: dy, acts.o, acts.ocat and the weights are operands (the oracle rounds the saved values); inside, docat
+// is rounded for both its GEMMs: dO's bf16 magnitude sum |docat_h Wuv_h|, G.wuv's sum |o_h docat_h|. An ocat
+// recomputed from acts.o is rounded at its own value: within the reread bound of the stored ocat, then rounded
+// (u_bf16 |ocat|) where the oracle uses the stored value rounded (u_bf16 |ocat| again, the row's k_const 2):
+// G.wo's bf16 magnitude sum |ocat dy|. GQA: no term (products of bf16 values are exact in fp32).
 Rules out_backward_rules(const PrimCase& c, const Calc& k, const std::string& acc, const model::Config& cfg) {
   const int64_t N = si(c, "N"), d = cfg.d_model, H = cfg.heads;
   const auto [r0, r1] = rows_of(c);
@@ -261,36 +298,42 @@ Rules out_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
     return out;
   }
   const int64_t r = cfg.kv_lora_rank, Dv = cfg.v_dim, W = H * Dv;
+  const bool bf = c.policy == "bf16";
   const Vec wuv = values(c, "W.wuv"), ocat = values(c, "acts.ocat");
   const Val dc = prod(N, W, d, exact_of(dy, d), exact_t(wo, d)).val(k);
   Val dO(z(N * H * r));
   for (int64_t h = 0; h < H; ++h) {
-    const Prod p = prod(N, r, Dv, [&](int64_t t, int64_t v) { return VB{dc.v[z(t * W + h * Dv + v)], dc.b[z(t * W + h * Dv + v)]}; },
-                        exact_t(wuv, W, h * Dv));
+    const Prod p = prod(
+        N, r, Dv,
+        [&](int64_t t, int64_t v) { return r16(VB{dc.v[z(t * W + h * Dv + v)], dc.b[z(t * W + h * Dv + v)]}, bf); },
+        exact_t(wuv, W, h * Dv));
     const Vec b = p.bound(k);
     for (int64_t t = 0; t < N; ++t)
       for (int64_t i = 0; i < r; ++i) {
         const size_t oi = z(t * H * r + h * r + i), s = z(t * r + i);
-        dO.v[oi] = p.v[s], dO.b[oi] = b[s], dO.m[oi] = p.s[s];
+        dO.v[oi] = p.v[s], dO.b[oi] = b[s], dO.m[oi] = p.s[s], dO.f[oi] = p.f[s];
       }
   }
-  const Vec b_oc = reread(ocat, ocat_of(k, cfg, N, o, wuv));
-  const Val gwo = prod(W, d, R, [&](int64_t i, int64_t q) { return VB{ocat[z((r0 + q) * W + i)], b_oc[z((r0 + q) * W + i)]}; },
-                       exact_n(dy, d, r0 * d)).val(k);
+  const Vec b_oc = reread(raw(c, "acts.ocat"), ocat_of(k, cfg, N, o, wuv));  // |recomputed - stored|
+  const Val gwo = prod(
+      W, d, R, [&](int64_t i, int64_t q) { return r16(VB{ocat[z((r0 + q) * W + i)], b_oc[z((r0 + q) * W + i)]}, bf); },
+      exact_n(dy, d, r0 * d)).val(k);
   Val gwuv(z(r * W));
   for (int64_t h = 0; h < H; ++h) {
     const Prod p = prod(r, Dv, R, [&](int64_t i, int64_t q) { return VB{o[z((r0 + q) * H * r + h * r + i)], 0.0}; },
-                        [&](int64_t q, int64_t v) { return VB{dc.v[z((r0 + q) * W + h * Dv + v)], dc.b[z((r0 + q) * W + h * Dv + v)]}; });
+                        [&](int64_t q, int64_t v) {
+                          return r16(VB{dc.v[z((r0 + q) * W + h * Dv + v)], dc.b[z((r0 + q) * W + h * Dv + v)]}, bf);
+                        });
     const Vec b = p.bound(k);
     for (int64_t i = 0; i < r; ++i)
       for (int64_t v = 0; v < Dv; ++v) {
         const size_t oi = z(i * W + h * Dv + v), s = z(i * Dv + v);
-        gwuv.v[oi] = p.v[s], gwuv.b[oi] = b[s], gwuv.m[oi] = p.s[s];
+        gwuv.v[oi] = p.v[s], gwuv.b[oi] = b[s], gwuv.m[oi] = p.s[s], gwuv.f[oi] = p.f[s];
       }
   }
-  out.emplace("dO", composite(dO.b, dO.m, acc));
-  out.emplace("G.wo", composite(gwo.b, gwo.m, acc));
-  out.emplace("G.wuv", composite(gwuv.b, gwuv.m, acc));
+  out.emplace("dO", rule_of(dO, acc, bf));
+  out.emplace("G.wo", rule_of(gwo, acc, bf));
+  out.emplace("G.wuv", rule_of(gwuv, acc, bf));
   return out;
 }
 
@@ -301,19 +344,35 @@ Rules out_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
 // a^T dq, G.wdkv of a^T dc, G.kv_norm of dpay xh, G.wuk_h of dqc_h[:, :r]^T q_nope_h (q reread).
 // GQA: dq = rope^T(dqc), dk = rope^T(dpay_k), dv = dpay_v; da = dq Wq^T + dk Wk^T + dv Wv^T (one sum);
 // G.wq, G.wk over the rows; G.wv = sum over the rows of a^T dv (exact products: a pure sum).
+// bf16 policy: a, the weights and acts.q are operands (the oracle rounds them). dqc and dpayload are not: the
+// reference rounds dqc[:, :r] (MLA: dq_nope's GEMM, G.wuk) and dpayload's value columns (GQA: G.wv, da) but passes
+// the rope columns through RoPE unrounded, so the oracle leaves them unrounded and each such rounding is a bf16 term
+// (|dqc Wuk| in dq_nope, |dqc q| in G.wuk; |dv Wv| in da, |a dv| in G.wv). Inside, dq and dc (GQA: dq, dk) are
+// rounded for the da GEMMs and the weight gradients: |dq Wq| + |dc Wdkv| in da, |a dq| in G.wq, |a dc| in G.wdkv,
+// dq_nope's own bf16 magnitude carried through (times |Wq|, |a|). A q_nope recomputed from a is rounded at its own
+// value (the reread, as acts.ocat in attn_out_backward): |dqc q| again in G.wuk. G.kv_norm: no bf16 rounding (the
+// kv_norm backward is fp32 on fp32 values).
 Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& acc, const model::Config& cfg) {
   const int64_t N = si(c, "N"), d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   const auto [r0, r1] = rows_of(c);
   const int64_t R = r1 - r0;
   const Rope rp = rope_of(c);
   const Vec a = values(c, "a"), wq = values(c, "W.wq"), dqc = values(c, "dqc"), dpay = values(c, "dpayload");
-  auto val_of = [](const Val& x, int64_t ld, int64_t off) {
-    return [&x, ld, off](int64_t q, int64_t j) { return VB{x.v[z(q * ld + off + j)], x.b[z(q * ld + off + j)]}; };
+  const bool bf = c.policy == "bf16";
+  // an intermediate (or a rounded column of an input) as a GEMM operand: rounded under bf16
+  auto val_of = [bf](const Val& x, int64_t ld, int64_t off) {
+    return [&x, ld, off, bf](int64_t q, int64_t j) {
+      const size_t o = z(q * ld + off + j);
+      return r16(VB{x.v[o], x.b[o], x.f[o]}, bf);
+    };
+  };
+  auto in_of = [bf](const Vec& v, int64_t ld, int64_t off) {  // element (i, q) of a left operand, input
+    return [&v, ld, off, bf](int64_t i, int64_t q) { return r16(VB{v[z(i * ld + off + q)], 0.0}, bf); };
   };
   Rules out;
   auto grad = [&](const char* name, const Val& dx, int64_t w) {  // G = sum over the rows of a^T dx, dx (N, w)
     const Val g = prod(d, w, R, exact_t(a, d, r0 * d), val_of(dx, w, r0 * w)).val(k);
-    out.emplace(name, composite(g.b, g.m, acc));
+    out.emplace(name, rule_of(g, acc, bf));
   };
   if (cfg.attn == model::AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim, Kw = cfg.kv_heads * Dh;
@@ -326,28 +385,30 @@ Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
     rope(k, dk, N, Kw, 0, cfg.kv_heads, Dh, rp.pos, rp.cs, rp.sn, rp.hh, true);
     const Prod p1 = prod(N, d, H * Dh, val_of(dq, H * Dh, 0), exact_t(wq, H * Dh));
     const Prod p2 = prod(N, d, Kw, val_of(dk, Kw, 0), exact_t(wk, Kw));
-    const Prod p3 = prod(N, d, Kw, exact_of(dpay, P, Kw), exact_t(wv, Kw));
+    const Prod p3 = prod(N, d, Kw, in_of(dpay, P, Kw), exact_t(wv, Kw));
     const Val da = fused(k, {&p1, &p2, &p3});
-    out.emplace("da", composite(da.b, da.m, acc));
+    out.emplace("da", rule_of(da, acc, bf));
     grad("G.wq", dq, H * Dh);
     grad("G.wk", dk, Kw);
     const Prod gv = prod(d, Kw, R, exact_t(a, d, r0 * d), exact_n(dpay, P, r0 * P + Kw));
-    out.emplace("G.wv", sum_rule(gv.s, static_cast<double>(R), acc));
+    Rule rv = sum_rule(gv.s, static_cast<double>(R), acc);
+    if (bf) add_bf16_f(rv, gv.s);  // dv rounded: u_bf16 |a dv| per term
+    out.emplace("G.wv", std::move(rv));
     return out;
   }
   const int64_t Dn = cfg.nope_dim, Dr = cfg.rope_dim, r = cfg.kv_lora_rank, Qw = H * (Dn + Dr), Dq = r + Dr;
   const Vec wdkv = values(c, "W.wdkv"), g = values(c, "W.kv_norm"), wuk = values(c, "W.wuk");
   const Vec q_in = values(c, "acts.q"), c_in = values(c, "acts.c"), ri_in = values(c, "acts.kv_rinv");
   const QkvFwd f = qkv_forward(c, k, cfg);
-  const Vec b_q = reread(q_in, f.q), b_c = reread(c_in, f.c), b_ri = reread(ri_in, f.rinv);
+  const Vec b_q = reread(raw(c, "acts.q"), f.q), b_c = reread(c_in, f.c), b_ri = reread(ri_in, f.rinv);
   Val dq(z(N * Qw));
   for (int64_t h = 0; h < H; ++h) {
-    const Prod p = prod(N, Dn, r, exact_of(dqc, H * Dq, h * Dq), exact_n(wuk, H * Dn, h * Dn));
+    const Prod p = prod(N, Dn, r, in_of(dqc, H * Dq, h * Dq), exact_n(wuk, H * Dn, h * Dn));
     const Vec b = p.bound(k);
     for (int64_t t = 0; t < N; ++t) {
       for (int64_t i = 0; i < Dn; ++i) {
         const size_t o = z(t * Qw + h * (Dn + Dr) + i), s = z(t * Dn + i);
-        dq.v[o] = p.v[s], dq.b[o] = b[s], dq.m[o] = p.s[s];
+        dq.v[o] = p.v[s], dq.b[o] = b[s], dq.m[o] = p.s[s], dq.f[o] = p.f[s];
       }
       for (int64_t i = 0; i < Dr; ++i) dq.v[z(t * Qw + h * (Dn + Dr) + Dn + i)] = dqc[z((t * H + h) * Dq + r + i)];
     }
@@ -378,7 +439,7 @@ Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
   const Prod p1 = prod(N, d, Qw, val_of(dq, Qw, 0), exact_t(wq, Qw));
   const Prod p2 = prod(N, d, Dq, val_of(dc, Dq, 0), exact_t(wdkv, Dq));
   const Val da = fused(k, {&p1, &p2});
-  out.emplace("da", composite(da.b, da.m, acc));
+  out.emplace("da", rule_of(da, acc, bf));
   grad("G.wq", dq, Qw);
   grad("G.wdkv", dc, Dq);
   // G.kv_norm[i] = sum over the rows of dpay[t, i] xh[t, i]
@@ -390,18 +451,21 @@ Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
   out.emplace("G.kv_norm", composite(gn.b, gn.m, acc));
   Val gwuk(z(r * H * Dn));
   for (int64_t h = 0; h < H; ++h) {
-    const Prod p = prod(r, Dn, R, exact_t(dqc, H * Dq, r0 * H * Dq + h * Dq), [&](int64_t q, int64_t i) {
-      const size_t o = z((r0 + q) * Qw + h * (Dn + Dr) + i);
-      return VB{q_in[o], b_q[o]};
-    });
+    const int64_t off = r0 * H * Dq + h * Dq;
+    const Prod p = prod(
+        r, Dn, R, [&](int64_t i, int64_t q) { return r16(VB{dqc[z(q * H * Dq + off + i)], 0.0}, bf); },
+        [&](int64_t q, int64_t i) {
+          const size_t o = z((r0 + q) * Qw + h * (Dn + Dr) + i);
+          return r16(VB{q_in[o], b_q[o]}, bf);
+        });
     const Vec b = p.bound(k);
     for (int64_t i = 0; i < r; ++i)
       for (int64_t j = 0; j < Dn; ++j) {
         const size_t o = z(i * H * Dn + h * Dn + j), s = z(i * Dn + j);
-        gwuk.v[o] = p.v[s], gwuk.b[o] = b[s], gwuk.m[o] = p.s[s];
+        gwuk.v[o] = p.v[s], gwuk.b[o] = b[s], gwuk.m[o] = p.s[s], gwuk.f[o] = p.f[s];
       }
   }
-  out.emplace("G.wuk", composite(gwuk.b, gwuk.m, acc));
+  out.emplace("G.wuk", rule_of(gwuk, acc, bf));
   return out;
 }
 
@@ -416,14 +480,21 @@ Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
 //   indexer: z_tj = iq_t . k_j[ikey..] (Di terms); relu(z) within b_z (1-Lipschitz; 0 where z < -b_z);
 //     I_j = sum_t w_t relu(z_tj) (Hi terms); eI_j = exp(I_j - mI), lI = sum eI_j, qI_j = eI_j / lI as for p (mI's
 //     error cancels likewise); lq_j = (I_j - mI) - log(lI) (two roundings, log within 4 ulps of its value).
+// bf16 policy: q and kv are operands (rounded in the oracle too); iq is not: the reference rounds its Hi query
+// vectors for the indexer dot products but not its Hi weights, so the oracle leaves iq unrounded and z_tj carries
+// the bf16 magnitude f_z = sum_c |iq_t[c] k_j[c]|, propagated: relu (f_rz = f_z where z >= -(b_z + u_bf16 f_z)),
+// f_I = sum_t |w_t| f_rz, f_eI = eI f_I, f_lI = sum f_eI, f_qI = f_eI / lI + eI f_lI / lI^2, f_lq = f_I + f_lI / lI.
+// p (and so pbar) is computed from the rounded operands without a rounding inside: no bf16 term.
 struct DsaRow {
   std::vector<int64_t> keys;
   Vec pbar, b_pbar;            // (n)
   Vec z, b_z, rz, b_rz;        // (n * Hi)
   Vec I, qI, b_qI, lq, b_lq;   // (n)
+  Vec f_z, f_rz, f_qI, f_lq;   // the bf16 magnitudes (zero unless bf16)
 };
 DsaRow dsa_row(const Calc& k, const model::CoreDims& cd, const Vec& q, const Vec& iq, const Vec& kv,
-               const std::vector<int32_t>& sel, int64_t r) {
+               const std::vector<int32_t>& sel, int64_t r, bool bf) {
+  const double u16 = unit_roundoff("bf16");
   DsaRow w;
   for (int64_t i = 0; i < cd.topk && sel[z(r * cd.topk + i)] >= 0; ++i) w.keys.push_back(sel[z(r * cd.topk + i)]);
   const int64_t n = static_cast<int64_t>(w.keys.size()), H = cd.H, Dq = cd.Dq, P = cd.P, hpg = cd.H / cd.G;
@@ -457,9 +528,9 @@ DsaRow dsa_row(const Calc& k, const model::CoreDims& cd, const Vec& q, const Vec
     w.pbar[z(i)] = psum[z(i)] / static_cast<double>(H);
     w.b_pbar[z(i)] = k.sum(static_cast<double>(H), psum[z(i)], pb[z(i)]) / static_cast<double>(H) + k.rnd(w.pbar[z(i)]);
   }
-  w.z.assign(z(n * Hi), 0.0), w.b_z = w.z, w.rz = w.z, w.b_rz = w.z;
-  w.I.assign(z(n), 0.0), w.qI = w.I, w.b_qI = w.I, w.lq = w.I, w.b_lq = w.I;
-  Vec bI(z(n));
+  w.z.assign(z(n * Hi), 0.0), w.b_z = w.z, w.rz = w.z, w.b_rz = w.z, w.f_z = w.z, w.f_rz = w.z;
+  w.I.assign(z(n), 0.0), w.qI = w.I, w.b_qI = w.I, w.lq = w.I, w.b_lq = w.I, w.f_qI = w.I, w.f_lq = w.I;
+  Vec bI(z(n)), fI(z(n), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     double I = 0, Ia = 0, bt = 0;
     for (int64_t t = 0; t < Hi; ++t) {
@@ -469,24 +540,28 @@ DsaRow dsa_row(const Calc& k, const model::CoreDims& cd, const Vec& q, const Vec
         dot += x, sa += std::fabs(x);
       }
       const size_t o = z(i * Hi + t);
-      w.z[o] = dot, w.b_z[o] = k.sum(static_cast<double>(Di), sa, 0.0);
-      w.rz[o] = std::max(dot, 0.0), w.b_rz[o] = dot >= -w.b_z[o] ? w.b_z[o] : 0.0;
+      w.z[o] = dot, w.b_z[o] = k.sum(static_cast<double>(Di), sa, 0.0), w.f_z[o] = bf ? sa : 0.0;
+      const bool on = dot >= -(w.b_z[o] + u16 * w.f_z[o]);
+      w.rz[o] = std::max(dot, 0.0), w.b_rz[o] = on ? w.b_z[o] : 0.0, w.f_rz[o] = on ? w.f_z[o] : 0.0;
       const double wt = iq[z(r * Iw + Hi * Di + t)];
       I += wt * w.rz[o], Ia += std::fabs(wt * w.rz[o]), bt += std::fabs(wt) * w.b_rz[o];
+      fI[z(i)] += std::fabs(wt) * w.f_rz[o];
     }
     w.I[z(i)] = I, bI[z(i)] = k.sum(static_cast<double>(Hi), Ia, bt);
   }
   double mI = 0;
   for (int64_t i = 0; i < n; ++i) mI = i == 0 ? w.I[z(i)] : std::max(mI, w.I[z(i)]);
-  double lI = 0, bt = 0;
+  double lI = 0, bt = 0, flI = 0;
   for (int64_t i = 0; i < n; ++i) {
     e[z(i)] = std::exp(w.I[z(i)] - mI);
     be[z(i)] = e[z(i)] * (bI[z(i)] + k.rnd(w.I[z(i)] - mI)) + k.phi * k.rnd(e[z(i)]);
-    lI += e[z(i)], bt += be[z(i)];
+    lI += e[z(i)], bt += be[z(i)], flI += e[z(i)] * fI[z(i)];
   }
   const double blI = k.sum(nn, lI, bt), lg = std::log(lI), b_lg = k.fn(lg, 1.0 / lI, blI);
   for (int64_t i = 0; i < n; ++i) {
     w.qI[z(i)] = e[z(i)] / lI, w.b_qI[z(i)] = k.div(e[z(i)], be[z(i)], lI, blI);
+    w.f_qI[z(i)] = e[z(i)] * fI[z(i)] / lI + e[z(i)] * flI / (lI * lI);
+    w.f_lq[z(i)] = fI[z(i)] + flI / lI;
     const double dI = w.I[z(i)] - mI, b_dI = bI[z(i)] + k.rnd(dI);
     w.lq[z(i)] = dI - lg, w.b_lq[z(i)] = k.add(dI, b_dI, -lg, b_lg);
   }

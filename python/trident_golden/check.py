@@ -114,8 +114,15 @@ def judge(case, name, got, bitwise=False):
         i = int(bad[0])
         tail = {"bitwise": "bitwise" + ("" if bitwise else ": no derived rule for this output yet"),
                 "exact": "exact rule: a correct implementation gives these bits"}[rule]
-        return Verdict(rule, ok=False, index=i, got=float(g[i]), want=float(w[i]), worst_ratio=math.inf,
-                       why=f"differs at element {i}: got {float(g[i])!r}, golden {float(w[i])!r} ({tail})")
+        why = f"differs at element {i}: got {float(g[i])!r}, golden {float(w[i])!r} ({tail})"
+        margins = case.accept.get(name, {}).get("margins") if not bitwise else None
+        if margins and want.ndim == 2 and want.shape[1] > 0 and i // want.shape[1] < len(margins):
+            row = i // want.shape[1]   # a selection: its row's tie margin says whether the golden can judge it
+            m = margins[row]
+            why += f"; row {row}'s top-k margin is {m:.3g} times its scores' bounds, so no correct router selects " \
+                   f"differently" if m > 1 else f"; row {row} is a near tie (margin {m:.3g} times its scores' " \
+                   f"bounds): a correct router may select either, so this golden cannot judge it"
+        return Verdict(rule, ok=False, index=i, got=float(g[i]), want=float(w[i]), worst_ratio=math.inf, why=why)
     gd = g.astype(np.float64)
     if rule == "sum_abs":
         t = case.tolerance[name]

@@ -75,6 +75,17 @@ class TridentGolden(unittest.TestCase):
         self.assertGreater(rules.get("bound", 0), 40, rules)
         self.assertGreater(rules.get("exact", 0), 5, rules)
 
+    def test_selection_reports_its_tie_margin(self):
+        # The router's selection is exact; the golden stores each row's top-k margin over the scores' bounds, and a
+        # differing selection names its row's margin (here far above 1: no correct router selects differently).
+        c = tg.load_primitives(GOLDEN).find("router_forward")
+        self.assertGreater(c.accept["sel"]["min_margin"], 1.0)
+        sel = c.outputs["sel"].copy()
+        sel[0, 0] = (sel[0, 0] + 1) % c.shapes["E"]
+        v = tg.judge(c, "sel", sel)
+        self.assertFalse(v.ok)
+        self.assertIn("row 0's top-k margin is", v.why)
+
     def test_bitwise_option(self):
         # numpy's mm passes the rule and fails bits; the report names the rule per output
         res = tg.check(GOLDEN, numpy_kernels.kernels)
