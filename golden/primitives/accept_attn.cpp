@@ -579,22 +579,26 @@ Vec compact(const Vec& kv, const std::vector<int64_t>& keys, int64_t P) {
 // dsa_core_forward: o and stats as the attention core over the selected keys (the attn_core row, bounds.h's
 // magnitudes with keys = the selection); ikl = sum_j t_j, t_j = pbar_j (log pbar_j - lq_j) (pbar_j > 0): log within
 // 4 ulps of its value (its argument's bound through 1/pbar), the difference's and the product's roundings, n terms.
+// bf16 policy: o's bf16 magnitude is the attention core's (p rounded for the value GEMM: sum_j p_j |v_j|, bounds.h);
+// stats none; ikl's sum_j pbar_j f_lq_j (the indexer's, dsa_row).
 Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
+  const bool bf = c.policy == "bf16";
   model::CoreDims cd = core_dims(c);
   cd.Hi = si(c, "Hi"), cd.Di = si(c, "Di"), cd.topk = si(c, "topk"), cd.ikey = si(c, "ikey");
   const int64_t Nq = si(c, "Nq"), H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P;
   const Vec q = values(c, "q"), iq = values(c, "iq"), kv = values(c, "kv");
   const std::vector<int32_t> sel = values_i32(input(c, "sel"));
-  ElemBounds eo("attn_core", Nq * H * Dv), es("attn_core", Nq * H * 2);
-  Vec bk(z(Nq), 0.0), mk = bk;
+  ElemBounds eo("attn_core", Nq * H * Dv, bf), es("attn_core", Nq * H * 2);
+  Vec bk(z(Nq), 0.0), mk = bk, fk = bk;
   for (int64_t r = 0; r < Nq; ++r) {
-    const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r);
+    const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r, bf);
     const int64_t n = static_cast<int64_t>(w.keys.size());
     if (n == 0) continue;
     const Vec kr = compact(kv, w.keys, P);
     const int64_t qp = n - 1;
-    const AttnFwdBounds b = attn_forward_bounds(cd, false, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data());
+    const AttnFwdBounds b = attn_forward_bounds(cd, bf, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data());
     std::copy(b.o.sum_abs.begin(), b.o.sum_abs.end(), eo.sum_abs.begin() + r * H * Dv);
+    if (bf) std::copy(b.o.sum_abs_bf16.begin(), b.o.sum_abs_bf16.end(), eo.sum_abs_bf16.begin() + r * H * Dv);
     std::copy(b.o.n_terms.begin(), b.o.n_terms.end(), eo.n_terms.begin() + r * H * Dv);
     std::copy(b.stats.sum_abs.begin(), b.stats.sum_abs.end(), es.sum_abs.begin() + r * H * 2);
     std::copy(b.stats.n_terms.begin(), b.stats.n_terms.end(), es.n_terms.begin() + r * H * 2);
@@ -605,13 +609,16 @@ Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
       const double lp = std::log(p), b_lp = k.fn(lp, 1.0 / p, bp);
       const double df = lp - w.lq[z(i)], b_df = k.add(lp, b_lp, -w.lq[z(i)], w.b_lq[z(i)]);
       sa += std::fabs(p * df), bt += k.mul(p, bp, df, b_df);
+      fk[z(r)] += p * w.f_lq[z(i)];
     }
     bk[z(r)] = k.sum(static_cast<double>(n), sa, bt), mk[z(r)] = sa;
   }
   Rules out;
   out.emplace("o", from_elem(eo, acc));
   out.emplace("stats", from_elem(es, acc));
-  out.emplace("ikl", composite(bk, mk, acc));
+  Rule rk = composite(bk, mk, acc);
+  if (bf) add_bf16_f(rk, fk);
+  out.emplace("ikl", std::move(rk));
   return out;
 }
 
@@ -623,7 +630,14 @@ Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
 // dw_t = sum_j dI_j relu(z_tj) (n terms); dz_tj = dI_j w_t where z_tj > 0 (where |z| <= b_z the other side of the
 // ReLU may be taken: + |dI w|); diq_t = sum_j dz_tj k_j (n terms); dkv[j][ikey + c] = sum over the (query, indexer
 // head) pairs selecting j of dz_tj iq_t[c].
+// bf16 policy: dq and dkv's attention columns carry the attention core's bf16 magnitudes (bounds.h: p and ds
+// rounded, dO rounded for dp and the value gradient, with the key set restricted). The indexer: f_dI = f_qI iscale;
+// dw_t: sum_j f_dI |relu z| + |dI| f_rz; dz rounded for the diq and dkv GEMMs: f_dz = |w| f_dI + |dz|; diq_t: sum_j
+// f_dz |k_j|; dkv's indexer columns: sum f_dz |iq_t| + |dz iq_t| (iq's query columns rounded there, not in the
+// oracle). The ReLU's ambiguous band is |z| <= b_z + u_bf16 f_z.
 Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
+  const bool bf = c.policy == "bf16";
+  const double u16 = unit_roundoff("bf16");
   model::CoreDims cd = core_dims(c);
   cd.Hi = si(c, "Hi"), cd.Di = si(c, "Di"), cd.topk = si(c, "topk"), cd.ikey = si(c, "ikey");
   const int64_t Nq = si(c, "Nq"), S = si(c, "S"), H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P;
@@ -632,25 +646,28 @@ Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
   const Vec q = values(c, "q"), iq = values(c, "iq"), kv = values(c, "kv"), o = values(c, "o"),
             st = values(c, "stats"), dO = values(c, "dO");
   const std::vector<int32_t> sel = values_i32(input(c, "sel"));
-  ElemBounds edq("attn_core", Nq * H * Dq), ekv("attn_core", S * P);
+  ElemBounds edq("attn_core", Nq * H * Dq, bf), ekv("attn_core", S * P, bf);
   Vec cnt(z(S), 0.0);
-  Vec bdiq(z(Nq * Iw), 0.0), mdiq = bdiq, skv(z(S * Di), 0.0), btkv = skv;
+  Vec bdiq(z(Nq * Iw), 0.0), mdiq = bdiq, fdiq = bdiq, skv(z(S * Di), 0.0), btkv = skv, fkv = skv;
   const std::vector<int64_t> one = {0, 1};
   for (int64_t r = 0; r < Nq; ++r) {
-    const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r);
+    const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r, bf);
     const int64_t n = static_cast<int64_t>(w.keys.size());
     if (n == 0) continue;
     const Vec kr = compact(kv, w.keys, P);
     const int64_t qp = n - 1;
-    const AttnBwdBounds b = attn_backward_bounds(cd, false, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data(), n,
+    const AttnBwdBounds b = attn_backward_bounds(cd, bf, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data(), n,
                                                  o.data() + r * H * Dv, st.data() + r * H * 2, dO.data() + r * H * Dv,
                                                  one);
     std::copy(b.dq.sum_abs.begin(), b.dq.sum_abs.end(), edq.sum_abs.begin() + r * H * Dq);
     std::copy(b.dq.n_terms.begin(), b.dq.n_terms.end(), edq.n_terms.begin() + r * H * Dq);
+    if (bf) std::copy(b.dq.sum_abs_bf16.begin(), b.dq.sum_abs_bf16.end(), edq.sum_abs_bf16.begin() + r * H * Dq);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = w.keys[z(i)];
       cnt[z(j)] += 1;
       for (int64_t cc = 0; cc < P; ++cc) ekv.sum_abs[z(j * P + cc)] += b.dkv.sum_abs[z(i * P + cc)];
+      if (bf)
+        for (int64_t cc = 0; cc < P; ++cc) ekv.sum_abs_bf16[z(j * P + cc)] += b.dkv.sum_abs_bf16[z(i * P + cc)];
     }
     // the indexer
     double sp = 0, bsp = 0;
@@ -660,22 +677,26 @@ Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
       const int64_t j = w.keys[z(i)];
       const double qi = w.qI[z(i)], p = w.pbar[z(i)];
       const double df = qi - p, b_df = k.add(qi, w.b_qI[z(i)], -p, w.b_pbar[z(i)]) + qi * b_sum + k.rnd(qi);
-      const double dI = df * iscale, b_dI = k.mul(df, b_df, iscale, 0);
+      const double dI = df * iscale, b_dI = k.mul(df, b_df, iscale, 0), f_dI = w.f_qI[z(i)] * std::fabs(iscale);
       for (int64_t t = 0; t < Hi; ++t) {
         const size_t o2 = z(i * Hi + t);
         const double zt = w.z[o2], wt = iq[z(r * Iw + Hi * Di + t)];
         // dw_t
         const size_t ow = z(r * Iw + Hi * Di + t);
         mdiq[ow] += std::fabs(dI * w.rz[o2]), bdiq[ow] += k.mul(dI, b_dI, w.rz[o2], w.b_rz[o2]);
+        fdiq[ow] += f_dI * w.rz[o2] + std::fabs(dI) * w.f_rz[o2];
         // dz_tj
         const double dz = zt > 0 ? dI * wt : 0.0;
         double b_dz = zt > 0 ? k.mul(dI, b_dI, wt, 0) : 0.0;
-        if (std::fabs(zt) <= w.b_z[o2]) b_dz = k.mul(dI, b_dI, wt, 0) + std::fabs(dI * wt);
+        const bool band = std::fabs(zt) <= w.b_z[o2] + u16 * w.f_z[o2];
+        if (band) b_dz = k.mul(dI, b_dI, wt, 0) + std::fabs(dI * wt);
+        const double f_dz = bf && (zt > 0 || band) ? std::fabs(wt) * f_dI + std::fabs(dI * wt) : 0.0;
         for (int64_t cc = 0; cc < Di; ++cc) {
           const double kj = kv[z(j * P + cd.ikey + cc)], it = iq[z(r * Iw + t * Di + cc)];
           const size_t oq = z(r * Iw + t * Di + cc), ok = z(j * Di + cc);
-          mdiq[oq] += std::fabs(dz * kj), bdiq[oq] += b_dz * std::fabs(kj);
+          mdiq[oq] += std::fabs(dz * kj), bdiq[oq] += b_dz * std::fabs(kj), fdiq[oq] += f_dz * std::fabs(kj);
           skv[ok] += std::fabs(dz * it), btkv[ok] += b_dz * std::fabs(it);
+          if (bf) fkv[ok] += f_dz * std::fabs(it) + std::fabs(dz * it);
         }
       }
     }
@@ -695,10 +716,22 @@ Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
     }
   const Rule ri = composite(bi, mi, acc);
   for (size_t x = 0; x < rkv.bound.size(); ++x) rkv.bound[x] += ri.bound[x], rkv.mag[x] += ri.mag[x];
+  if (bf) {  // the indexer columns' bf16 terms (the composite bf16 row), and the floor of all the bf16 magnitudes
+    Vec fi(z(S * P), 0.0);
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t cc = 0; cc < Di; ++cc) fi[z(j * P + cd.ikey + cc)] = fkv[z(j * Di + cc)];
+    Rule rf{"composite", Vec(z(S * P), 0.0), {}, 0.0};
+    add_bf16_f(rf, fi);
+    Vec fall = ekv.sum_abs_bf16;
+    for (size_t x = 0; x < fall.size(); ++x) rkv.bound[x] += rf.bound[x], fall[x] += fi[x];
+    rkv.u_bf16_floor = u16 * rms(fall);
+  }
   Rules out;
   out.emplace("dq", from_elem(edq, acc));
   out.emplace("dkv", std::move(rkv));
-  out.emplace("diq", composite(bdiq, mdiq, acc));
+  Rule rd = composite(bdiq, mdiq, acc);
+  if (bf) add_bf16_f(rd, fdiq);
+  out.emplace("diq", std::move(rd));
   return out;
 }
 
@@ -706,7 +739,6 @@ Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
 
 Rules attn_rules(const PrimCase& c, const Calc& k, const std::string& acc, const std::vector<NamedTensor>& ref) {
   (void)ref;
-  if (c.policy == "bf16") return {};  // the chains are fp32/fp64 only so far: bits under the bf16 policy
   const std::string& op = c.op;
   if (op == "attn_qkv_forward" || op == "attn_qkv_backward" || op == "attn_out_forward" || op == "attn_out_backward") {
     const model::Config cfg = model::Config::from_json(c.shapes.at("config"));

@@ -42,6 +42,15 @@ inline bool is_operand(const std::string& op, const std::string& name) {
   if (op == "swiglu_backward_dgrad" || op == "expert_backward_dgrad")
     return name == "dy" || name == "wg" || name == "wu" || name == "wd";
   if (op == "router_forward") return name == "a" || name == "wr";
+  // the attention projections: every use of these inputs is a GEMM operand (reference/model/attention.cpp); not
+  // W.kv_norm, acts.c, acts.kv_rinv (fp32 kv_norm), dqc, dpayload (partly through RoPE unrounded: bf16 terms in the
+  // chains, accept_attn.cpp)
+  const bool weight = name == "W.wq" || name == "W.wk" || name == "W.wv" || name == "W.wdkv" || name == "W.wuk" ||
+                      name == "W.wuv" || name == "W.wo";
+  if (op == "attn_qkv_forward") return name == "a" || weight;
+  if (op == "attn_qkv_backward") return name == "a" || name == "acts.q" || weight;
+  if (op == "attn_out_forward") return name == "acts.o" || weight;
+  if (op == "attn_out_backward") return name == "acts.o" || name == "acts.ocat" || name == "dy" || weight;
   return false;
 }
 inline std::vector<double> values(const PrimCase& c, const std::string& name) {

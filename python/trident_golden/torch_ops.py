@@ -45,6 +45,32 @@ def _np(x, dtype=np.float32, shape=None):
     return a.reshape(shape) if shape is not None else a
 
 
+# The bf16 policy under autograd. The policy rounds a tensor to bf16 where it enters a GEMM, nowhere else, and the
+# backward GEMMs are GEMMs too: dA = dC B^T and dB = A^T dC round dC (the incoming gradient) as their operand and
+# return float32 results. A plain cast x.to(bfloat16).to(float32) gets both wrong under autograd: its backward rounds
+# the gradient of x to bf16 on its way out (a gradient that is no GEMM operand) and dC enters the backward GEMMs
+# unrounded. _RoundOperand rounds forward and passes the gradient through; _RoundGrad, on a GEMM's result, rounds
+# the incoming gradient for the backward GEMMs.
+class _RoundOperand(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _RoundGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
 class TorchKernels:
     """The kernel set in PyTorch. Call it as kernels(op, inputs, shapes)."""
 
@@ -72,11 +98,17 @@ class TorchKernels:
 
     # ---- hooks (torch_bugs.py overrides these) ----------------------------------------------------------------
     def operand(self, x):
-        """A GEMM / attention operand under the policy: bf16 rounds it (fp32 accumulation follows)."""
-        return x.to(torch.bfloat16).to(x.dtype) if self.policy == "bf16" else x
+        """A GEMM / attention operand under the policy: bf16 rounds it (fp32 accumulation follows); its gradient
+        passes unrounded (_RoundOperand)."""
+        return _RoundOperand.apply(x) if self.policy == "bf16" else x
+
+    def gemm_out(self, y):
+        """A GEMM's result under the policy: bf16 rounds the gradient arriving at it, the backward GEMMs' operand
+        (_RoundGrad)."""
+        return _RoundGrad.apply(y) if self.policy == "bf16" else y
 
     def matmul(self, a, b):
-        return torch.matmul(self.operand(a), self.operand(b))
+        return self.gemm_out(torch.matmul(self.operand(a), self.operand(b)))
 
     def act(self, x):
         """The SwiGLU gate activation."""
@@ -338,7 +370,7 @@ class TorchKernels:
         q = self.matmul(a, W["wq"])
         qh = q.reshape(N, H, Dn + Dr)
         wuk = W["wuk"].reshape(r, H, Dn)                                # wuk (r, H*Dn): head h = columns h*Dn..
-        q_lat = torch.einsum("nhd,rhd->nhr", self.operand(qh[..., :Dn]), self.operand(wuk))
+        q_lat = self.gemm_out(torch.einsum("nhd,rhd->nhr", self.operand(qh[..., :Dn]), self.operand(wuk)))
         qc = torch.cat((q_lat, self.rope(qh[..., Dn:], cos, sin, pos)), -1)
         c = self.matmul(a, W["wdkv"])
         kv, rinv = self.rmsnorm(c[:, :r], W["kv_norm"], cfg["norm_eps"])
@@ -409,7 +441,8 @@ class TorchKernels:
             return None, self.matmul(o.reshape(N, -1), W["wo"])
         r, Dv = att["kv_lora_rank"], att["v_dim"]
         wuv = W["wuv"].reshape(r, H, Dv)                                # wuv (r, H*Dv): head h = columns h*Dv..
-        ocat = torch.einsum("nhr,rhv->nhv", self.operand(o.reshape(N, H, r)), self.operand(wuv)).reshape(N, H * Dv)
+        ocat = self.gemm_out(torch.einsum("nhr,rhv->nhv", self.operand(o.reshape(N, H, r)),
+                                          self.operand(wuv))).reshape(N, H * Dv)
         return ocat, self.matmul(ocat, W["wo"])
 
     def op_attn_out_forward(self, x, s):
@@ -489,7 +522,7 @@ class TorchKernels:
         scale=), else its math: softmax(Q K^T * scale, masked) V. Returns O and the per-row stats (m, l) of the
         scaled scores: m = max, l = sum exp(s - m) (what the golden's `stats` holds; lse = m + log l)."""
         Qo, Ko, Vo = self.operand(Q), self.operand(K), self.operand(V)
-        sc = torch.matmul(Qo, Ko.transpose(-1, -2)) * scale
+        sc = self.gemm_out(torch.matmul(Qo, Ko.transpose(-1, -2))) * scale
         sc = sc.masked_fill(~allowed, float("-inf"))
         m = sc.amax(-1, keepdim=True)
         l = torch.exp(sc - m).sum(-1)
@@ -500,7 +533,7 @@ class TorchKernels:
             except TypeError:    # torch 2.0: no scale=
                 pass
         p = self.softmax(sc)
-        return torch.matmul(self.operand(p), Vo), m.squeeze(-1), l
+        return self.gemm_out(torch.matmul(self.operand(p), Vo)), m.squeeze(-1), l
 
     def core(self, q, kv, qpos, qdoc, s, allowed=None):
         Q, K, V = self.to_bhsd(q, kv, s)
@@ -541,7 +574,7 @@ class TorchKernels:
         Nq = iq.shape[0]
         qi = iq[:, :Hi * Di].reshape(Nq, Hi, Di)
         w = iq[:, Hi * Di:]
-        z = torch.einsum("ntc,sc->nts", self.operand(qi), self.operand(kv[:, ik:ik + Di]))
+        z = self.gemm_out(torch.einsum("ntc,sc->nts", self.operand(qi), self.operand(kv[:, ik:ik + Di])))
         return (w.unsqueeze(-1) * torch.relu(z)).sum(1)
 
     def op_dsa_select(self, x, s):
@@ -571,10 +604,10 @@ class TorchKernels:
         allowed.scatter_(1, torch.where(valid, sel, torch.full_like(sel, S)), True)
         allowed = allowed[:, :S]
         Q, K, V = self.to_bhsd(q, kv, s)
-        sc = torch.matmul(self.operand(Q), self.operand(K).transpose(-1, -2)) * self.attn_scale(s)
+        sc = self.gemm_out(torch.matmul(self.operand(Q), self.operand(K).transpose(-1, -2))) * self.attn_scale(s)
         sc = sc.masked_fill(~allowed, float("-inf"))
         p = self.softmax(sc)                                             # (1, H, Nq, S)
-        O = torch.matmul(self.operand(p), self.operand(V))
+        O = self.gemm_out(torch.matmul(self.operand(p), self.operand(V)))
         m = sc.amax(-1)
         l = torch.exp(sc - m.unsqueeze(-1)).sum(-1)
         stats = torch.stack((m[0].t(), l[0].t()), -1)
