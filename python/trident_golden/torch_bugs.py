@@ -8,7 +8,7 @@ trident_golden.check: the buggy kernel for the bug's ops, torch_ops.kernels for 
     python3 -m trident_golden.torch_bugs --markdown      # the table of docs/torch.md
 
 For each bug and golden, run() reports whether the golden checker (trident_golden.check, whatever rule it applies)
-fails it, whether it differs from the golden beyond the provisional sanity scale of torch_report (an output with
+fails it, whether it differs from the golden beyond the sanity scale of torch_report (an output with
 max |err| > 64 u max |golden|, or an integer output that differs), and whether two common tolerance checks would
 have MISSED it: numpy.allclose(atol=rtol=1e-2) and torch.testing.assert_close with its defaults (float32: rtol
 1.3e-6, atol 1e-5), applied to every output of every case of the bug's ops."""
@@ -332,7 +332,7 @@ def _close_torch(got, want):
 
 def outcome(make_impl, golden, ops):
     """One implementation on one golden, over the cases of `ops`. make_impl() returns a fresh impl (a bug with
-    state starts clean for each pass). A dict: cases (how many ran); sanity (some output beyond the provisional
+    state starts clean for each pass). A dict: cases (how many ran); sanity (some output beyond the
     sanity scale of torch_report.beyond_sanity, or an integer output that differs); worst (the largest
     max |err| / (u max |golden|)); allclose_missed / assert_close_missed (every output of every case passes
     numpy.allclose(atol=rtol=1e-2) / torch.testing.assert_close's defaults); checker_failed (trident_golden.check,
