@@ -23,7 +23,7 @@
 #include "golden/plugin.h"
 #include "golden/primitives/primitives.h"
 #include "golden/state_dump.h"
-#include "gpu/fast/check.h"
+#include "golden/primitives/accept.h"
 #include "gpu/fast/host_kernels.h"
 #include "gpu/ref/host_kernels.h"
 #include "reference/counted.h"
@@ -286,7 +286,6 @@ Backend parse_backend(const std::string& s) {
                    "cuda-ref and cuda-fast need a CUDA build and a device)",
                    s));
 }
-bool is_fast_backend(const Backend& b) { return b.name == "cuda-fast" || b.name == "cuda-fast-host"; }
 template <class T>
 std::unique_ptr<Kernels<T>> make_kernels(const Backend& b, Device& dev) {
   if (b.name == "cuda-ref-host") return gpu::make_ref_host_kernels<T>(dev);
@@ -329,7 +328,7 @@ struct CheckOpts {
   std::string report;
   std::string op, case_name;
   int rank = -1;
-  bool tolerance = false;
+  bool tolerance = false, bitwise = false;
 };
 
 std::string primitives_path(const std::string& g) {
@@ -338,60 +337,10 @@ std::string primitives_path(const std::string& g) {
   return g;
 }
 
-// The fast tier: its own ops under the tolerance table's "gpu" rows (and the relative test vs fp64), every other op
-// bitwise (gpu/fast/check.h); a table of the largest |err| / bound per op.
-int run_check_fast(const CheckOpts& o, const Backend& be, const golden::PrimitivesFile& f, const std::string& path,
-                   golden::CheckOptions co, Device* device) {
-  co.backend = o.backend;
-  gpu::fast::FastCheckSummary all;
-  for (bool f64 : {false, true}) {
-    gpu::fast::FastCheckSummary part =
-        f64 ? gpu::fast::check_fast_primitives<double>(
-                  f, [&](Device& d) { return make_kernels<double>(be, d); }, co, o.golden, device)
-            : gpu::fast::check_fast_primitives<float>(
-                  f, [&](Device& d) { return make_kernels<float>(be, d); }, co, o.golden, device);
-    all.sum.cases += part.sum.cases;
-    all.sum.passed += part.sum.passed;
-    for (auto& x : part.sum.failures) all.sum.failures.push_back(std::move(x));
-    for (auto& x : part.sum.ops_checked)
-      if (std::find(all.sum.ops_checked.begin(), all.sum.ops_checked.end(), x) == all.sum.ops_checked.end())
-        all.sum.ops_checked.push_back(std::move(x));
-    for (const auto& [op, st] : part.ops) {
-      gpu::fast::OpStat& a = all.ops[op];
-      a.cases += st.cases, a.passed += st.passed, a.tolerance = st.tolerance, a.rel_outputs += st.rel_outputs;
-      a.max_err_over_bound = std::max(a.max_err_over_bound, st.max_err_over_bound);
-      a.max_rel = std::max(a.max_rel, st.max_rel);
-    }
-  }
-  const golden::CheckSummary& sum = all.sum;
-  if (sum.cases == 0) fail(fmt::format("{}: no primitive case matches the filters", path));
-  std::printf("%-24s %6s %10s %16s %16s\n", "op", "cases", "mode", "max |err|/bound", "max rel vs fp64");
-  for (const auto& [op, st] : all.ops) {
-    if (!st.tolerance) continue;
-    std::printf("%-24s %6lld %10s %16.3g %16s\n", op.c_str(), static_cast<long long>(st.cases), "tolerance",
-                st.max_err_over_bound, st.rel_outputs > 0 ? fmt::format("{:.3g}", st.max_rel).c_str() : "-");
-  }
-  int64_t nbit = 0, nbit_ops = 0;
-  for (const auto& [op, st] : all.ops)
-    if (!st.tolerance) nbit += st.cases, ++nbit_ops;
-  std::printf("%-24s %6lld %10s   (%lld ops running the ref tier's bodies)\n", "(other ops)",
-              static_cast<long long>(nbit), "bitwise", static_cast<long long>(nbit_ops));
-  for (const auto& fl : sum.failures) {
-    std::printf("FAIL %s\n", fl.message.c_str());
-    std::printf("  repro: %s\n", fl.repro.c_str());
-  }
-  std::printf("trident check %s --backend %s: %lld/%lld cases of %zu ops passed (fast ops: tolerance table, gpu "
-              "rows; other ops bitwise)\n",
-              path.c_str(), o.backend.c_str(), static_cast<long long>(sum.passed), static_cast<long long>(sum.cases),
-              sum.ops_checked.size());
-  if (!o.report.empty()) {
-    nlohmann::json j = all.to_json();
-    j["golden"] = path;
-    j["backend"] = o.backend;
-    j["mode"] = "tolerance (gpu rows) for the fast ops, bitwise for the others";
-    io::write_file(o.report, j.dump(2) + "\n", "--report");
-  }
-  return sum.failures.empty() ? 0 : 1;
+// The backends whose contract is the reference's bits (the reference itself, the CUDA ref tier, the deliberately wrong
+// cpu-ulp); every other backend (the fast tier, plugins) is judged by the golden's stored acceptance rule.
+bool promises_bits(const Backend& b) {
+  return b.name == "cpu" || b.name == "cpu-ulp" || b.name == "cuda-ref" || b.name == "cuda-ref-host";
 }
 
 int run_check(const CheckOpts& o) {
@@ -399,7 +348,7 @@ int run_check(const CheckOpts& o) {
   const Backend be = parse_backend(o.backend);
   {
     ReproLine r("trident check");
-    r.arg(o.golden).opt("--backend", o.backend).flag("--tolerance", o.tolerance);
+    r.arg(o.golden).opt("--backend", o.backend).flag("--tolerance", o.tolerance).flag("--bitwise", o.bitwise);
     r.opt_nonempty("--op", o.op).opt_nonempty("--case", o.case_name).opt_if("--rank", o.rank, -1);
     r.opt_nonempty("--report", o.report);
     std::printf("repro: %s\n", r.str().c_str());
@@ -408,12 +357,13 @@ int run_check(const CheckOpts& o) {
   const golden::PrimitivesFile f = golden::read_primitives(path);
   note_unsealed(f, path);
   golden::validate_cases(f);  // every case against its op's contract, before any backend runs one
+  if (o.tolerance && o.bitwise) fail("--tolerance and --bitwise: choose one");
   golden::CheckOptions co;
-  co.bitwise = !o.tolerance;
+  co.bitwise = o.bitwise || (!o.tolerance && promises_bits(be));
   co.only_op = o.op;
   co.only_case = o.case_name;
   co.only_rank = o.rank;
-  co.backend = o.backend + (o.tolerance ? " --tolerance" : "");
+  co.backend = o.backend + (o.tolerance ? " --tolerance" : "") + (o.bitwise ? " --bitwise" : "");
   if (!o.op.empty()) {
     const auto& ops = golden::kernel_ops();
     if (std::find(ops.begin(), ops.end(), o.op) == ops.end())
@@ -423,7 +373,6 @@ int run_check(const CheckOpts& o) {
 #ifdef TRIDENT_HAVE_CUDA
   if (be.name == "cuda-ref" || be.name == "cuda-fast") device = std::make_unique<gpu::CudaDevice>(0);
 #endif
-  if (is_fast_backend(be)) return run_check_fast(o, be, f, path, co, device.get());
   golden::CheckSummary sum;
   for (bool f64 : {false, true}) {
     golden::CheckSummary part =
@@ -435,20 +384,23 @@ int run_check(const CheckOpts& o) {
     sum.passed += part.passed;
     for (auto& x : part.failures) sum.failures.push_back(std::move(x));
     for (auto& x : part.ops_checked) sum.ops_checked.push_back(std::move(x));
+    for (auto& [k, v] : part.report) sum.report[k] = v;  // f32 and f64 cases never share an (op, output) here
   }
   if (sum.cases == 0) fail(fmt::format("{}: no primitive case matches the filters", path));
+  if (!co.bitwise) std::printf("%s", golden::report_text(sum.report).c_str());
   for (const auto& fl : sum.failures) {
     std::printf("FAIL %s\n", fl.message.c_str());
     std::printf("  repro: %s\n", fl.repro.c_str());
   }
   std::printf("trident check %s --backend %s: %lld/%lld cases of %zu ops passed (%s)\n", path.c_str(),
               o.backend.c_str(), static_cast<long long>(sum.passed), static_cast<long long>(sum.cases),
-              sum.ops_checked.size(), co.bitwise ? "bitwise" : "tolerance table where a bound is stored, else bitwise");
+              sum.ops_checked.size(),
+              co.bitwise ? "bitwise" : "the golden's acceptance rule: derived bounds where stored, else bits");
   if (!o.report.empty()) {
     nlohmann::json j = sum.to_json();
     j["golden"] = path;
     j["backend"] = o.backend;
-    j["mode"] = co.bitwise ? "bitwise" : "tolerance";
+    j["mode"] = co.bitwise ? "bitwise" : "rule";
     io::write_file(o.report, j.dump(2) + "\n", "--report");
   }
   return sum.failures.empty() ? 0 : 1;
@@ -655,8 +607,8 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                                   "cpu | cuda-ref-host | cuda-ref | cuda-fast-host | cuda-fast | cpu-ulp:OP[:INDEX] "
                                   "| plugin:PATH.so "
                                   "(cuda-ref-host: the CUDA ref tier's kernel bodies on the CPU; cuda-ref: on the GPU, "
-                                  "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, checked "
-                                  "with the tolerance table's gpu rows; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
+                                  "needs a CUDA build and a device; cuda-fast-host / cuda-fast: the fast tier, judged "
+                                  "by the golden's acceptance rule; cpu-ulp: cpu with one ulp flipped at element INDEX of OP's "
                                   "first output, a deliberately wrong backend; plugin:PATH.so: the kernel set of a "
                                   "plugin built against an installed Trident, docs/plugins.md)")
                        ->capture_default_str();
@@ -665,8 +617,12 @@ TRIDENT_COMMAND({"check", "recompute every primitive of a golden with a backend 
                    sub.add_option("--case", o->case_name, "check only this case (c0, c1, ...)");
                    sub.add_option("--rank", o->rank, "check only this rank's cases");
                    sub.add_flag("--tolerance", o->tolerance,
-                                "compare under the stored error bound where one exists (else bitwise); default: "
-                                "bitwise, the CPU backend's contract");
+                                "judge every output by the golden's acceptance rule (docs/golden.md \"The acceptance "
+                                "rule\"); the default for backends that do not promise the reference's bits "
+                                "(cuda-fast, cuda-fast-host, plugin:)");
+                   sub.add_flag("--bitwise", o->bitwise,
+                                "compare every output bit for bit; the default for cpu, cuda-ref, cuda-ref-host and "
+                                "cpu-ulp:, whose contract is the reference's bits");
                    return [o]() -> int { return run_check(*o); };
                  }});
 

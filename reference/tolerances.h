@@ -97,36 +97,54 @@ inline constexpr Tolerance kTolerances[] = {
     // per output element are computed in fp64 from the case's inputs (gpu/fast/bounds.h); u is the accumulation
     // type's (the bf16 policy uses the fp32 rows, plus the bf16 rows for the roundings to bf16 inside the op). The
     // fast side may sum in any order, with FMA, and (tensor cores) with truncating accumulation: 2u per operation.
-    {"gemm", "fp32", "gpu", 2.0, 3.0,
+    {"gemm", "fp32", "accept", 2.0, 3.0,
      "reference: in-order chain of K rounded products, gamma_K (1 per term); fast (cuBLAS / Eigen): any order, "
      "truncating accumulation at worst 2u per add (2 per term); +2u for 1/(1-Ku) on both sides. n_terms = K, "
      "sum_abs = sum_k |a*b| (bf16 policy: of the bf16 operands, identical on both sides)"},
-    {"gemm", "fp64", "gpu", 2.0, 3.0, "as gemm/fp32/gpu with fp64's u (cublasGemmEx CUBLAS_COMPUTE_64F, Eigen double)"},
-    {"tile_wgrad", "fp32", "gpu", 3.0, 3.0,
+    {"gemm", "fp64", "accept", 2.0, 3.0, "as gemm/fp32/gpu with fp64's u (cublasGemmEx CUBLAS_COMPUTE_64F, Eigen double)"},
+    {"tile_wgrad", "fp32", "accept", 3.0, 3.0,
      "per tile: the reference's in-order partial (1 per term) and the fast GEMM's partial (2 per term), added "
      "exactly, each side rounded once (+u each); +u slack. n_terms = the longest tile, sum_abs = sum_r |x*dy|"},
-    {"tile_wgrad", "fp64", "gpu", 3.0, 3.0, "as tile_wgrad/fp32/gpu with fp64's u"},
-    {"attn_core", "fp32", "gpu", 16.0, 5.0,
+    {"tile_wgrad", "fp64", "accept", 3.0, 3.0, "as tile_wgrad/fp32/gpu with fp64's u"},
+    {"attn_core", "fp32", "accept", 16.0, 5.0,
      "online softmax vs two-pass: per side, score errors (Dq+1)u*S_max shift p by at most twice that (softmax is "
      "2-Lipschitz in max-norm), the sum chains of l and o (1 per key each), the rescales (one per block of 32 keys) "
      "and ~8 single roundings (exp, division, scale); both sides: 4 per key + 4 per score term + 16. n_terms = keys "
      "+ Dq + 1 (backward: + Dv, and for dkv twice the tile's (row, head) terms), sum_abs = (1 + S_max) * the output's "
      "magnitude (forward: sum_j p_j |v_j|; backward: through |ds| and p bounds, gpu/fast/bounds.h)"},
-    {"attn_core", "fp64", "gpu", 16.0, 5.0, "as attn_core/fp32/gpu with fp64's u"},
-    {"attn_core", "bf16", "gpu", 2.0, 0.0,
+    {"attn_core", "fp64", "accept", 16.0, 5.0, "as attn_core/fp32/gpu with fp64's u"},
+    {"attn_core", "bf16", "accept", 2.0, 0.0,
      "bf16 policy, added to the fp32 row: p (forward; the fast side rounds the unnormalised exp) and p, ds "
      "(backward) are rounded to bf16 as value / key / query operands on both sides: <= u_bf16 relative each, "
      "sum_abs = sum |p v| (o), sum |ds k| (dq), sum |ds q| + |p dO| (dkv)"},
-    {"linear_ce", "fp32", "gpu", 16.0, 6.0,
+    {"linear_ce", "fp32", "accept", 16.0, 6.0,
      "per side: logit errors (2d u sum|h W|, fast: any order / truncating), the chunked logsumexp (4 + 3 per "
      "column and 6 per chunk merge, the table's linear_ce_lse), dlogit's exp of a shifted argument; backward: the "
      "dhidden chain over the columns (fast: GEMM per chunk, accumulating) and the dW tile chains. n_terms = d + "
      "columns + 1 (forward: + 2 chunks; dW: longest tile + d + 1), sum_abs = the magnitudes of gpu/fast/bounds.h"},
-    {"linear_ce", "fp64", "gpu", 16.0, 6.0, "as linear_ce/fp32/gpu with fp64's u"},
-    {"linear_ce", "bf16", "gpu", 2.0, 0.0,
+    {"linear_ce", "fp64", "accept", 16.0, 6.0, "as linear_ce/fp32/gpu with fp64's u"},
+    {"linear_ce", "bf16", "accept", 2.0, 0.0,
      "bf16 policy, added to the fp32 row: dlogit is rounded to bf16 as a GEMM operand on both sides (<= u_bf16 "
      "relative each); sum_abs = sum_j |dlogit*W| (dhidden), sum_r |h*dlogit| (dW); the forward has no bf16 rounding "
      "beyond the operands (identical on both sides)"},
+    // ---- the derived acceptance rule's other rows (golden/primitives/accept.h, docs/numerics.md "Acceptance rule") --
+    {"sum", "fp32", "accept", 2.0, 2.0,
+     "a sum of n terms (or of n rounded products) in any order, against the fp64 oracle: each partial sum is at most "
+     "sum|terms| and each add (and product) rounds with at most 2u (truncating accumulation), so |err| <= 2n u "
+     "sum|terms|; +2u for 1/(1-nu) and the oracle. sum_abs = the op replayed in fp64 on |inputs|, n = the op's "
+     "longest sum (rows of a tile sum, K of a combine, d of a dot product)"},
+    {"sum", "fp64", "accept", 2.0, 2.0, "as sum/fp32/accept with fp64's u"},
+    {"composite", "fp32", "accept", 2.0, 4.0,
+     "a first-order running error bound of the op's formula in fp64 from its inputs: each rounding u relative to its "
+     "result, each elementary function (exp, sigmoid, silu, sqrt, rsqrt, division) within k_per_term = 4 ulps of "
+     "its result, each sum of n terms 2n u sum|terms|, and each intermediate's bound propagated through |derivative| "
+     "(golden/primitives/accept.cpp states each op's chain); the total times k_const = 2 for another association "
+     "order of the same formula and for second-order terms"},
+    {"composite", "fp64", "accept", 2.0, 4.0, "as composite/fp32/accept with fp64's u"},
+    {"composite", "bf16", "accept", 2.0, 0.0,
+     "bf16 policy, added to the fp32 chain: an intermediate rounded to bf16 as a GEMM operand (SwiGLU's h for the down "
+     "projection, dug and duu for dx) moves each term by at most u_bf16 relative, at whichever value each side rounds "
+     "it (the oracle rounds nothing inside); k_const 2 as the composite row's. sum_abs = the GEMM's sum |terms|"},
     // The whole step with the fast tier vs the reference (gpu/fast/step_check.h; both from the same parameters each
     // step): relative differences with sum_abs = 1, n_terms = the step's longest reduction (max of vocab, d_model, FFN
     // widths, tile, seq_len). A budget over per-op bounds, not a proof: element-wise each fast op is within its row
@@ -149,7 +167,7 @@ inline constexpr Tolerance kTolerances[] = {
     {"step_loss", "bf16", "gpu", 2.0, 0.0,
      "bf16 policy, added to the fp32 row: the forward's bf16 roundings of p at different values on the two sides "
      "(<= u_bf16 relative each)"},
-    {"fast_vs_fp64", "fp32", "gpu", 4.0, 2.0,
+    {"relative", "fp32", "accept", 4.0, 2.0,
      "the relative test: rms(fast - fp64 oracle) <= k_const * rms(reference - oracle) + floor per output, floor = "
      "k_per_term * (u * rms(sum_abs) + u_bf16 * rms(sum_abs_bf16)) with the gpu rows' magnitudes (bf16 part: bf16 "
      "policy only); the oracle is the reference op in fp64 on the same (bf16 policy: bf16-rounded) GEMM operands. "

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "emulator/device.h"
+#include "golden/primitives/accept.h"
 #include "golden/primitives/primitives.h"
 #include "golden/read_guard.h"
 #include "parallel/layout.h"
@@ -86,10 +87,13 @@ void write_case(hid_t parent, const PrimCase& c) {
   str_attr(g, "shapes", c.shapes.dump());
   str_attr(g, "n_terms", c.n_terms.dump());
   str_attr(g, "tolerance", c.tolerance.dump());
+  if (!c.accept.empty()) str_attr(g, "accept", c.accept.dump());
   str_attr(g, "repro", c.repro);
   int_attr(g, "rank", c.rank);
   for (auto [name, list] : {std::pair{"inputs", &c.inputs}, std::pair{"outputs", &c.outputs},
-                            std::pair{"sum_abs", &c.sum_abs}}) {
+                            std::pair{"sum_abs", &c.sum_abs}, std::pair{"oracle", &c.oracle},
+                            std::pair{"bound", &c.bound}}) {
+    if ((list == &c.oracle || list == &c.bound) && list->empty()) continue;  // optional groups
     H5::Group sub = ordered_group(g.getId(), name);
     for (const NamedTensor& t : *list) {
       H5::DataSet ds = write_tensor(sub, t);
@@ -270,11 +274,14 @@ void read_cases(const H5::Group& parent, int rank, std::vector<PrimCase>& out, B
       c.shapes = json_attr(g, "shapes");
       c.n_terms = json_attr(g, "n_terms");
       c.tolerance = json_attr(g, "tolerance");
-      if (!c.shapes.is_object() || !c.n_terms.is_object() || !c.tolerance.is_object())
-        fail(fmt::format("{}: attributes 'shapes', 'n_terms' and 'tolerance' must be JSON objects", where));
+      if (g.attrExists("accept")) c.accept = json_attr(g, "accept");
+      if (!c.shapes.is_object() || !c.n_terms.is_object() || !c.tolerance.is_object() || !c.accept.is_object())
+        fail(fmt::format("{}: attributes 'shapes', 'n_terms', 'tolerance' and 'accept' must be JSON objects", where));
       c.repro = read_str_attr(g, "repro");
       for (auto [name, list] : {std::pair{"inputs", &c.inputs}, std::pair{"outputs", &c.outputs},
-                                std::pair{"sum_abs", &c.sum_abs}}) {
+                                std::pair{"sum_abs", &c.sum_abs}, std::pair{"oracle", &c.oracle},
+                                std::pair{"bound", &c.bound}}) {
+        if ((list == &c.oracle || list == &c.bound) && !g.nameExists(name)) continue;  // optional groups
         H5::Group sub = open_group(g, name, where);
         for (const std::string& tn : children(sub, where + "/" + name))
           list->push_back(read_tensor(sub, tn, where + "/" + name + "/" + tn, budget));
@@ -358,7 +365,9 @@ nlohmann::json manifest_of(const PrimitivesFile& f) {
     e["op"] = c.op;
     e["case"] = c.name;
     for (auto [name, list] : {std::pair{"inputs", &c.inputs}, std::pair{"outputs", &c.outputs},
-                              std::pair{"sum_abs", &c.sum_abs}}) {
+                              std::pair{"sum_abs", &c.sum_abs}, std::pair{"oracle", &c.oracle},
+                              std::pair{"bound", &c.bound}}) {
+      if ((list == &c.oracle || list == &c.bound) && list->empty()) continue;  // listed where present
       e[name] = nlohmann::json::array();
       for (const NamedTensor& t : *list) e[name].push_back(t.name);
     }
@@ -391,10 +400,11 @@ void check_manifest(const PrimitivesFile& f, const nlohmann::json& m) {
     if (it == have.end())
       fail(fmt::format("case {}/{} of rank {} is missing (the manifest lists it)", std::get<1>(key), std::get<2>(key),
                        std::get<0>(key)));
-    for (const char* part : {"inputs", "outputs", "sum_abs"})
-      if (!e.contains(part) || e[part] != (*it->second)[part])
+    for (const char* part : {"inputs", "outputs", "sum_abs", "oracle", "bound"})
+      if (e.contains(part) != it->second->contains(part) || (e.contains(part) && e[part] != (*it->second)[part]))
         fail(fmt::format("case {}/{} of rank {}: its {} are {}, the manifest says {}", std::get<1>(key),
-                         std::get<2>(key), std::get<0>(key), part, (*it->second)[part].dump(),
+                         std::get<2>(key), std::get<0>(key), part,
+                         it->second->contains(part) ? (*it->second)[part].dump() : "nothing",
                          e.contains(part) ? e[part].dump() : "nothing"));
     have.erase(it);
   }
@@ -402,6 +412,45 @@ void check_manifest(const PrimitivesFile& f, const nlohmann::json& m) {
     const auto& [r, op, cn] = have.begin()->first;
     fail(fmt::format("case {}/{} of rank {} is not in the manifest", op, cn, r));
   }
+}
+
+// The derived rule's data of a case (golden/primitives/accept.h): every `accept` entry names an output and a rule;
+// a "bound" rule has its oracle and bound (f64, the output's shape; bounds finite and >= 0) and a finite floor and
+// k_rel; oracle and bound tensors belong to a "bound" rule. A bound of +Inf or NaN would pass anything: refused.
+void check_accept(const PrimCase& c) {
+  auto output = [&](const std::string& name) {
+    return std::find_if(c.outputs.begin(), c.outputs.end(), [&](const NamedTensor& t) { return t.name == name; });
+  };
+  const std::string w = fmt::format("case {}/{} of rank {}", c.op, c.name, c.rank);
+  for (const auto& [name, e] : c.accept.items()) {
+    if (output(name) == c.outputs.end())
+      fail(fmt::format("{}: output '{}' is missing (the file stores its acceptance rule)", w, name.substr(0, 64)));
+    if (!e.is_object() || !e.contains("rule") || !e["rule"].is_string() ||
+        (e["rule"] != "bound" && e["rule"] != "exact"))
+      fail(fmt::format("{}: accept '{}' is not {{\"rule\": \"bound\" | \"exact\", ...}}", w, name));
+    if (e["rule"] != "bound") continue;
+    for (const char* k : {"floor", "k_rel"})
+      if (!e.contains(k) || !e[k].is_number() || !std::isfinite(e[k].get<double>()) || !(e[k].get<double>() >= 0))
+        fail(fmt::format("{}: accept '{}': '{}' is not a finite number >= 0", w, name, k));
+    for (const std::vector<NamedTensor>* list : {&c.oracle, &c.bound})
+      if (std::none_of(list->begin(), list->end(), [&](const NamedTensor& t) { return t.name == name; }))
+        fail(fmt::format("{}: output '{}' has the bound rule but no {}", w, name, list == &c.oracle ? "oracle" : "bound"));
+  }
+  for (const std::vector<NamedTensor>* list : {&c.oracle, &c.bound})
+    for (const NamedTensor& t : *list) {
+      const char* what = list == &c.oracle ? "oracle" : "bound";
+      const auto out = output(t.name);
+      if (out == c.outputs.end() || out->shape != t.shape || t.dtype != "f64")
+        fail(fmt::format("{}: {} '{}' is not f64 of an output's name and shape", w, what, t.name.substr(0, 64)));
+      if (!c.accept.contains(t.name) || c.accept[t.name].value("rule", "") != "bound")
+        fail(fmt::format("{}: {} '{}' belongs to no bound rule", w, what, t.name));
+      if (list == &c.bound)
+        for (int64_t i = 0; i < t.numel(); ++i) {
+          const double b = element_as_double(t, i);
+          if (!std::isfinite(b) || !(b >= 0))
+            fail(fmt::format("{}: bound '{}' element {} is {} (a bound is finite and >= 0)", w, t.name, i, b));
+        }
+    }
 }
 
 // Rules every file meets, with or without a manifest: the ranks attribute agrees with the mesh and with /ranks.
@@ -459,6 +508,7 @@ void check_structure(const PrimitivesFile& f, const std::vector<std::string>& ra
         if (!tol->contains(k) || !(*tol)[k].is_number() || !((*tol)[k].get<double>() >= 0))
           fail(fmt::format("{}: tolerance '{}' is not a number >= 0", w, k));
     }
+    check_accept(c);
   }
 }
 
@@ -525,9 +575,12 @@ std::string encode(const PrimitivesFile& f) {
     w.str(c.shapes.dump());
     w.str(c.n_terms.dump());
     w.str(c.tolerance.dump());
+    w.str(c.accept.dump());
     w.tensors(c.inputs);
     w.tensors(c.outputs);
     w.tensors(c.sum_abs);
+    w.tensors(c.oracle);
+    w.tensors(c.bound);
   }
   w.u64(f.comm.size());
   for (const auto& rc : f.comm) {
@@ -555,9 +608,12 @@ PrimitivesFile decode(std::string b) {
     c.shapes = nlohmann::json::parse(w.gets());
     c.n_terms = nlohmann::json::parse(w.gets());
     c.tolerance = nlohmann::json::parse(w.gets());
+    c.accept = nlohmann::json::parse(w.gets());
     c.inputs = w.get_tensors();
     c.outputs = w.get_tensors();
     c.sum_abs = w.get_tensors();
+    c.oracle = w.get_tensors();
+    c.bound = w.get_tensors();
   }
   f.comm.resize(w.get());
   for (auto& rc : f.comm) {
@@ -572,7 +628,6 @@ PrimitivesFile decode(std::string b) {
   return f;
 }
 
-std::string fmt_double(double v) { return fmt::format("{:.9g}", v); }
 
 }  // namespace
 
@@ -747,6 +802,7 @@ nlohmann::json CheckSummary::to_json() const {
     j["failures"].push_back({{"op", f.op},       {"case", f.name},   {"rank", f.rank},   {"output", f.output},
                              {"index", f.index}, {"got", f.got},     {"want", f.want},   {"bound", f.bound},
                              {"message", f.message}, {"repro", f.repro}});
+  j["per_output"] = report_json(report);
   return j;
 }
 
@@ -811,60 +867,26 @@ CheckSummary check_primitives(const PrimitivesFile& f, const KernelsFactory<T>& 
     std::vector<NamedTensor> got;
     if (!run_checked<T>(c, *k, dev, fl, sum, got)) continue;
     bool ok = true;
-    for (const NamedTensor& want : c.outputs) {
+    for (const NamedTensor& want : c.outputs) {  // every output judged (the report), the first failure recorded
       const NamedTensor* it = matching_output(got, want, c, fl);
       if (!it) {
+        if (ok) sum.failures.push_back(fl);
         ok = false;
-        break;
+        OutputVerdict v;
+        v.rule = "bitwise", v.pass = false, v.worst_ratio = INFINITY;
+        add_to_report(sum.report, c, want.name, v);
+        continue;
       }
-      const NamedTensor* sa = nullptr;
-      for (const NamedTensor& s : c.sum_abs)
-        if (s.name == want.name) sa = &s;
-      const bool bits = opt.bitwise || !sa;
-      const int64_t n = want.numel();
-      const size_t es = esize(want.dtype);
-      // worst violation: bitwise -> first differing element; bound -> largest |err| / bound
-      int64_t bad = -1;
-      double worst = 0, bound_at = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const std::byte* a = it->bytes.data() + static_cast<size_t>(i) * es;
-        const std::byte* b = want.bytes.data() + static_cast<size_t>(i) * es;
-        if (std::memcmp(a, b, es) == 0) continue;
-        if (bits) {
-          bad = i;
-          break;
-        }
-        const double x = element_as_double(*it, i), y = element_as_double(want, i);
-        const nlohmann::json& tol = c.tolerance.at(want.name);
-        const double bound = (tol.at("k_const").get<double>() +
-                              tol.at("k_per_term").get<double>() * c.n_terms.at(want.name).get<double>()) *
-                             tol.at("u").get<double>() * element_as_double(*sa, i);
-        const double err = std::fabs(x - y);
-        if (!(err <= bound)) {
-          const double ratio = bound > 0 ? err / bound : INFINITY;
-          if (bad < 0 || ratio > worst || std::isnan(ratio)) bad = i, worst = ratio, bound_at = bound;
-        }
-      }
-      if (bad >= 0) {
-        fl.index = bad;
-        fl.got = element_as_double(*it, bad);
-        fl.want = element_as_double(want, bad);
-        fl.bound = bits ? 0 : bound_at;
-        fl.message = bits ? fmt::format("{}/{} (rank {}): output '{}' differs at element {}: got {}, golden {} "
-                                        "(bitwise contract)",
-                                        c.op, c.name, c.rank, want.name, bad, fmt_double(fl.got), fmt_double(fl.want))
-                          : fmt::format("{}/{} (rank {}): output '{}' element {}: got {}, golden {}, |err| {} > "
-                                        "bound {}",
-                                        c.op, c.name, c.rank, want.name, bad, fmt_double(fl.got), fmt_double(fl.want),
-                                        fmt_double(std::fabs(fl.got - fl.want)), fmt_double(bound_at));
-        ok = false;
-        break;
-      }
-    }
-    if (ok)
-      ++sum.passed;
-    else
+      const OutputVerdict v = judge_output(c, *it, want, opt.bitwise);
+      add_to_report(sum.report, c, want.name, v);
+      if (v.pass || !ok) continue;
+      ok = false;
+      fl.output = want.name;
+      fl.index = v.index, fl.got = v.got, fl.want = v.want, fl.bound = v.bound;
+      fl.message = v.message;
       sum.failures.push_back(fl);
+    }
+    if (ok) ++sum.passed;
   }
   return sum;
 }

@@ -8,6 +8,7 @@
 #include "emulator/device.h"
 #include "golden/primitives/bind.h"
 #include "reference/model/params.h"
+#include "golden/primitives/accept.h"
 #include "reference/tolerances.h"
 
 namespace trident::golden {
@@ -780,6 +781,7 @@ template <class T>
 void complete_case(PrimCase& c) {
   Scratch<T> s;
   c.outputs = replay<T>(c, s.k, s.dev, false);
+  complete_accept(c);
   const OpEntry<T>& e = op_table<T>().at(c.op);
   if (e.primitive.empty()) return;
   const std::string dt = c.policy.empty() ? (c.dtype == "f64" ? "fp64" : "fp32") : c.policy;
@@ -1333,9 +1335,9 @@ void validate_cases(const PrimitivesFile& f) {
   }
 }
 template <class T>
-std::vector<NamedTensor> reference_outputs(const PrimCase& c) {
+std::vector<NamedTensor> reference_outputs(const PrimCase& c, bool abs_inputs) {
   Scratch<T> s;
-  return replay<T>(c, s.k, s.dev, false);
+  return replay<T>(c, s.k, s.dev, abs_inputs);
 }
 
 bool Recorder::claim(int rank, const std::string& op, const std::string& signature, std::string& name) {
@@ -1377,7 +1379,7 @@ std::unique_ptr<Kernels<T>> make_perturbed_kernels(std::unique_ptr<Kernels<T>> i
 
 #define TD_INST(T)                                                                                                  \
   template std::vector<NamedTensor> run_case<T>(const PrimCase&, Kernels<T>&, Device&);                             \
-  template std::vector<NamedTensor> reference_outputs<T>(const PrimCase&);                                          \
+  template std::vector<NamedTensor> reference_outputs<T>(const PrimCase&, bool);                                          \
   template void validate_case<T>(const PrimCase&);                                                                  \
   template std::unique_ptr<Kernels<T>> make_recording_kernels<T>(std::unique_ptr<Kernels<T>>, Device&, int,        \
                                                                  Recorder&);                                        \

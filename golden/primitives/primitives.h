@@ -46,6 +46,11 @@ struct PrimCase {
   std::vector<NamedTensor> sum_abs;
   nlohmann::json n_terms = nlohmann::json::object();    // output name -> int
   nlohmann::json tolerance = nlohmann::json::object();  // output name -> {primitive, direction, k_const, k_per_term, u}
+  // The derived acceptance rule (golden/primitives/accept.h): per floating output with a derived chain, the fp64
+  // oracle and the per-element bound (f64, the output's shape); `accept` maps every output with a rule to
+  // {"rule": "bound", "row", "k_rel", "floor"} or {"rule": "exact"}. Goldens written before the rule have none.
+  std::vector<NamedTensor> oracle, bound;
+  nlohmann::json accept = nlohmann::json::object();
   std::string repro;
 };
 
@@ -73,8 +78,9 @@ void validate_case(const PrimCase& c);
 // validate_case for every case of `f` (each with its own dtype).
 void validate_cases(const PrimitivesFile& f);
 // The same with a fresh eager emulator device and CpuKernels: the reference outputs (also sum_abs).
+// abs_inputs: every floating input replaced by |x| (for multilinear ops, sum |terms| per output element).
 template <class T>
-std::vector<NamedTensor> reference_outputs(const PrimCase& c);
+std::vector<NamedTensor> reference_outputs(const PrimCase& c, bool abs_inputs = false);
 
 // Captures cases from a live step. Thread-safe: one recorder serves every rank's RecordingKernels.
 class Recorder {
@@ -154,13 +160,22 @@ struct CaseFailure {
   std::string repro;     // the `trident check` command line that reruns just this case
 };
 struct CheckOptions {
-  bool bitwise = true;      // the backend promises the reference's bits; else the bound where one exists
+  bool bitwise = true;      // the backend promises the reference's bits; else the golden's stored rule
   std::string only_op;      // filter (empty: all)
   std::string only_case;    // filter (empty: all)
   int only_rank = -1;
   std::string backend = "cpu";  // named in the repro lines
 };
+// Per (op, output) figures of a check, as ggml's test-backend-ops prints them (golden/primitives/accept.h).
+struct OutputStat {
+  std::string rule;        // bound | exact | sum_abs | bitwise
+  int64_t cases = 0, passed = 0;
+  double worst_ratio = 0;  // max over cases of the worst |err| / bound (bits: inf where they differ)
+  double worst_rel = -1;   // max over cases of the relative test's ratio (-1: not run)
+};
+using OutputReport = std::map<std::pair<std::string, std::string>, OutputStat>;
 struct CheckSummary {
+  OutputReport report;
   int64_t cases = 0, passed = 0;
   std::vector<CaseFailure> failures;
   std::vector<std::string> ops_checked;

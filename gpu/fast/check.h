@@ -1,9 +1,7 @@
 // `trident check --backend cuda-fast-host|cuda-fast` (docs/gpu.md "cuda-fast"): every case of a primitive golden
-// recomputed with the fast tier. The fast tier's own ops (kFastOps) are compared with the reference's outputs under
-// the tolerance table's "gpu" rows (per element |fast - ref| <= bound, gpu/fast/bounds.h) and, for fp32 kernel sets,
-// the relative test against an fp64 evaluation (rms(fast - oracle) <= c * rms(ref - oracle) + floor, row
-// fast_vs_fp64); every other op must give the reference's bits (it runs the ref tier's bodies). Per op: the largest
-// |err| / bound and the largest relative-test ratio.
+// recomputed with the fast tier and judged by the rule the golden stores (golden/primitives/accept.h: per element
+// |fast - oracle| <= bound and the relative test against the fp64 oracle), the rule every outside kernel meets. Per
+// op: the largest |err| / bound and the largest relative-test ratio.
 #pragma once
 #include <map>
 #include <string>
@@ -12,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "golden/primitives/primitives.h"
-#include "gpu/fast/bounds.h"
+#include "golden/primitives/accept.h"
 
 namespace trident::gpu::fast {
 
@@ -20,8 +18,8 @@ bool is_fast_op(std::string_view op);
 
 struct OpStat {
   int64_t cases = 0, passed = 0;
-  bool tolerance = false;          // checked with bounds (a fast op); else bitwise
-  double max_err_over_bound = 0;   // max over elements of |fast - ref| / bound (bitwise ops: 0, or inf on a diff)
+  bool tolerance = false;          // some output has the bound rule; else bits (exact or no rule)
+  double max_err_over_bound = 0;   // max over elements of |fast - oracle| / bound (bits: 0, or inf on a diff)
   double max_rel = 0;              // max over outputs of rms(fast - oracle) / (c rms(ref - oracle) + floor)
   int64_t rel_outputs = 0;         // outputs the relative test ran on
 };
@@ -35,8 +33,5 @@ template <class T>
 FastCheckSummary check_fast_primitives(const golden::PrimitivesFile& f, const golden::KernelsFactory<T>& factory,
                                        const golden::CheckOptions& opt, const std::string& golden_path,
                                        Device* device = nullptr);
-
-// The per-element bounds of one case of a fast op, by output name (fp64, from the case's inputs).
-std::map<std::string, ElemBounds> case_bounds(const golden::PrimCase& c);
 
 }  // namespace trident::gpu::fast

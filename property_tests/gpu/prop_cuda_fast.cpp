@@ -2,7 +2,7 @@
 // shapes (reductions longer than a key block / a GEMM's four partial sums, empty and single-row tiles, several vocab
 // chunks, column ranges of the CE backward, document masks), the three policies and random values, every call of a
 // fast op is captured as a primitive case (golden::Recorder around the CPU kernels: the reference's outputs) and
-// checked like a golden: within the tolerance table's gpu rows element-wise, and (fp32 kernel sets) the relative
+// checked like a golden: within the acceptance rule's bounds element-wise, and (fp32 kernel sets) the relative
 // test against an fp64 oracle. A failure prints rapidcheck's seed, the shrunk case and the check's message.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>

@@ -12,7 +12,7 @@ implementation against them.
 """
 from .reader import (Case, NotFound, Primitives, State, Tensors, bf16_to_f32, load_primitives, load_state,
                      verify_checksum)
-from .check import Failure, Result, check
+from .check import Failure, OutputStat, Result, Verdict, check, judge
 
 __all__ = ["Case", "NotFound", "Primitives", "State", "Tensors", "bf16_to_f32", "load_primitives", "load_state",
-           "verify_checksum", "Failure", "Result", "check"]
+           "verify_checksum", "Failure", "OutputStat", "Result", "Verdict", "check", "judge"]

@@ -1,7 +1,9 @@
-"""trident-golden check GOLDEN --impl module:function [--op OP] [--case C] [--rank R] [--report r.json]
+"""trident-golden check GOLDEN --impl module:function [--op OP] [--case C] [--rank R] [--bitwise] [--report r.json]
 (or python -m trident_golden ...; `trident-golden` is the console command an install of ./python adds).
 
-The module of --impl is imported from the current directory or PYTHONPATH.
+The module of --impl is imported from the current directory or PYTHONPATH. Every output the implementation returns is
+judged by the golden's acceptance rule (docs/golden.md "The acceptance rule"), or bit for bit with --bitwise; a table
+per (op, output) follows (rule, cases, worst error / bound, worst relative-test ratio, PASS or FAIL).
 
 Exit 0 when every checked case passes, 1 when one fails (one line and a repro line per failure), 2 on bad usage or
 input (one 'trident_golden: error: ...' line)."""
@@ -43,11 +45,13 @@ def main(argv=None):
     c.add_argument("--op")
     c.add_argument("--case")
     c.add_argument("--rank", type=int)
+    c.add_argument("--bitwise", action="store_true", help="compare every output bit for bit (the reference's own "
+                   "contract) instead of by the golden's acceptance rule")
     c.add_argument("--report", help="write a JSON report here")
     a = p.parse_args(argv)
     try:
         impl = load_impl(a.impl)
-        res = check(a.golden, impl, op=a.op, case=a.case, rank=a.rank, impl_name=a.impl)
+        res = check(a.golden, impl, op=a.op, case=a.case, rank=a.rank, impl_name=a.impl, bitwise=a.bitwise)
     except (ValueError, OSError, KeyError) as e:
         print(f"trident_golden: error: {e}", file=sys.stderr)
         return 2
@@ -58,14 +62,16 @@ def main(argv=None):
     if not getattr(res, "sealed", True):
         print(f"note: {a.golden} has no checksum and no case manifest (written before they existed): a flipped data "
               f"bit or a deleted case goes unnoticed")
+    print(res.report_text())
     for f in res.failures:
         print(f"FAIL {f.message}")
         print(f"  repro: {f.repro}")
     print(f"trident_golden check {a.golden} --impl {a.impl}: {res.passed}/{res.checked} cases passed, "
-          f"{res.skipped} skipped (not implemented)")
+          f"{res.skipped} skipped (not implemented); judged by {'bits' if a.bitwise else 'the acceptance rule'}")
     if a.report:
         _write_atomic(a.report, json.dumps({"checked": res.checked, "passed": res.passed, "skipped": res.skipped,
-                                            "failures": [f.__dict__ for f in res.failures]}, indent=2) + "\n")
+                                            "failures": [f.__dict__ for f in res.failures],
+                                            "per_output": res.report_json()}, indent=2) + "\n")
     return 0 if res.ok else 1
 
 

@@ -171,6 +171,22 @@ class Case:
     n_terms: dict         # output name -> n_terms
     tolerance: dict       # output name -> {primitive, dtype, direction, k_const, k_per_term, u}
     repro: str
+    # the derived acceptance rule (docs/golden.md "The acceptance rule"): output name -> {"rule": "bound", "row",
+    # "k_rel", "floor"} or {"rule": "exact"}; oracle and bound per element for the outputs with the bound rule
+    accept: dict = field(default_factory=dict)
+    oracle: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+
+    def rule(self, output):
+        """The rule `output` is judged by: "bound" (per element against the fp64 oracle, and the relative test),
+        "exact" (bits: a correct implementation cannot change them), "sum_abs" (a golden written before the derived
+        rule: the stored error bound), or "bitwise" (no rule derived for this output)."""
+        if output not in self.outputs:
+            raise NotFound(f"{self.op}/{self.name}: no output '{output}' (outputs: {names(self.outputs)})")
+        a = self.accept.get(output)
+        if a is not None:
+            return a["rule"]
+        return "sum_abs" if output in self.sum_abs else "bitwise"
 
     def bound(self, output):
         """The elementwise error bound (k_const + k_per_term * n_terms) * u * sum_abs, or None (bitwise)."""
@@ -285,7 +301,12 @@ def _read_cases(group, rank, out):
                 inputs=Tensors(((k, v[()]) for k, v in g["inputs"].items()), what=f"{op}/{name} inputs"),
                 outputs=Tensors(((k, v[()]) for k, v in g["outputs"].items()), what=f"{op}/{name} outputs"),
                 sum_abs=Tensors(((k, v[()]) for k, v in g["sum_abs"].items()), what=f"{op}/{name} sum_abs (outputs with an error bound)"),
-                n_terms=json.loads(a["n_terms"]), tolerance=json.loads(a["tolerance"]), repro=_s(a["repro"])))
+                n_terms=json.loads(a["n_terms"]), tolerance=json.loads(a["tolerance"]), repro=_s(a["repro"]),
+                accept=json.loads(a["accept"]) if "accept" in a else {},
+                oracle=Tensors(((k, v[()]) for k, v in g["oracle"].items()), what=f"{op}/{name} oracle")
+                if "oracle" in g else Tensors((), what=f"{op}/{name} oracle"),
+                bounds=Tensors(((k, v[()]) for k, v in g["bound"].items()), what=f"{op}/{name} bound")
+                if "bound" in g else Tensors((), what=f"{op}/{name} bound")))
 
 
 def _check_manifest(p, f, g):
@@ -300,7 +321,10 @@ def _check_manifest(p, f, g):
         c = have.pop(key, None)
         if c is None:
             raise ValueError(f"{p}: case {e['op']}/{e['case']} of rank {e['rank']} is missing (the manifest lists it)")
-        for part, got in (("inputs", c.inputs), ("outputs", c.outputs), ("sum_abs", c.sum_abs)):
+        for part, got in (("inputs", c.inputs), ("outputs", c.outputs), ("sum_abs", c.sum_abs),
+                          ("oracle", c.oracle), ("bound", c.bounds)):
+            if part in ("oracle", "bound") and not got and part not in e:
+                continue
             if list(got) != e.get(part):
                 raise ValueError(f"{p}: case {c.op}/{c.name} of rank {c.rank}: its {part} are {list(got)}, "
                                  f"the manifest says {e.get(part)}")

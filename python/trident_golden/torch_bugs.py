@@ -8,7 +8,7 @@ trident_golden.check: the buggy kernel for the bug's ops, torch_ops.kernels for 
     python3 -m trident_golden.torch_bugs --markdown      # the table of docs/torch.md
 
 For each bug and golden, run() reports whether the golden checker (trident_golden.check, whatever rule it applies)
-fails it, whether it differs from the golden beyond the provisional sanity scale of torch_report (an output with
+fails it, whether it differs from the golden beyond the sanity scale of torch_report (an output with
 max |err| > 64 u max |golden|, or an integer output that differs), and whether two common tolerance checks would
 have MISSED it: numpy.allclose(atol=rtol=1e-2) and torch.testing.assert_close with its defaults (float32: rtol
 1.3e-6, atol 1e-5), applied to every output of every case of the bug's ops."""
@@ -332,7 +332,7 @@ def _close_torch(got, want):
 
 def outcome(make_impl, golden, ops):
     """One implementation on one golden, over the cases of `ops`. make_impl() returns a fresh impl (a bug with
-    state starts clean for each pass). A dict: cases (how many ran); sanity (some output beyond the provisional
+    state starts clean for each pass). A dict: cases (how many ran); sanity (some output beyond the
     sanity scale of torch_report.beyond_sanity, or an integer output that differs); worst (the largest
     max |err| / (u max |golden|)); allclose_missed / assert_close_missed (every output of every case passes
     numpy.allclose(atol=rtol=1e-2) / torch.testing.assert_close's defaults); checker_failed (trident_golden.check,
@@ -341,7 +341,7 @@ def outcome(make_impl, golden, ops):
     from .torch_report import beyond_sanity
     cases = [c for c in golden.cases if c.op in ops]
     res = {"cases": len(cases), "sanity": False, "allclose_missed": True, "assert_close_missed": True,
-           "checker_failed": False, "worst": 0.0}
+           "checker_failed": False, "worst": 0.0, "failure": ""}
     if not cases:
         return res
     impl = make_impl()
@@ -359,7 +359,10 @@ def outcome(make_impl, golden, ops):
             res["allclose_missed"] &= _close_numpy(got, want)
             res["assert_close_missed"] &= _close_torch(got, want)
     for op in sorted(set(ops) & {c.op for c in cases}):
-        res["checker_failed"] |= bool(check(golden, make_impl(), op=op).failures)
+        failures = check(golden, make_impl(), op=op).failures
+        res["checker_failed"] |= bool(failures)
+        if failures and not res["failure"]:
+            res["failure"] = failures[0].message   # the checker's first FAIL line for this bug on this golden
     return res
 
 
@@ -411,9 +414,21 @@ def main(argv=None):
     bugs = [b for b in BUGS if not a.bug or b.name in a.bug]
     rows = run(gs, bugs)
     print(table(rows, a.markdown))
+    if a.bug and not a.markdown:   # the checker's verdict per golden, and the line that reruns it
+        for b, per in rows:
+            for name, o in per.items():
+                if o["failure"]:
+                    where = dict(gs or [])
+                    print(f"FAIL [{b.name} on {name}] {o['failure']}")
+                    print(f"  repro: PYTHONPATH=python python3 -m trident_golden.torch_bugs --bug '{b.name}'"
+                          + (f" {where[name]}" if name in where else ""))
     undetected = [b.name for b, per in rows if not any(o["sanity"] for o in per.values())]
-    if undetected:
-        print(f"\nnot detected on any golden: {', '.join(undetected)}", file=sys.stderr)
+    unfailed = [b.name for b, per in rows if not any(o["checker_failed"] for o in per.values())]
+    if undetected or unfailed:
+        if undetected:
+            print(f"\nnot detected on any golden: {', '.join(undetected)}", file=sys.stderr)
+        if unfailed:
+            print(f"\npassing the acceptance rule on every golden: {', '.join(unfailed)}", file=sys.stderr)
         return 1
     return 0
 

@@ -20,10 +20,9 @@ a kernel author uses (docs/torch.md lists them all). The arithmetic goes through
 activation, RMSNorm, RoPE, attention mask, softmax, top-k, ...) so that torch_bugs.py can plant one realistic bug at
 a time by overriding one hook.
 
-Policy: the checked-in goldens are fp32 (`Case.policy` "fp32"). TorchKernels(policy="bf16") rounds every GEMM and
-attention operand to bfloat16 and accumulates in float32, as the bf16 policy states (docs/numerics.md); the
-checker's impl(op, inputs, shapes) does not receive the case's policy, so pick the instance that matches it
-(`kernels_for(case.policy)`)."""
+Policy: TorchKernels(policy="bf16") rounds every GEMM and attention operand to bfloat16 and accumulates in float32,
+as the bf16 policy states (docs/numerics.md). The checker passes a case's policy as shapes["policy"] (ops that take
+one), and `kernels` picks the matching instance (`kernels_for(policy)`)."""
 
 import numpy as np
 
@@ -44,6 +43,32 @@ def _t(a):
 def _np(x, dtype=np.float32, shape=None):
     a = x.detach().cpu().numpy().astype(dtype, copy=False)
     return a.reshape(shape) if shape is not None else a
+
+
+# The bf16 policy under autograd. The policy rounds a tensor to bf16 where it enters a GEMM, nowhere else, and the
+# backward GEMMs are GEMMs too: dA = dC B^T and dB = A^T dC round dC (the incoming gradient) as their operand and
+# return float32 results. A plain cast x.to(bfloat16).to(float32) gets both wrong under autograd: its backward rounds
+# the gradient of x to bf16 on its way out (a gradient that is no GEMM operand) and dC enters the backward GEMMs
+# unrounded. _RoundOperand rounds forward and passes the gradient through; _RoundGrad, on a GEMM's result, rounds
+# the incoming gradient for the backward GEMMs.
+class _RoundOperand(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _RoundGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
 
 
 class TorchKernels:
@@ -73,11 +98,17 @@ class TorchKernels:
 
     # ---- hooks (torch_bugs.py overrides these) ----------------------------------------------------------------
     def operand(self, x):
-        """A GEMM / attention operand under the policy: bf16 rounds it (fp32 accumulation follows)."""
-        return x.to(torch.bfloat16).to(x.dtype) if self.policy == "bf16" else x
+        """A GEMM / attention operand under the policy: bf16 rounds it (fp32 accumulation follows); its gradient
+        passes unrounded (_RoundOperand)."""
+        return _RoundOperand.apply(x) if self.policy == "bf16" else x
+
+    def gemm_out(self, y):
+        """A GEMM's result under the policy: bf16 rounds the gradient arriving at it, the backward GEMMs' operand
+        (_RoundGrad)."""
+        return _RoundGrad.apply(y) if self.policy == "bf16" else y
 
     def matmul(self, a, b):
-        return torch.matmul(self.operand(a), self.operand(b))
+        return self.gemm_out(torch.matmul(self.operand(a), self.operand(b)))
 
     def act(self, x):
         """The SwiGLU gate activation."""
@@ -244,8 +275,10 @@ class TorchKernels:
         if ug.numel() == 0:
             z = torch.zeros_like
             return {"dug": _np(z(ug)), "duu": _np(z(uu)), "dx": _np(z(x["dy"]))}
-        y = self.matmul(self.act(ug) * uu, x["wd"])
-        dug, duu = torch.autograd.grad(y, (ug, uu), x["dy"])
+        # dh = dy wd^T as its own GEMM (bf16 policy: bf16 operands, an fp32 result): autograd through a bf16-rounded
+        # operand would hand back dh rounded to bf16, which the policy does not do
+        dh = self.matmul(x["dy"], x["wd"].t())
+        dug, duu = torch.autograd.grad(self.act(ug) * uu, (ug, uu), dh)
         dx = self.matmul(dug, x["wg"].t()) + self.matmul(duu, x["wu"].t())
         return {"dug": _np(dug), "duu": _np(duu), "dx": _np(dx)}
 
@@ -337,7 +370,7 @@ class TorchKernels:
         q = self.matmul(a, W["wq"])
         qh = q.reshape(N, H, Dn + Dr)
         wuk = W["wuk"].reshape(r, H, Dn)                                # wuk (r, H*Dn): head h = columns h*Dn..
-        q_lat = torch.einsum("nhd,rhd->nhr", self.operand(qh[..., :Dn]), self.operand(wuk))
+        q_lat = self.gemm_out(torch.einsum("nhd,rhd->nhr", self.operand(qh[..., :Dn]), self.operand(wuk)))
         qc = torch.cat((q_lat, self.rope(qh[..., Dn:], cos, sin, pos)), -1)
         c = self.matmul(a, W["wdkv"])
         kv, rinv = self.rmsnorm(c[:, :r], W["kv_norm"], cfg["norm_eps"])
@@ -408,7 +441,8 @@ class TorchKernels:
             return None, self.matmul(o.reshape(N, -1), W["wo"])
         r, Dv = att["kv_lora_rank"], att["v_dim"]
         wuv = W["wuv"].reshape(r, H, Dv)                                # wuv (r, H*Dv): head h = columns h*Dv..
-        ocat = torch.einsum("nhr,rhv->nhv", self.operand(o.reshape(N, H, r)), self.operand(wuv)).reshape(N, H * Dv)
+        ocat = self.gemm_out(torch.einsum("nhr,rhv->nhv", self.operand(o.reshape(N, H, r)),
+                                          self.operand(wuv))).reshape(N, H * Dv)
         return ocat, self.matmul(ocat, W["wo"])
 
     def op_attn_out_forward(self, x, s):
@@ -488,7 +522,7 @@ class TorchKernels:
         scale=), else its math: softmax(Q K^T * scale, masked) V. Returns O and the per-row stats (m, l) of the
         scaled scores: m = max, l = sum exp(s - m) (what the golden's `stats` holds; lse = m + log l)."""
         Qo, Ko, Vo = self.operand(Q), self.operand(K), self.operand(V)
-        sc = torch.matmul(Qo, Ko.transpose(-1, -2)) * scale
+        sc = self.gemm_out(torch.matmul(Qo, Ko.transpose(-1, -2))) * scale
         sc = sc.masked_fill(~allowed, float("-inf"))
         m = sc.amax(-1, keepdim=True)
         l = torch.exp(sc - m).sum(-1)
@@ -499,7 +533,7 @@ class TorchKernels:
             except TypeError:    # torch 2.0: no scale=
                 pass
         p = self.softmax(sc)
-        return torch.matmul(self.operand(p), Vo), m.squeeze(-1), l
+        return self.gemm_out(torch.matmul(self.operand(p), Vo)), m.squeeze(-1), l
 
     def core(self, q, kv, qpos, qdoc, s, allowed=None):
         Q, K, V = self.to_bhsd(q, kv, s)
@@ -540,7 +574,7 @@ class TorchKernels:
         Nq = iq.shape[0]
         qi = iq[:, :Hi * Di].reshape(Nq, Hi, Di)
         w = iq[:, Hi * Di:]
-        z = torch.einsum("ntc,sc->nts", self.operand(qi), self.operand(kv[:, ik:ik + Di]))
+        z = self.gemm_out(torch.einsum("ntc,sc->nts", self.operand(qi), self.operand(kv[:, ik:ik + Di])))
         return (w.unsqueeze(-1) * torch.relu(z)).sum(1)
 
     def op_dsa_select(self, x, s):
@@ -570,10 +604,10 @@ class TorchKernels:
         allowed.scatter_(1, torch.where(valid, sel, torch.full_like(sel, S)), True)
         allowed = allowed[:, :S]
         Q, K, V = self.to_bhsd(q, kv, s)
-        sc = torch.matmul(self.operand(Q), self.operand(K).transpose(-1, -2)) * self.attn_scale(s)
+        sc = self.gemm_out(torch.matmul(self.operand(Q), self.operand(K).transpose(-1, -2))) * self.attn_scale(s)
         sc = sc.masked_fill(~allowed, float("-inf"))
         p = self.softmax(sc)                                             # (1, H, Nq, S)
-        O = torch.matmul(self.operand(p), self.operand(V))
+        O = self.gemm_out(torch.matmul(self.operand(p), self.operand(V)))
         m = sc.amax(-1)
         l = torch.exp(sc - m.unsqueeze(-1)).sum(-1)
         stats = torch.stack((m[0].t(), l[0].t()), -1)
@@ -676,5 +710,6 @@ def kernels_for(policy="fp32"):
 
 
 def kernels(op, inputs, shapes):
-    """impl(op, inputs, shapes) for trident_golden.check: the fp32 kernel set (every checked-in golden is fp32)."""
-    return kernels_for("fp32")(op, inputs, shapes)
+    """impl(op, inputs, shapes) for trident_golden.check: the kernel set of the case's precision policy (the checker
+    passes it as shapes["policy"] for the ops that take one; fp32 otherwise)."""
+    return kernels_for(shapes.get("policy") or "fp32")(op, inputs, shapes)

@@ -9,7 +9,7 @@ Columns: max |err| = max |torch - golden| over the elements; ratio = max |err| /
 output (u = 2^-24 for float32, 2^-53 for float64; 0 when both are zero), the worst over cases and goldens; bitwise
 = every case equal bit for bit. Integer outputs (selections) show "exact" or the number of differing elements.
 
-The provisional sanity check of the tests (beyond_sanity) flags an output whose ratio exceeds 64 or that holds a
+The sanity check of the tests (beyond_sanity) flags an output whose ratio exceeds 64 or that holds a
 NaN the golden does not: a loose scale that catches wrong math, NOT the acceptance rule (the golden checker,
 trident_golden.check, applies that)."""
 import argparse
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-SANITY = 64          # provisional: max |err| <= SANITY * u * max |golden| per output
+SANITY = 64          # the sanity scale: max |err| <= SANITY * u * max |golden| per output
 GOLDENS = ("tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed")
 
 
@@ -129,7 +129,7 @@ def main(argv=None):
     print(table(rows, a.markdown))
     bad = [f"{op}/{o}" for (op, o), r in rows.items() if not r["ratio"] <= SANITY]
     print(f"\n{len(rows)} outputs of {len({op for op, _ in rows})} ops; worst ratio "
-          f"{max(r['ratio'] for r in rows.values()):.2f}; beyond the provisional sanity scale "
+          f"{max(r['ratio'] for r in rows.values()):.2f}; beyond the sanity scale "
           f"({SANITY} u max|golden|): "
           f"{', '.join(bad) or 'none'}")
     return 1 if bad else 0

@@ -229,12 +229,19 @@ TEST(Primitives, ToleranceModeUsesTheStoredBound) {
       ASSERT_EQ(c.sum_abs.size(), 1u);
       EXPECT_EQ(c.n_terms.at("C").get<int64_t>(), c.shapes.at("K").get<int64_t>());
     }
+  // The derived rule covers the nonlinear ops too (one ulp of RMSNorm's y is inside its chain's bound); an output with
+  // the exact rule (a copy) stays bitwise in tolerance mode.
   const auto flip_rms = [](Device& d) {
     return make_perturbed_kernels<float>(std::make_unique<CpuKernels<float>>(d), d, "rmsnorm_forward", 0);
   };
-  EXPECT_GT(check_primitives<float>(f, flip_rms, opts(false, "rmsnorm_forward"), "g").failures.size(),
-            0u)
-      << "no bound is stored for rmsnorm: bitwise even in tolerance mode";
+  EXPECT_EQ(check_primitives<float>(f, flip_rms, opts(false, "rmsnorm_forward"), "g").failures.size(), 0u);
+  EXPECT_GT(check_primitives<float>(f, flip_rms, opts(true, "rmsnorm_forward"), "g").failures.size(), 0u);
+  const auto flip_gather = [](Device& d) {
+    return make_perturbed_kernels<float>(std::make_unique<CpuKernels<float>>(d), d, "gather_rows", 0);
+  };
+  const CheckSummary g = check_primitives<float>(f, flip_gather, opts(false, "gather_rows"), "g");
+  ASSERT_GT(g.failures.size(), 0u) << "the exact rule: bits even in tolerance mode";
+  EXPECT_NE(g.failures.front().message.find("exact rule"), std::string::npos) << g.failures.front().message;
 }
 
 TEST(Primitives, CommTraceHashesAgreeAcrossAGroup) {
@@ -412,9 +419,15 @@ TEST(PrimitiveReader, ADeletedCaseOutputOrRankIsAnError) {
   tiny_copy(p, false);
   edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0", H5P_DEFAULT), 0); });
   EXPECT_ERROR(read_primitives(p), "op gather_rows of rank 0: 1 cases but no case c0");
-  // ... and the op's contract names a missing output.
+  // ... and a missing output is named: by the stored acceptance rule, or (a file without one) by the op's contract.
   tiny_copy(p, false);
   edit_h5(p, [](hid_t f) { ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0/outputs/dst", H5P_DEFAULT), 0); });
+  EXPECT_ERROR(read_primitives(p), "case gather_rows/c0 of rank 0: output 'dst' is missing");
+  tiny_copy(p, false);
+  edit_h5(p, [](hid_t f) {
+    ASSERT_GE(H5Ldelete(f, "primitives/gather_rows/c0/outputs/dst", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Adelete_by_name(f, "primitives/gather_rows/c0", "accept", H5P_DEFAULT), 0);
+  });
   EXPECT_ERROR(validate_cases(read_primitives(p)), "gather_rows/c0 (rank 0): output 'dst' is missing");
   // The ranks attribute halved on a 2-rank file, with or without a manifest.
   for (bool sealed : {true, false}) {

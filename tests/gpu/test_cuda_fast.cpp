@@ -1,6 +1,6 @@
 // The fast tier on a GPU (gpu/fast/cuda_kernels.h: cuBLAS GEMMs, the fused attention and linear-CE bodies as CUDA
 // kernels): every case of the checked-in primitive goldens recomputed on the device (inputs uploaded and outputs
-// downloaded through a CudaDevice); the fast ops within the tolerance table's gpu rows and the relative test vs
+// downloaded through a CudaDevice); the fast ops within the acceptance rule's bounds and the relative test vs
 // fp64, every other op bitwise. Prints the largest |err| / bound per op. Skips with a message without a CUDA device.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The fast tier on the host (gpu/fast/host_kernels.h, docs/gpu.md "cuda-fast"): on every case of the checked-in
-// primitive goldens its own ops are within the tolerance table's gpu rows (and the relative test vs fp64) and every
-// other op keeps the reference's bits; the rows are tighter than llm.c's and TE's tolerances; and the check catches
+// primitive goldens its own ops are within the golden's acceptance rule (the tolerance table's accept rows and the
+// relative test vs fp64) and every other op keeps the reference's bits; the rows are tighter than llm.c's and TE's tolerances; and the check catches
 // real bugs (operands silently rounded to bf16 where fp32 was asked, an off-by-one in a reduction, a wrong scale).
 #include <gtest/gtest.h>
 
@@ -20,7 +20,8 @@
 namespace trident {
 namespace {
 
-const char* const kPresets[] = {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "tiny-packed"};
+const char* const kPresets[] = {"tiny",      "tiny-gqa",      "tiny-e64",        "tiny-dsa",
+                                "tiny-packed", "tiny-bf16", "tiny-dsa-bf16", "tiny-packed-bf16"};
 
 golden::PrimitivesFile golden_file(const std::string& preset) {
   return golden::read_primitives(std::string(TRIDENT_GOLDEN_DATA) + "/primitives/" + preset + "/primitives.h5");
@@ -61,10 +62,19 @@ TEST(CudaFastHost, GoldensWithinTheGpuRows) {
     EXPECT_TRUE(st.tolerance) << op;
     EXPECT_GT(st.rel_outputs, 0) << op << ": the relative test never ran";
   }
-  for (const std::string& op : golden::kernel_ops())
-    if (!gpu::fast::is_fast_op(op) && all.count(op)) {
-      EXPECT_FALSE(all[op].tolerance) << op;
+  // Every other op runs the ref tier's bodies: the reference's bits, whatever rule the golden stores for it.
+  for (const char* preset : kPresets) {
+    const golden::PrimitivesFile f = golden_file(preset);
+    for (const std::string& op : golden::kernel_ops()) {
+      if (gpu::fast::is_fast_op(op) || !all.count(op)) continue;
+      golden::CheckOptions o;
+      o.only_op = op;
+      o.backend = "cuda-fast-host --bitwise";
+      const auto s = golden::check_primitives<float>(
+          f, [](Device& d) { return gpu::make_fast_host_kernels<float>(d); }, o, "golden");
+      for (const auto& fl : s.failures) ADD_FAILURE() << preset << ": " << fl.message;
     }
+  }
 }
 
 // The rows' relative width, against llm.c's bf16 check (0.079 relative) and Transformer Engine's (2.5e-2): every gpu
@@ -73,7 +83,7 @@ TEST(CudaFastHost, GoldensWithinTheGpuRows) {
 TEST(CudaFastHost, RowsTighterThanLlmcAndTransformerEngine) {
   int rows = 0;
   for (const Tolerance& t : kTolerances) {
-    if (t.direction != "gpu" || t.primitive == "fast_vs_fp64") continue;
+    if ((t.direction != "gpu" && t.direction != "accept") || t.primitive == "relative") continue;
     ++rows;
     const double n = t.primitive.rfind("step_", 0) == 0 ? 512.0 : 4096.0;
     const double rel = (t.k_const + t.k_per_term * n) * unit_roundoff(t.dtype);
@@ -175,8 +185,8 @@ TEST(CudaFastHost, Bf16RowsApplyOnlyToTheBf16Policy) {
     if (c.op != "attn_core_forward" || c.dtype != "f32") continue;
     golden::PrimCase b = c;
     b.policy = "bf16";
-    const auto fp32 = gpu::fast::case_bounds(c).at("o");
-    const auto bf16 = gpu::fast::case_bounds(b).at("o");
+    const auto fp32 = golden::elem_bounds(c).at("o");
+    const auto bf16 = golden::elem_bounds(b).at("o");
     EXPECT_TRUE(fp32.sum_abs_bf16.empty());
     ASSERT_FALSE(bf16.sum_abs_bf16.empty());
     double r = 0;
@@ -187,6 +197,7 @@ TEST(CudaFastHost, Bf16RowsApplyOnlyToTheBf16Policy) {
     golden::PrimitivesFile g;
     g.cases.push_back(b);
     g.cases.back().outputs = golden::reference_outputs<float>(b);
+    golden::complete_accept(g.cases.back());  // the rule of the bf16 case (oracle on bf16 operands, bf16 rows)
     const auto s = check_with<float>(g, [](Device& d) { return gpu::make_fast_host_kernels<float>(d); });
     for (const auto& fl : s.sum.failures) ADD_FAILURE() << fl.message;
     EXPECT_EQ(s.sum.passed, 1);

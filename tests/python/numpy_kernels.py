@@ -1,12 +1,12 @@
 """numpy re-implementations of two Kernels<T> ops, for tests/python/test_trident_golden.py:
 
   mm                C (M, ldc) = A (M, lda) @ op(B): computed in float64 and rounded once, so it differs from the
-                    reference's in-order fp32 sum by rounding only (within the stored gemm bound, not bitwise)
+                    reference's in-order fp32 sum by rounding only (within the acceptance rule, not bitwise)
   residual_forward  out = a + b elementwise in the golden's dtype (IEEE: bitwise equal to the reference)
 
 `kernels` is the honest implementation; `perturbed` moves one element of mm's output one ulp beyond the stored
-error bound (it must fail); `at_bound` moves it to the last float inside the bound (it must pass). The last two
-read the golden named by the environment variable TRIDENT_GOLDEN to find the bound."""
+bound around the fp64 oracle (it must fail); `at_bound` moves it to the last float inside the bound (it must pass).
+The last two read the golden named by the environment variable TRIDENT_GOLDEN to find the oracle and the bound."""
 import os
 
 import numpy as np
@@ -39,8 +39,8 @@ def _moved(op, inputs, shapes, beyond):
     g = tg.load_primitives(os.environ["TRIDENT_GOLDEN"])
     case = next(c for c in g.cases if c.op == "mm" and c.rank == 0 and
                 all(np.array_equal(c.inputs[k], inputs[k]) for k in inputs))
-    want = case.outputs["C"].ravel()
-    bound = case.bound("C").ravel()
+    want = case.oracle["C"].ravel()
+    bound = case.bounds["C"].ravel()
     i = int(np.argmax(bound))               # an element with a non-zero bound
     C = out["C"].ravel()
     t = np.asarray(want[i], dtype=np.float64) + bound[i]

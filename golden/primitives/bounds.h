@@ -15,7 +15,7 @@
 #include "reference/model/attention.h"
 #include "reference/tolerances.h"
 
-namespace trident::gpu::fast {
+namespace trident::golden {
 
 struct ElemBounds {
   std::string primitive;         // the table's primitive (gemm, tile_wgrad, attn_core, linear_ce)
@@ -28,10 +28,10 @@ struct ElemBounds {
   // The bound of element i: the accumulation type's row (fp32 or fp64), plus the bf16 row under the bf16 policy.
   double bound(int64_t i, const std::string& acc_dtype) const {
     const size_t k = static_cast<size_t>(i);
-    const Tolerance& t = tolerance(primitive, acc_dtype, "gpu");
+    const Tolerance& t = tolerance(primitive, acc_dtype, "accept");
     double b = (t.k_const + t.k_per_term * n_terms[k]) * unit_roundoff(acc_dtype) * sum_abs[k];
     if (!sum_abs_bf16.empty()) {
-      const Tolerance& tb = tolerance(primitive, "bf16", "gpu");
+      const Tolerance& tb = tolerance(primitive, "bf16", "accept");
       b += tb.k_const * unit_roundoff("bf16") * sum_abs_bf16[k];
     }
     return b;
@@ -62,7 +62,8 @@ inline ElemBounds mm_bounds(int64_t M, int64_t N, int64_t K, const double* A, in
 inline ElemBounds wgrad_bounds(const double* X, int64_t ldx, const double* dY, int64_t ldy, int64_t K, int64_t M,
                                std::span<const int64_t> segs) {
   ElemBounds e("tile_wgrad", K * M);
-  const int64_t rows = segs.empty() ? 0 : segs.back(), T = longest_tile_of(segs);
+  // n_terms: every row of the sum (an implementation may sum them in one chain, not per tile)
+  const int64_t rows = segs.empty() ? 0 : segs.back(), T = segs.empty() ? 0 : segs.back() - segs.front();
   for (int64_t k = 0; k < K; ++k)
     for (int64_t m = 0; m < M; ++m) {
       double s = 0;
@@ -143,7 +144,7 @@ inline AttnBwdBounds attn_backward_bounds(const model::CoreDims& cd, bool bf, co
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, vb = cd.val_base;
   AttnBwdBounds b{ElemBounds("attn_core", Nq * H * Dq, bf), ElemBounds("attn_core", S * P, bf)};
   const double sc = std::fabs(cd.scale);
-  const int64_t T = longest_tile_of(qsegs);
+  const int64_t T = Nq;  // every query of the key's sum (an implementation need not sum per tile)
   const double n_dkv = static_cast<double>(2 * H * T + Dq + Dv + 1);
   for (double& x : b.dkv.n_terms) x = n_dkv;
   for (int64_t r = 0; r < Nq; ++r)
@@ -170,7 +171,9 @@ inline AttnBwdBounds attn_backward_bounds(const model::CoreDims& cd, bool bf, co
           const size_t kq = static_cast<size_t>(i * Dq + c), kk = static_cast<size_t>(j * P + g * Dq + c);
           b.dq.sum_abs[kq] += kc * A;
           b.dkv.sum_abs[kk] += qc * A;
-          if (bf) b.dq.sum_abs_bf16[kq] += kc * ds, b.dkv.sum_abs_bf16[kk] += qc * ds;
+          // bf16: ds rounded, and dp's operand dO rounded (dp moves by u_bf16 sum|dO v|, ds by scale p that)
+          const double dsb = ds + sc * p * DPabs;
+          if (bf) b.dq.sum_abs_bf16[kq] += kc * dsb, b.dkv.sum_abs_bf16[kk] += qc * dsb;
         }
         for (int64_t c = 0; c < Dv; ++c) {
           const double dc = std::fabs(dO[i * Dv + c]);
@@ -236,7 +239,7 @@ inline CeBwdBounds linear_ce_backward_bounds(bool bf, const double* hidden, cons
   const int64_t w = j_end - j_begin;
   CeBwdBounds b{ElemBounds("linear_ce", N * d, bf), ElemBounds("linear_ce", d * w, bf)};
   const double sc = std::fabs(grad_scale);
-  const double n_dh = static_cast<double>(w + d + 1), n_dw = static_cast<double>(longest_tile_of(segs) + d + 1);
+  const double n_dh = static_cast<double>(w + d + 1), n_dw = static_cast<double>(N + d + 1);  // every row of dW's sum
   for (double& x : b.dW.n_terms) x = n_dw;
   for (int64_t r = 0; r < N; ++r) {
     const int32_t t = targets[r];
@@ -263,4 +266,4 @@ inline CeBwdBounds linear_ce_backward_bounds(bool bf, const double* hidden, cons
   return b;
 }
 
-}  // namespace trident::gpu::fast
+}  // namespace trident::golden
