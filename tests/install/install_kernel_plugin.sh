@@ -6,6 +6,9 @@
 #   the golden's acceptance rule (the default for a plugin), with mm's and rmsnorm_forward's rows of the report
 #   table `bound ... PASS`; --bitwise fails rmsnorm_forward (it rounds twice: correct, not the reference's bits);
 #   the plugin with mm off by 1% fails with a FAIL line and a repro line (docs/plugins.md).
+# Where nvcc exists (on the PATH or /usr/local/cuda/bin/nvcc) the example's CUDA variant must build too
+# (libexample_cuda_kernels.so: mm as a CUDA kernel); its `trident check --op mm` passes by the rule where a CUDA
+# device is seen, and elsewhere it refuses with its one line and this script reports the skip.
 set -uo pipefail
 BUILD=$1 SOURCE=$2 WORK=$3 CMAKE=$4 CTEST=$5 CCACHE=${6:-}
 PREFIX=$WORK/prefix EX=$WORK/ex GOLDEN=$SOURCE/golden/data/primitives/tiny
@@ -28,7 +31,7 @@ run 0 install "$CMAKE" --install "$BUILD" --prefix "$PREFIX"
 [ -f "$PREFIX/include/trident/golden/plugin.h" ] || die "no golden/plugin.h"
 
 launcher=()
-[ -n "$CCACHE" ] && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$CCACHE")
+[ -n "$CCACHE" ] && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$CCACHE" -DCMAKE_CUDA_COMPILER_LAUNCHER="$CCACHE")
 run 0 configure "$CMAKE" -S "$SOURCE/examples/kernel_plugin" -B "$EX" -DCMAKE_PREFIX_PATH="$PREFIX" "${launcher[@]}"
 expect configure "Build files have been written"
 run 0 build "$CMAKE" --build "$EX" -j2
@@ -84,7 +87,41 @@ run 0 "trident check (plugin, bf16)" "$PREFIX/bin/trident" check "$GOLDEN_BF16" 
 expect_rows "trident check (plugin, bf16)"
 expect "trident check (plugin, bf16)" "--backend $PLUGIN: 33/33 cases of 33 ops passed $RULE$"
 
-# The example's own ctest (the same checks, on the installed tiny and tiny-bf16 goldens).
+# (d) the CUDA variant, where nvcc exists: it is built; with a CUDA device its mm passes the rule on tiny and
+# tiny-bf16, without one the plugin refuses with one line (exit 1) and the checks are skipped.
+NTESTS=7 CUDA_SKIP=0
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  NTESTS=9
+  CUDA_PLUGIN=plugin:$EX/libexample_cuda_kernels.so
+  [ -f "$EX/libexample_cuda_kernels.so" ] || die "nvcc exists but the CUDA variant was not built: no $EX/libexample_cuda_kernels.so"
+  echo "\$ $PREFIX/bin/trident check $GOLDEN --backend $CUDA_PLUGIN --op mm"
+  OUT=$("$PREFIX/bin/trident" check "$GOLDEN" --backend "$CUDA_PLUGIN" --op mm 2>&1); rc=$?
+  echo "$OUT"
+  if [ "$rc" = 1 ] && [ "$(wc -l <<<"$OUT")" = 1 ] &&
+     grep -Eq "^trident: error: --backend $CUDA_PLUGIN: trident_kernels_v1 threw: the example CUDA kernels need a CUDA device: none found \(.+\)$" <<<"$OUT"; then
+    CUDA_SKIP=1
+    echo "install_kernel_plugin: SKIP: the CUDA variant's checks (built; no CUDA device here, the plugin refused with its one line)"
+  else
+    [ "$rc" = 0 ] || die "trident check (CUDA plugin) exited $rc, expected 0 (or 1 with the no-device line)"
+    expect "trident check (CUDA plugin)" "^mm +C +bound +[0-9]+ .* PASS$"
+    expect "trident check (CUDA plugin)" "--backend $CUDA_PLUGIN: [0-9]+/[0-9]+ cases of 1 ops passed $RULE$"
+    run 0 "trident check (CUDA plugin, bf16)" "$PREFIX/bin/trident" check "$GOLDEN_BF16" --backend "$CUDA_PLUGIN" --op mm
+    expect "trident check (CUDA plugin, bf16)" "^mm +C +bound +[0-9]+ .* PASS$"
+  fi
+fi
+
+# The example's own ctest (the same checks, on the installed tiny and tiny-bf16 goldens; the CUDA ones skipped
+# without a device).
 run 0 "example ctest" "$CTEST" --test-dir "$EX" --output-on-failure
-expect "example ctest" "100% tests passed, 0 tests failed out of 7"
-echo "install_kernel_plugin: OK"
+expect "example ctest" "100% tests passed, 0 tests failed out of $NTESTS"
+if [ "$CUDA_SKIP" = 1 ]; then
+  expect "example ctest" "example_cuda_trident_check_mm \(Skipped\)"
+  expect "example ctest" "example_cuda_trident_check_mm_bf16 \(Skipped\)"
+elif [ "$NTESTS" = 9 ]; then
+  grep -q "(Skipped)" <<<"$OUT" && die "example ctest: a CUDA check was skipped where the plugin found a device"
+fi
+if [ "$CUDA_SKIP" = 1 ]; then
+  echo "install_kernel_plugin: OK (the CUDA variant built; its checks skipped: no CUDA device)"
+else
+  echo "install_kernel_plugin: OK"
+fi
