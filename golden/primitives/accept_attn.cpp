@@ -485,18 +485,34 @@ Rules qkv_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
 // the bf16 magnitude f_z = sum_c |iq_t[c] k_j[c]|, propagated: relu (f_rz = f_z where z >= -(b_z + u_bf16 f_z)),
 // f_I = sum_t |w_t| f_rz, f_eI = eI f_I, f_lI = sum f_eI, f_qI = f_eI / lI + eI f_lI / lI^2, f_lq = f_I + f_lI / lI.
 // p (and so pbar) is computed from the rounded operands without a rounding inside: no bf16 term.
+// The selected keys' payload rows, compacted (row i = key keys[i]): the attention core over them is the dense core
+// with keys 0..n-1 (golden/primitives/bounds.h's magnitudes apply as they are, with the key set restricted).
+Vec compact(const Vec& kv, const std::vector<int64_t>& keys, int64_t P) {
+  Vec out;
+  for (int64_t j : keys) out.insert(out.end(), kv.begin() + j * P, kv.begin() + (j + 1) * P);
+  return out;
+}
+
 struct DsaRow {
   std::vector<int64_t> keys;
+  Vec kr;                      // the selected keys' payload rows, packed (n, P): the core's bounds run on them
   Vec pbar, b_pbar;            // (n)
   Vec z, b_z, rz, b_rz;        // (n * Hi)
   Vec I, qI, b_qI, lq, b_lq;   // (n)
   Vec f_z, f_rz, f_qI, f_lq;   // the bf16 magnitudes (zero unless bf16)
 };
+// The core's dims with the DSA indexer's (Hi, Di, topk, ikey).
+model::CoreDims dsa_dims(const PrimCase& c) {
+  model::CoreDims cd = core_dims(c);
+  cd.Hi = si(c, "Hi"), cd.Di = si(c, "Di"), cd.topk = si(c, "topk"), cd.ikey = si(c, "ikey");
+  return cd;
+}
 DsaRow dsa_row(const Calc& k, const model::CoreDims& cd, const Vec& q, const Vec& iq, const Vec& kv,
                const std::vector<int32_t>& sel, int64_t r, bool bf) {
   const double u16 = unit_roundoff("bf16");
   DsaRow w;
   for (int64_t i = 0; i < cd.topk && sel[z(r * cd.topk + i)] >= 0; ++i) w.keys.push_back(sel[z(r * cd.topk + i)]);
+  w.kr = compact(kv, w.keys, cd.P);
   const int64_t n = static_cast<int64_t>(w.keys.size()), H = cd.H, Dq = cd.Dq, P = cd.P, hpg = cd.H / cd.G;
   const int64_t Hi = cd.Hi, Di = cd.Di, Iw = Hi * Di + Hi;
   const double nn = static_cast<double>(n);
@@ -568,14 +584,6 @@ DsaRow dsa_row(const Calc& k, const model::CoreDims& cd, const Vec& q, const Vec
   return w;
 }
 
-// The selected keys' payload rows, compacted (row i = key keys[i]): the attention core over them is the dense core
-// with keys 0..n-1 (golden/primitives/bounds.h's magnitudes apply as they are, with the key set restricted).
-Vec compact(const Vec& kv, const std::vector<int64_t>& keys, int64_t P) {
-  Vec out;
-  for (int64_t j : keys) out.insert(out.end(), kv.begin() + j * P, kv.begin() + (j + 1) * P);
-  return out;
-}
-
 // dsa_core_forward: o and stats as the attention core over the selected keys (the attn_core row, bounds.h's
 // magnitudes with keys = the selection); ikl = sum_j t_j, t_j = pbar_j (log pbar_j - lq_j) (pbar_j > 0): log within
 // 4 ulps of its value (its argument's bound through 1/pbar), the difference's and the product's roundings, n terms.
@@ -583,9 +591,8 @@ Vec compact(const Vec& kv, const std::vector<int64_t>& keys, int64_t P) {
 // stats none; ikl's sum_j pbar_j f_lq_j (the indexer's, dsa_row).
 Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
   const bool bf = c.policy == "bf16";
-  model::CoreDims cd = core_dims(c);
-  cd.Hi = si(c, "Hi"), cd.Di = si(c, "Di"), cd.topk = si(c, "topk"), cd.ikey = si(c, "ikey");
-  const int64_t Nq = si(c, "Nq"), H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P;
+  const model::CoreDims cd = dsa_dims(c);
+  const int64_t Nq = si(c, "Nq"), H = cd.H, Dq = cd.Dq, Dv = cd.Dv;
   const Vec q = values(c, "q"), iq = values(c, "iq"), kv = values(c, "kv");
   const std::vector<int32_t> sel = values_i32(input(c, "sel"));
   ElemBounds eo("attn_core", Nq * H * Dv, bf), es("attn_core", Nq * H * 2);
@@ -594,7 +601,7 @@ Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
     const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r, bf);
     const int64_t n = static_cast<int64_t>(w.keys.size());
     if (n == 0) continue;
-    const Vec kr = compact(kv, w.keys, P);
+    const Vec& kr = w.kr;
     const int64_t qp = n - 1;
     const AttnFwdBounds b = attn_forward_bounds(cd, bf, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data());
     std::copy(b.o.sum_abs.begin(), b.o.sum_abs.end(), eo.sum_abs.begin() + r * H * Dv);
@@ -638,8 +645,7 @@ Rules dsa_forward_rules(const PrimCase& c, const Calc& k, const std::string& acc
 Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& acc) {
   const bool bf = c.policy == "bf16";
   const double u16 = unit_roundoff("bf16");
-  model::CoreDims cd = core_dims(c);
-  cd.Hi = si(c, "Hi"), cd.Di = si(c, "Di"), cd.topk = si(c, "topk"), cd.ikey = si(c, "ikey");
+  const model::CoreDims cd = dsa_dims(c);
   const int64_t Nq = si(c, "Nq"), S = si(c, "S"), H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P;
   const int64_t Hi = cd.Hi, Di = cd.Di, Iw = Hi * Di + Hi;
   const double iscale = sf(c, "iscale");
@@ -654,7 +660,7 @@ Rules dsa_backward_rules(const PrimCase& c, const Calc& k, const std::string& ac
     const DsaRow w = dsa_row(k, cd, q, iq, kv, sel, r, bf);
     const int64_t n = static_cast<int64_t>(w.keys.size());
     if (n == 0) continue;
-    const Vec kr = compact(kv, w.keys, P);
+    const Vec& kr = w.kr;
     const int64_t qp = n - 1;
     const AttnBwdBounds b = attn_backward_bounds(cd, bf, q.data() + r * H * Dq, &qp, nullptr, 1, kr.data(), n,
                                                  o.data() + r * H * Dv, st.data() + r * H * 2, dO.data() + r * H * Dv,
