@@ -215,6 +215,17 @@ void EmuDevice::trace_simple(Stream s, TraceEntry::Kind kind, std::string_view n
   push_trace(s, std::move(t));
 }
 
+void EmuDevice::trace_memory(Stream s, TraceEntry::Kind kind, int64_t bytes, loc_t loc) {
+  if (!opt_.record_trace) return;
+  TraceEntry t;
+  t.kind = kind;
+  t.name = kind == TraceEntry::Kind::alloc ? "alloc" : "free";
+  t.bytes = bytes;
+  t.file = loc.file_name();
+  t.line = loc.line();
+  push_trace(s, std::move(t));
+}
+
 void EmuDevice::push_trace(Stream s, TraceEntry&& t) {
   t.issue = issue_++;
   trace_[static_cast<size_t>(s.id)].entries.push_back(std::move(t));
@@ -332,6 +343,7 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
     tick(s.id + 1);
     check(s.id + 1, "allocate", {Access{p, bytes, true}}, loc);
   }
+  trace_memory(s, TraceEntry::Kind::alloc, bytes, loc);
   StreamQ& q = streams_[static_cast<size_t>(s.id)];
   ++q.issued;  // an op of s (ordered with its work) that has nothing to run
   if (deferred_) q.q.push_back(Op{});
@@ -369,6 +381,7 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
     }
   }
   sizes_.erase(it);
+  trace_memory(s, TraceEntry::Kind::free, bytes, loc);
   if (checking_) allocs_.erase(reinterpret_cast<uintptr_t>(p));  // checker state goes with it
   if (!deferred_) {  // eager: the free is an op of s that runs now (what issue() would do, without the closure)
     StreamQ& q = streams_[static_cast<size_t>(s.id)];

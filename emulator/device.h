@@ -144,6 +144,7 @@ class EmuDevice final : public Device {
   void raise_pending();
   void check_event(Event e, loc_t loc) const;
   void trace_event(Stream s, TraceEntry::Kind kind, Event e, const Ev& ev, loc_t loc);
+  void trace_memory(Stream s, TraceEntry::Kind kind, int64_t bytes, loc_t loc);  // alloc / free entries
   void trace_simple(Stream s, TraceEntry::Kind kind, std::string_view name, const Accesses& acc, double flops,
                     loc_t loc);
 

@@ -11,9 +11,12 @@
 namespace trident {
 
 struct TraceEntry {
-  enum class Kind : uint8_t { compute, collective, send, recv, record, wait };
+  // alloc / free: a device allocation or free of `bytes` bytes, stream-ordered on this stream (Device::allocate /
+  // free); what the device's current and peak memory are made of, so a replay can follow memory over time.
+  enum class Kind : uint8_t { compute, collective, send, recv, record, wait, alloc, free };
   Kind kind = Kind::compute;
-  std::string name;         // compute: the launch name; communication: the op name; record/wait: "record"/"wait"
+  std::string name;         // compute: the launch name; communication: the op name; record/wait: "record"/"wait";
+                            // alloc/free: "alloc"/"free"
   // communication
   std::string comm;         // communicator name ("world", "fsdp*cp", ...)
   int64_t comm_id = -1;     // backend id of the communicator (unique within a run)
@@ -28,7 +31,7 @@ struct TraceEntry {
                             // chose XXH64, emulator/trace_hash.h; 0: none received or not
                             // recorded, e.g. the all_to_all helpers); a failing backend's first differing collective
   // sizes
-  int64_t bytes = 0;        // communication: OpStats bytes; compute: the launch's bytes
+  int64_t bytes = 0;        // communication: OpStats bytes; compute: the launch's bytes; alloc/free: the size
   double flops = 0;
   // events (record: the event recorded; wait: the event and where its last record() sits)
   int event = -1;

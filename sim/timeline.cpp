@@ -235,6 +235,10 @@ class Replay {
         case Kind::compute:
           sp = {c.t, c.t + compute_seconds(e), prev};
           break;
+        case Kind::alloc:
+        case Kind::free:
+          sp = {c.t, c.t, prev};
+          break;
         case Kind::record:
           sp = {c.t, c.t, prev};
           for (int o = 0; o < static_cast<int>(spans_of(r).size()); ++o)
