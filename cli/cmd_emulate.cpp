@@ -75,6 +75,10 @@ struct Opts {
   int64_t mpi_chunk_bytes = 0;
   // machine-readable output and the simulated timeline (docs/timeline.md)
   std::string json, trace, timeline, hardware;
+  // shapes only (docs/emulator.md "Shapes-only runs")
+  bool shapes_only = false;
+  std::string routing;         // --routing (shapes only; "" = uniform)
+  std::string record_routing;  // --record-routing PATH (a data run writes its router's counts)
   int64_t timeline_ranks = 4;
   bool no_fixed_costs = false;
   bool simulate() const { return !trace.empty() || !timeline.empty() || !hardware.empty(); }
@@ -93,6 +97,7 @@ struct Opts {
     if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
     r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
+    r.opt_nonempty("--record-routing", record_routing);
     r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
     r.opt_nonempty("--timeline", timeline);
     if (!timeline.empty()) r.opt_if("--timeline-ranks", timeline_ranks, 4);
@@ -169,6 +174,10 @@ std::string print_header(const Opts& o, const emu::EmulateSpec& spec, const std:
     std::printf("communicator: NcclCommunicator over the fake NCCL (%s communicators; exact sums lowered onto "
                 "ncclInt64 sums)\n",
                 spec.nccl_blocking ? "blocking" : "non-blocking");
+  if (spec.shapes_only)
+    std::printf("shapes only: device memory has addresses and sizes but no data, kernels and collectives are issued "
+                "and traced but not run; EP sizes from routing %s (no loss, no gradients)\n",
+                spec.replay ? "replayed" : spec.routing.empty() ? "uniform" : spec.routing.c_str());
   if (spec.lower_exact_sum)
     std::printf("exact_sum lowered onto i64 sums of packed accumulators (exact_f32: 96, exact_f64: 560 bytes per "
                 "element on the wire)\n");
@@ -241,6 +250,12 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   std::unique_ptr<cli::Ticker> ticker;  // started with the run: "  ... step 1/3: 20 s so far" on long steps
   spec.progress = [&](int64_t s, const RankStepStats& st) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (spec.shapes_only) {
+      cli::print_step_line(s + 1, spec.run.steps, s + 1, spec.run.steps, "shapes only (no loss)", el);
+      if (ticker) ticker->note(s + 1 < spec.run.steps ? fmt::format("step {}/{}", s + 2, spec.run.steps)
+                                                      : std::string("gathering the ranks' results"));
+      return;
+    }
     const std::string ilos = spec.cfg.dsa() ? fmt::format("  indexer_loss {:.6f}", st.indexer_loss) : std::string();
     cli::print_step_line(spec.first_step + s + 1, spec.first_step + spec.run.steps, s + 1, spec.run.steps,
                          fmt::format("loss {:.6f}{}  grad_norm {:.4f}  clip {:.4f}", st.loss, ilos, st.grad_norm,
@@ -254,6 +269,25 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   spec.keep_tensors = o.check;
   spec.keep_state = !o.save.empty();
   spec.record_trace = o.simulate();
+  spec.shapes_only = o.shapes_only;
+  spec.routing = o.routing;
+  spec.routing_seed = spec.run.data_seed;
+  spec.record_routing = !o.record_routing.empty();
+  if (!o.routing.empty()) {
+    if (!o.shapes_only) fail("--routing needs --shapes-only (a data run routes by its router)");
+    (void)parse_routing(o.routing);  // an unknown form fails before the run
+  }
+  if (o.shapes_only) {
+    if (o.check) fail("--shapes-only has no data to compare: drop --check-reference");
+    if (!o.save.empty() || !o.resume.empty()) fail("--shapes-only has no data to save or resume");
+    if (o.backend != "emulator") fail("--shapes-only runs on --backend emulator");
+    if (o.kernels != "cpu") fail("--shapes-only issues the CPU kernel set's launches (drop --kernels)");
+    if (!o.record_routing.empty()) fail("--record-routing needs a data run (not --shapes-only)");
+  }
+  if (!o.record_routing.empty()) {
+    if (o.backend != "emulator") fail("--record-routing needs --backend emulator");
+    sim::check_writable_file(o.record_routing, "--record-routing");
+  }
   if (o.backend == "mpi" && o.simulate())
     fail("--trace, --timeline and --hardware need --backend emulator (the MPI backend does not gather traces)");
   if (o.backend == "nccl") {
@@ -275,7 +309,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
                               o.check};
   mi.lower_exact_sum = spec.lower_exact_sum || spec.comm == emu::CommBackend::nccl_fake;  // NCCL always lowers
   info.est = emu::estimate_emulate(mi);
-  emu::check_memory(info.est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
+  // A shapes-only run holds no tensors: the estimate is what the ranks' devices would hold, not this host.
+  if (!spec.shapes_only)
+    emu::check_memory(info.est, o.max_memory.empty() ? 0 : emu::parse_bytes(o.max_memory), "emulate");
   if (o.backend == "mpi") {
 #ifdef TRIDENT_HAVE_MPI
     mpi::FabricOptions fo;
@@ -303,7 +339,11 @@ int run(const Opts& o, emu::EmulateSpec spec) {
 #endif
   }
   info.repro = print_header<T>(o, spec);
-  std::printf("memory estimate: %s\n", info.est.describe().c_str());
+  if (spec.shapes_only)
+    std::printf("device memory estimate per rank (what a data run's ranks would hold): %s\n",
+                mib(static_cast<int64_t>(info.est.device_bytes())).c_str());
+  else
+    std::printf("memory estimate: %s\n", info.est.describe().c_str());
   std::fflush(stdout);
   emu::KernelFactory<T> kernels;  // null: the CPU kernels
   if (o.kernels == "cuda-ref-host") kernels = [](int, Device& dev) { return gpu::make_ref_host_kernels<T>(dev); };
@@ -425,9 +465,21 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
               mib(pk.front()).c_str(), mib(pk[pk.size() / 2]).c_str(), mib(pk.back()).c_str(),
               static_cast<long long>(max_rank), mib(sum).c_str());
   if (!r.device_peak_bytes.empty()) {  // the MPI backend gathers the step's tracked peaks only
-    const int64_t dev_peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
-    std::printf("peak device memory per rank (every device allocation): max %s; estimated %s\n",
-                mib(dev_peak).c_str(), mib(static_cast<int64_t>(est.device_bytes())).c_str());
+    std::vector<int64_t> dp = r.device_peak_bytes;
+    const int64_t at = std::max_element(dp.begin(), dp.end()) - dp.begin();
+    std::sort(dp.begin(), dp.end());
+    std::printf("peak device memory per rank (every device allocation): max %s (rank %lld), median %s; estimated "
+                "%s\n",
+                mib(dp.back()).c_str(), static_cast<long long>(at), mib(dp[dp.size() / 2]).c_str(),
+                mib(static_cast<int64_t>(est.device_bytes())).c_str());
+  }
+  if (!o.record_routing.empty()) {
+    r.routing.save(o.record_routing);
+    std::printf("wrote %s (routing counts: %lld steps x %zu MoE layers x %lld ranks x %lld chunks x %lld experts; "
+                "replay with --shapes-only --routing file:%s)\n",
+                o.record_routing.c_str(), static_cast<long long>(r.routing.steps), r.routing.layers.size(),
+                static_cast<long long>(r.routing.ranks), static_cast<long long>(r.routing.chunks),
+                static_cast<long long>(r.routing.experts), o.record_routing.c_str());
   }
   // the simulated timeline (with --trace / --timeline / --hardware) and the collectives per mesh dimension
   std::optional<sim::Timeline> tl;
@@ -463,6 +515,8 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     if (spec.cfg.dsa())
       for (size_t s = 0; s < r.steps.size(); ++s) steps[s]["indexer_loss"] = r.steps[s].indexer_loss;
     doc["steps"] = std::move(steps);
+    doc["shapes_only"] = spec.shapes_only;
+    if (spec.shapes_only) doc["routing"] = spec.routing.empty() ? "uniform" : spec.routing;
     doc["peak_memory_bytes"] = r.peak_bytes;
     doc["device_peak_bytes"] = r.device_peak_bytes;
     doc["collectives"] = sim::collectives_json(rows);
@@ -689,6 +743,14 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                                   "the splitting)")
                        ->check(CLI::Range(int64_t{0}, int64_t{2147483583}))
                        ->capture_default_str();
+                   sub.add_flag("--shapes-only", o->shapes_only,
+                                "issue the step with sizes and no data: device memory, collectives, trace and "
+                                "timeline of any model size (docs/emulator.md \"Shapes-only runs\")");
+                   sub.add_option("--routing", o->routing,
+                                  "shapes only: EP routing counts: uniform (default), zipf:S, dirichlet:A or "
+                                  "file:PATH (written by --record-routing)");
+                   sub.add_option("--record-routing", o->record_routing,
+                                  "write the router's counts per step, layer, rank, chunk and expert to PATH (JSON)");
                    sub.add_option("--json", o->json,
                                   "write the run as JSON: loss per step, peak memory per rank, the collectives "
                                   "table, the repro line, the timeline summary (docs/timeline.md section 6)");

@@ -12,6 +12,9 @@ namespace trident::emu {
 namespace {
 // Emulated device memory: the global allocator (16-byte aligned, as every element type here needs; the benchmark's
 // malloc tuning applies to it as to the step's former host vectors).
+// Shapes only: rank r's addresses are [kShapeBase + r kShapeRange, + kShapeRange), 16 TiB each (65,536 ranks fit
+// below 2^60); never mapped, so a stray dereference faults instead of reading another rank's data.
+constexpr uintptr_t kShapeBase = uintptr_t{1} << 44, kShapeRange = uintptr_t{1} << 44;
 const char* base_name(const char* path) {
   const char* s = std::strrchr(path, '/');
   return s ? s + 1 : path;
@@ -25,6 +28,11 @@ EmuDevice::EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt)
       deferred_(opt.mode == DeviceMode::deferred),
       checking_(opt.check_hazards || opt.mode == DeviceMode::deferred),
       rng_(opt.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank)) {
+  TD_CHECK(!opt.shapes_only || opt.mode == DeviceMode::eager,
+           "rank {}: a shapes-only device runs nothing, so it has no deferred mode (use eager, with --check-hazards to "
+           "check the streams)",
+           rank);
+  next_addr_ = kShapeBase + static_cast<uintptr_t>(rank) * kShapeRange;
   trace_.push_back({"compute", {}});
   trace_.push_back({"comm", {}});
   streams_.resize(2);
@@ -40,6 +48,7 @@ EmuDevice::~EmuDevice() {
     } catch (...) {
     }
   }
+  if (opt_.shapes_only) return;  // nothing was allocated
   for (auto& [p, bytes] : sizes_) raw_release(reinterpret_cast<void*>(p));
   for (void* p : unreleased_) raw_release(p);
 }
@@ -50,6 +59,7 @@ void* EmuDevice::raw_allocate(size_t n) const {
 }
 
 void EmuDevice::raw_release(void* p) const noexcept {
+  if (opt_.shapes_only) return;
   if (opt_.memory) opt_.memory->release(p);
   else ::operator delete(p);
 }
@@ -162,7 +172,7 @@ void EmuDevice::issue(Stream s, Op&& op) {
   ++q.issued;
   if (!deferred_) {
     ++q.done;
-    if (op.kind == Op::Kind::run && op.fn) op.fn();
+    if (op.kind == Op::Kind::run && op.fn && !opt_.shapes_only) op.fn();
     return;
   }
   q.q.push_back(std::move(op));
@@ -327,14 +337,26 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
   const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
   void* p = nullptr;
   const bool over = opt_.max_bytes > 0 && bytes > opt_.max_bytes - mem_.cur;
-  if (!over) p = raw_allocate(n);
+  if (over) {
+  } else if (opt_.shapes_only) {  // a fresh address range, 256-byte aligned (as cudaMalloc's)
+    const uintptr_t end = kShapeBase + (static_cast<uintptr_t>(rank_) + 1) * kShapeRange;
+    const uintptr_t need = (static_cast<uintptr_t>(n) + 255) & ~uintptr_t{255};
+    TD_CHECK(need <= end - next_addr_,
+             "rank {}: shapes-only run: the rank's 16 TiB of addresses are used up (allocations are never reused) at "
+             "{}:{}",
+             rank_, base_name(loc.file_name()), loc.line());
+    p = reinterpret_cast<void*>(next_addr_);
+    next_addr_ += need;
+  } else {
+    p = raw_allocate(n);
+  }
   if (p == nullptr)
     fail(fmt::format("rank {}: out of memory allocating {} bytes of emulated device memory{} ({} bytes in use{}) at "
                      "{}:{}",
                      rank_, bytes, opt_.memory ? fmt::format(" ({})", opt_.memory->name) : "", mem_.cur,
                      over ? fmt::format(", device limit {}", opt_.max_bytes) : "", base_name(loc.file_name()),
                      loc.line()));
-  if (deferred_) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
+  if (deferred_ && !opt_.shapes_only) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
   sizes_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
   if (checking_) allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
   mem_.cur += bytes;
@@ -443,6 +465,10 @@ void EmuDevice::upload(void* dst, const void* src, int64_t bytes, Stream s, loc_
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
     return;
   }
+  if (opt_.shapes_only) {  // traced and checked; no bytes
+    launch(s, "upload", {Access{dst, bytes, true}}, 0, nullptr, loc);
+    return;
+  }
   // The host buffer is consumed now (staged), as cudaMemcpyAsync from pageable memory does.
   auto stage = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes));
   if (bytes > 0) std::memcpy(stage->data(), src, static_cast<size_t>(bytes));
@@ -450,7 +476,16 @@ void EmuDevice::upload(void* dst, const void* src, int64_t bytes, Stream s, loc_
          [dst, stage, bytes] { std::memcpy(dst, stage->data(), static_cast<size_t>(bytes)); }, loc);
 }
 
+void EmuDevice::download_known(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
+  if (!opt_.shapes_only) return download(dst, src, bytes, s, loc);
+  launch(s, "download", {Access{src, bytes, false}}, 0, nullptr, loc);
+}
+
 void EmuDevice::download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) {
+  TD_CHECK(!opt_.shapes_only,
+           "rank {}: shapes-only run: the host reads {} bytes of device memory at {}:{}, but a shapes-only device has "
+           "no data (what sets sizes must come from the layout or the routing spec)",
+           rank_, bytes, base_name(loc.file_name()), loc.line());
   if (immediate()) {
     check_stream(s, loc);
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));

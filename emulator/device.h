@@ -57,6 +57,11 @@ struct DeviceOptions {
   int64_t max_bytes = 0;
   // nullptr: host memory (::operator new). Must outlive every device that uses it.
   const MemorySource* memory = nullptr;
+  // Shapes only (`emulate --shapes-only`, docs/emulator.md "Shapes-only runs"): allocations get unique addresses in
+  // a reserved, never-mapped range of this rank (exact sizes, current and peak bytes as in a data run), launches,
+  // copies and uploads are traced and checked but never run, and download() fails naming its call site
+  // (Device::has_data). Eager mode only.
+  bool shapes_only = false;
 };
 
 class EmuDevice final : public Device {
@@ -82,7 +87,9 @@ class EmuDevice final : public Device {
   void upload(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   void download(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
   DeviceMemory memory() const override { return mem_; }
-  bool immediate() const override { return !deferred_ && !checking_ && !opt_.record_trace; }
+  bool immediate() const override { return !deferred_ && !checking_ && !opt_.record_trace && !opt_.shapes_only; }
+  bool has_data() const override { return !opt_.shapes_only; }
+  void download_known(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc) override;
 
   // ---- for the emulated communicator
   void check_stream(Stream s, loc_t loc) const;
@@ -166,6 +173,7 @@ class EmuDevice final : public Device {
   std::mt19937_64 rng_;
   std::string pending_error_;  // a hazard found in free() (which cannot throw)
   int64_t issue_ = 0;
+  uintptr_t next_addr_ = 0;  // shapes only: the next unused address of this rank's range
 };
 
 }  // namespace trident::emu

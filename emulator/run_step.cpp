@@ -78,6 +78,8 @@ std::string EmulateSpec::repro(bool check_reference) const {
   if (device.mode == DeviceMode::deferred) r.opt("--device", "deferred").opt_if("--device-seed", device.seed, 0);
   else r.flag("--check-hazards", device.check_hazards);
   if (plant != StepPlant::none) r.opt("--plant", std::string(to_string(plant)));
+  r.flag("--shapes-only", shapes_only);
+  if (shapes_only) r.opt_nonempty("--routing", routing);
   r.flag("--check-reference", check_reference);
   return r.str();
 }
@@ -139,7 +141,7 @@ StepShared<T> step_shared(const EmulateSpec& spec, const md::ParamSet<T>& init, 
   sh.fault = spec.fault;
   sh.plant = spec.plant;
   sh.progress = spec.where;
-  sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
+  if (!spec.shapes_only) sh.rope = md::rope_table<T>(spec.run.seq_len, spec.cfg.rope_width(), spec.cfg.rope_theta);
   sh.validate();
   return sh;
 }
@@ -153,8 +155,46 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   if (spec.mesh.world() > kMaxEmulatedRanks)
     fail(fmt::format("emulate: mesh {} has {} ranks; the emulator runs one thread per rank and takes at most {}",
                      spec.mesh.str(), spec.mesh.world(), kMaxEmulatedRanks));
-  const md::ParamSet<T> init = resume ? md::ParamSet<T>() : spec_init<T>(spec);
-  const StepShared<T> sh = step_shared<T>(spec, init, resume);
+  if (spec.shapes_only) {
+    TD_CHECK(!resume && !spec.keep_tensors && !spec.keep_state && spec.overrides.empty(),
+             "emulate: a shapes-only run has no data: no resume, kept tensors, state or overrides");
+    TD_CHECK(spec.comm == CommBackend::emu && spec.drop_count == 0,
+             "emulate --shapes-only runs on the emulator's own communicator (not --comm {})", to_string(spec.comm));
+    TD_CHECK(spec.device.mode == DeviceMode::eager,
+             "emulate --shapes-only: a shapes-only device runs nothing, so it has no deferred mode (use "
+             "--check-hazards to check the streams)");
+  }
+  // Shapes only: the layout (names, shapes, index), no tensors.
+  md::ParamSet<T> init;
+  if (spec.shapes_only) {
+    init.info = md::param_layout(spec.cfg);
+    for (size_t i = 0; i < init.info.size(); ++i) init.index[init.info[i].name] = i;
+  } else if (!resume) {
+    init = spec_init<T>(spec);
+  }
+  StepShared<T> sh = step_shared<T>(spec, init, resume);
+  const int64_t n_chunks = spec.ep_chunks;
+  RoutingCounts routing;
+  bool moe = false;
+  for (int64_t i = 0; i < spec.cfg.layers; ++i) moe = moe || spec.cfg.is_moe_layer(i);
+  if (spec.shapes_only && moe) {
+    if (spec.replay) {
+      routing = *spec.replay;
+      TD_CHECK(routing.ranks == spec.mesh.world() && routing.chunks == n_chunks && routing.experts == spec.cfg.experts &&
+                   routing.steps >= spec.run.steps,
+               "emulate: replayed routing counts of {} ranks, {} chunks, {} experts, {} steps for a run of {}, {}, {}, "
+               "{}",
+               routing.ranks, routing.chunks, routing.experts, routing.steps, spec.mesh.world(), n_chunks,
+               spec.cfg.experts, spec.run.steps);
+    } else {
+      routing = RoutingCounts::from_spec(parse_routing(spec.routing.empty() ? "uniform" : spec.routing), spec.cfg,
+                                         spec.mesh.world(), n_chunks, spec.run.steps, spec.routing_seed);
+    }
+    sh.routing = &routing;
+  } else if (spec.record_routing && moe) {
+    routing = RoutingCounts::empty(spec.cfg, spec.mesh.world(), n_chunks, spec.run.steps);
+    sh.routing = &routing;
+  }
   const std::vector<md::Batch> batches = spec_batches(spec);
   for (const md::Batch& b : batches) md::validate_batch(spec.cfg, b);
 
@@ -175,6 +215,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   SpawnOptions so;
   so.record_trace = spec.record_trace;
   so.device = spec.device;
+  so.device.shapes_only = spec.shapes_only;
   so.watchdog = std::chrono::milliseconds(spec.watchdog_ms > 0 ? spec.watchdog_ms : int64_t{spec.watchdog_s} * 1000);
   so.stack_bytes = 1 << 20;
   if (spec.eager_bytes > 0) so.eager_bytes = spec.eager_bytes;
@@ -213,7 +254,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
           const RankStepStats st = step.step(batches[static_cast<size_t>(s)]);
           per_rank[static_cast<size_t>(r)][static_cast<size_t>(s)] = st;
           // loss and grad norm are global values, identical on every rank: every rank stops at the same step
-          if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+          if (!spec.shapes_only && (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm)))
             fail(fmt::format("step {}: loss {} / grad norm {} is not finite (diverged: lower --lr?)", s + 1, st.loss,
                              st.grad_norm));
           if (spec.keep_tensors) {
@@ -243,6 +284,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
     }
     res.steps[static_cast<size_t>(s)] = a;
   }
+  res.routing = std::move(routing);
   return res;
 }
 

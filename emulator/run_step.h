@@ -76,6 +76,18 @@ struct EmulateSpec {
   StepPlant plant = StepPlant::none;
   CollOp drop_op = CollOp::all_reduce;
   size_t drop_count = 0;
+  // Shapes only (docs/emulator.md "Shapes-only runs"): every rank's device has addresses and sizes but no data
+  // (DeviceOptions::shapes_only), the communicator moves no bytes, the parameters are their layout only, and the EP
+  // sizes come from `routing` (parse_routing: uniform, zipf:S, dirichlet:A, file:PATH; "" = uniform) or, when set,
+  // from `replay` (counts a data run recorded). The schedule, the collectives' calls and bytes, the device memory
+  // and the trace are the data run's; losses and norms are NaN. Needs the emulator's communicator, eager mode, no
+  // kept tensors or state.
+  bool shapes_only = false;
+  std::string routing;
+  const RoutingCounts* replay = nullptr;
+  uint64_t routing_seed = 0;      // seeds the drawn routings (with the step, layer, rank and chunk)
+  // A data run: record the router's counts into EmulateResult::routing (what --record-routing writes).
+  bool record_routing = false;
   // Called by rank 0 after each step (progress display).
   std::function<void(int64_t step, const RankStepStats&)> progress;
   // Where world rank 0 is inside a step (forward layer, backward layer, optimizer), for progress lines; null: not
@@ -97,6 +109,7 @@ struct EmulateResult {
   std::vector<PhaseCounts> phases;   // per rank: collectives per phase of the last step
   std::vector<RankTrace> traces;               // per rank: every stream's entries of the whole run (record_trace)
   std::vector<ShardState<T>> state;            // per rank: optimizer state after the last step (keep_state)
+  RoutingCounts routing;                       // record_routing: the router's counts; shapes only: those used
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
 };

@@ -547,7 +547,7 @@ class EmuComm final : public Communicator {
     }
     // Test hook (SpawnOptions::drop_count, `trident fuzz`'s planted communicator): rank 1 contributes zeros.
     std::vector<char> dropped;
-    if (w_.opts.drop_count > 0 && a.op == w_.opts.drop_op && a.count == w_.opts.drop_count && crank_ == 1) {
+    if (!dev_.options().shapes_only && w_.opts.drop_count > 0 && a.op == w_.opts.drop_op && a.count == w_.opts.drop_count && crank_ == 1) {
       dropped.assign((a.op == CollOp::reduce_scatter ? n : 1) * a.count * es, 0);
       a.send = dropped.data();
     }
@@ -556,8 +556,10 @@ class EmuComm final : public Communicator {
     // others to finish reading (no completion barrier). Safe because a rank can only reach call k+2 after
     // every rank has finished call k. Larger calls read the other ranks' buffers directly (zero extra copies)
     // and end with a completion barrier.
+    // Shapes only (DeviceOptions::shapes_only): the rendezvous and its checks, the counters and the trace; no bytes.
+    const bool nodata = dev_.options().shapes_only;
     const size_t reads = (a.op == CollOp::broadcast ? 1 : n) * a.count * es;
-    const bool eager = n > 1 && reads <= w_.opts.eager_bytes;
+    const bool eager = !nodata && n > 1 && reads <= w_.opts.eager_bytes;
     const int parity = static_cast<int>(seq_ & 1);
     if (eager) {
       size_t sb = (a.op == CollOp::reduce_scatter ? n : 1) * a.count * es;
@@ -567,7 +569,8 @@ class EmuComm final : public Communicator {
       if (sb) std::memcpy(st.data(), a.send, sb);
     }
     arrive(c, a.send, a.recv, eager ? parity : -1);
-    if (eager) {
+    if (nodata) {
+    } else if (eager) {
       execute_eager(a, parity);
     } else {
       execute(a);
@@ -578,7 +581,8 @@ class EmuComm final : public Communicator {
     const size_t got = a.op == CollOp::all_gather                      ? n * a.count * es
                        : a.op == CollOp::reduce && crank_ != a.root    ? 0
                                                                         : a.count * es;
-    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes), a.recv, got);
+    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes), nodata ? nullptr : a.recv,
+               got);
   }
 
   void do_send(const void* buf, size_t count, DataType t, int peer, Stream s, loc_t loc) override {
@@ -893,8 +897,9 @@ class EmuComm final : public Communicator {
         to_copy.push_back({sop, rop});
       }
     }
+    const bool nodata = dev_.options().shapes_only;
     for (auto& [sop, rop] : to_copy)
-      if (sop->desc.count) std::memcpy(rop->rbuf, sop->sbuf, sop->desc.count * dtype_size(sop->desc.dtype));
+      if (sop->desc.count && !nodata) std::memcpy(rop->rbuf, sop->sbuf, sop->desc.count * dtype_size(sop->desc.dtype));
     lk.lock();
     std::vector<RankState*> notify;
     for (auto& [sop, rop] : to_copy) {
@@ -938,7 +943,7 @@ class EmuComm final : public Communicator {
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& d = ops[i].desc;
       trace_comm(dev_, streams[i], ops[i].is_send ? TraceEntry::Kind::send : TraceEntry::Kind::recv, g, d,
-                 static_cast<int64_t>(d.count * dtype_size(d.dtype)), ops[i].is_send ? nullptr : ops[i].rbuf,
+                 static_cast<int64_t>(d.count * dtype_size(d.dtype)), ops[i].is_send || nodata ? nullptr : ops[i].rbuf,
                  ops[i].is_send ? 0 : d.count * dtype_size(d.dtype));
     }
   }

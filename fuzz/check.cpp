@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "emulator/trace_compare.h"
 #include "emulator/memory.h"
 #include "golden/checkpoint.h"
 #include "planner/plan.h"
@@ -222,35 +223,6 @@ emu::CheckReport check_against_reference(const emu::EmulateSpec& s, const emu::E
 
 bool is_hazard(const std::string& what) { return what.find("stream hazard") != std::string::npos; }
 
-// The first difference between two traces (entries compared field by field, timings aside), or "".
-std::string trace_difference(const std::vector<RankTrace>& a, const std::vector<RankTrace>& b) {
-  if (a.size() != b.size()) return fmt::format("{} vs {} ranks traced", a.size(), b.size());
-  for (size_t r = 0; r < a.size(); ++r) {
-    if (a[r].size() != b[r].size()) return fmt::format("rank {}: {} vs {} streams", r, a[r].size(), b[r].size());
-    for (size_t s = 0; s < a[r].size(); ++s) {
-      const auto& x = a[r][s].entries;
-      const auto& y = b[r][s].entries;
-      if (x.size() != y.size())
-        return fmt::format("rank {} stream '{}': {} vs {} entries", r, a[r][s].name, x.size(), y.size());
-      for (size_t i = 0; i < x.size(); ++i) {
-        const TraceEntry& p = x[i];
-        const TraceEntry& q = y[i];
-        const bool same = p.kind == q.kind && p.name == q.name && p.comm == q.comm && p.seq == q.seq &&
-                          p.op == q.op && p.dtype == q.dtype && p.redop == q.redop && p.count == q.count &&
-                          p.peer == q.peer && p.recv_hash == q.recv_hash && p.bytes == q.bytes &&
-                          p.flops == q.flops && p.event == q.event && p.event_stream == q.event_stream &&
-                          p.event_index == q.event_index && p.issue == q.issue;
-        if (!same)
-          return fmt::format("rank {} stream '{}' entry {}: '{}' ({} {} bytes, received hash {:x}) vs '{}' ({} {} "
-                             "bytes, received hash {:x})",
-                             r, a[r][s].name, i, p.name, p.comm, p.bytes, p.recv_hash, q.name, q.comm, q.bytes,
-                             q.recv_hash);
-      }
-    }
-  }
-  return "";
-}
-
 template <class T>
 std::string result_difference(const emu::EmulateResult<T>& a, const emu::EmulateResult<T>& b) {
   for (size_t s = 0; s < a.steps.size(); ++s) {
@@ -417,7 +389,7 @@ CaseResult check_t(const Layout& l, int only) {
     try {
       const emu::EmulateResult<T> rb = emu::emulate<T>(b, kf);
       std::string d = result_difference(*ra, rb);
-      if (d.empty()) d = trace_difference(ra->traces, rb.traces);
+      if (d.empty()) d = emu::trace_difference(ra->traces, rb.traces);
       if (!d.empty())
         return failed(Property::scheduler,
                       fmt::format("scheduler seed {} differs from the first run ({}): {}", l.seed2,

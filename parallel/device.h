@@ -95,6 +95,16 @@ class Device {
                       loc_t loc = loc_t::current()) = 0;
   // Host waits for all work issued to `s`.
   virtual void synchronize(Stream s, loc_t loc = loc_t::current()) = 0;
+  // False on a shapes-only device (the emulator's `--shapes-only`, emulator/device.h): memory has addresses and
+  // sizes but no bytes, launches are recorded and never run, and the host can read nothing back (download() is an
+  // error naming the call site). The step then takes what it would have read from elsewhere (routing counts from a
+  // routing spec) or goes without it (the loss).
+  virtual bool has_data() const { return true; }
+  // A host read whose value a shapes-only run does without (see has_data): download() on a data device; on a
+  // shapes-only device the same trace entry, `dst` untouched. The caller must not use dst when !has_data().
+  virtual void download_known(void* dst, const void* src, int64_t bytes, Stream s, loc_t loc = loc_t::current()) {
+    download(dst, src, bytes, s, loc);
+  }
   // True when launched work would run at once on the calling thread, unrecorded and unchecked (the emulator's eager
   // mode without trace or checker): a host kernel set may then call its function directly, skipping the launch.
   virtual bool immediate() const { return false; }

@@ -23,7 +23,7 @@ void StepShared<T>::validate() const {
                      cfg.policy == Policy::fp64 ? "double" : "float"));
   validate_layout(mesh, cfg.experts, run.sequences, run.seq_len, cfg.tile, ep_chunks);
   (void)trident::vocab_slices(cfg.vocab, cfg.vocab_chunk, mesh.fsdp * mesh.cp, vocab_slices);
-  TD_CHECK(rope.max_pos >= run.seq_len, "StepShared: rope table of {} positions for seq_len {}", rope.max_pos,
+  TD_CHECK(rope.max_pos >= run.seq_len || init->t.empty(), "StepShared: rope table of {} positions for seq_len {}", rope.max_pos,
            run.seq_len);
 }
 
@@ -45,6 +45,7 @@ RankStepStats RankStep<T>::step(const md::Batch& b) {
   }
   // Loss and grad norm are global values, the same on every rank: every rank stops at the same step, naming the
   // first tensor of its gradient shards that holds a non-finite value (every path: emulator, MPI, NCCL).
+  if (!impl_->data) return st;  // shapes only: no values to check
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
     fail(fmt::format("step {}: loss {} / grad norm {} is not finite{} (diverged: lower --lr?)", n, st.loss,
                      st.grad_norm, impl_->first_nonfinite_gradient()));

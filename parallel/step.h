@@ -18,6 +18,7 @@
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "parallel/mesh_comm.h"
+#include "parallel/routing.h"
 #include "parallel/step_kernels.h"
 #include "reference/model/adamw.h"
 #include "reference/model/config.h"
@@ -80,6 +81,11 @@ struct StepShared {
   StepPlant plant = StepPlant::none;
   // World rank 0 writes where its step is (progress lines); null: not reported. Changes no result.
   StepProgress* progress = nullptr;
+  // Routing counts (parallel/routing.h), per step, MoE layer, rank, EP chunk and expert. A data run records its
+  // router's counts into it when set (each rank writes its own slots). A shapes-only run (Device::has_data() false)
+  // takes every size of the EP exchange from it, and needs it for a MoE model. `init` may then hold the layout
+  // only (info and index, no tensors).
+  RoutingCounts* routing = nullptr;
   // Checks cfg, run and mesh (validate_layout): a mesh or chunking that would split a tile is rejected.
   void validate() const;
 };

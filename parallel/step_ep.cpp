@@ -40,7 +40,64 @@ void StepImpl<T>::exchange_rows(const EpChunk& C, bool to_owners, const T* send,
 // Dispatch of chunk c on stream s: counts per (peer, local expert, tile) with all_to_all, the input rows with
 // all_to_allv, then each local expert's rows gathered into its block.
 template <class T>
-void StepImpl<T>::ep_dispatch(int64_t c, LayerState& st, Stream s, const std::string& ph) {
+const int32_t* StepImpl<T>::routed(int64_t i, int64_t c) {
+  const int64_t rows_c = rows.segs[sz(chunk_tile[sz(c + 1)])] - rows.segs[sz(chunk_tile[sz(c)])];
+  return sh.routing->fill(run_step, i, rank, c, rows_c);
+}
+
+// Shapes only: chunk c's dispatch from the routing counts (every rank's slots), with the data path's calls, sizes
+// and sync point, and no row lists.
+template <class T>
+void StepImpl<T>::ep_dispatch_counts(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph) {
+  const int64_t ep = sh.mesh.ep, nt = chunk_tile[sz(c + 1)] - chunk_tile[sz(c)], nc = ep * Eloc * nt;
+  EpChunk& C = st.chunks[sz(c)];
+  const int32_t* mine = routed(i, c);  // written before the counts' all_to_all: the peers read it after
+  C.scnt.assign(sz(ep), 0);
+  C.sdis.assign(sz(ep), 0);
+  C.rcnt.assign(sz(ep), 0);
+  C.rdis.assign(sz(ep), 0);
+  C.send_tk.clear();
+  C.ns = 0;
+  for (int64_t q = 0; q < ep; ++q) {
+    C.sdis[sz(q)] = sz(C.ns);
+    for (int64_t el = 0; el < Eloc; ++el) C.ns += mine[q * Eloc + el];
+    C.scnt[sz(q)] = sz(C.ns) - C.sdis[sz(q)];
+  }
+  Buf<int64_t> cnt(dev, 2 * nc, s);
+  dev.upload(cnt.data(), nullptr, nc * static_cast<int64_t>(sizeof(int64_t)), s);
+  mc.ep->all_to_all(cnt.data(), cnt.data() + nc, sz(Eloc * nt), DataType::i64, s);
+  note(ph, *mc.ep, CollOp::all_to_all);
+  dev.download_known(nullptr, cnt.data() + nc, nc * static_cast<int64_t>(sizeof(int64_t)), s);  // sync point 2
+  dev.synchronize(s);
+  C.ex.clear();
+  C.ex.resize(sz(Eloc));
+  size_t nr = 0;
+  for (int64_t q = 0; q < ep; ++q) {  // ep peer q is world rank ef * ep + q (the expert mesh, ep innermost)
+    const int32_t* theirs = sh.routing->slot(run_step, i, ec.ef * ep + q, c);
+    C.rdis[sz(q)] = nr;
+    for (int64_t el = 0; el < Eloc; ++el) {
+      nr += sz(theirs[e0 + el]);
+      C.ex[sz(el)].rows += theirs[e0 + el];
+    }
+    C.rcnt[sz(q)] = nr - C.rdis[sz(q)];
+  }
+  for (ExBlock& X : C.ex)
+    if (X.rows > 0) X.segs = {0, X.rows};
+  const int64_t ns = C.ns;
+  Buf<T> sbuf(dev, ns * d, s), rbuf(dev, static_cast<int64_t>(nr) * d, s);
+  mem.add(sbuf.bytes() + rbuf.bytes());
+  K.gather_rows(sbuf.data(), st.a2.data(), unread_rows(ns), d, s);
+  exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
+  for (ExBlock& X : C.ex) {
+    X.x = Buf<T>(dev, X.n() * d, s);
+    K.gather_rows(X.x.data(), rbuf.data(), X.idx(), d, s);
+  }
+  mem.sub(sbuf.bytes() + rbuf.bytes());
+}
+
+template <class T>
+void StepImpl<T>::ep_dispatch(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph) {
+  if (!data) return ep_dispatch_counts(i, c, st, s, ph);
   const int64_t ep = sh.mesh.ep, t0 = chunk_tile[sz(c)], t1 = chunk_tile[sz(c + 1)], nt = t1 - t0;
   EpChunk& C = st.chunks[sz(c)];
   std::vector<std::vector<int64_t>> lists(sz(E * nt));  // (expert, tile) -> (row*K + k), from the host routing
@@ -70,6 +127,14 @@ void StepImpl<T>::ep_dispatch(int64_t c, LayerState& st, Stream s, const std::st
   dev.upload(cnt.data(), cs.data(), nc * static_cast<int64_t>(sizeof(int64_t)), s);
   mc.ep->all_to_all(cnt.data(), cnt.data() + nc, sz(Eloc * nt), DataType::i64, s);
   note(ph, *mc.ep, CollOp::all_to_all);
+  if (sh.routing) {  // recording: this rank's counts per expert (its slot)
+    int32_t* out = sh.routing->slot(run_step, i, rank, c);
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t n = 0;
+      for (int64_t t = 0; t < nt; ++t) n += static_cast<int64_t>(lists[sz(e * nt + t)].size());
+      out[e] = static_cast<int32_t>(n);
+    }
+  }
   const std::vector<int64_t> cr = dev.fetch(cnt.data() + nc, nc, s);  // host sync point 2: counts size the buffers
   size_t nr = 0;
   for (int64_t q = 0; q < ep; ++q) {
@@ -90,10 +155,12 @@ void StepImpl<T>::ep_dispatch(int64_t c, LayerState& st, Stream s, const std::st
         const int64_t n = cr[sz((q * Eloc + el) * nt + t)];
         for (int64_t r = 0; r < n; ++r) X.recv_idx.push_back(off + r);
         off += n;
-        if (n > 0) X.segs.push_back(X.n());
+        if (n > 0) X.segs.push_back(static_cast<int64_t>(X.recv_idx.size()));
       }
     }
+    X.rows = static_cast<int64_t>(X.recv_idx.size());
   }
+  C.ns = static_cast<int64_t>(C.send_tk.size());
   const int64_t ns = static_cast<int64_t>(C.send_tk.size());
   std::vector<int64_t> src_rows(sz(ns));
   for (int64_t j = 0; j < ns; ++j) src_rows[sz(j)] = C.send_tk[sz(j)] / Kt;
@@ -103,7 +170,7 @@ void StepImpl<T>::ep_dispatch(int64_t c, LayerState& st, Stream s, const std::st
   exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
   for (ExBlock& X : C.ex) {
     X.x = Buf<T>(dev, X.n() * d, s);
-    K.gather_rows(X.x.data(), rbuf.data(), X.recv_idx, d, s);
+    K.gather_rows(X.x.data(), rbuf.data(), X.idx(), d, s);
   }
   mem.sub(sbuf.bytes() + rbuf.bytes());
 }
@@ -129,12 +196,12 @@ void StepImpl<T>::ep_compute(int64_t i, int64_t c, LayerState& st) {
 template <class T>
 void StepImpl<T>::ep_combine(int64_t c, LayerState& st, Stream s, const std::string& ph) {
   EpChunk& C = st.chunks[sz(c)];
-  const int64_t nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back()), ns = static_cast<int64_t>(C.send_tk.size());
+  const int64_t nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back()), ns = C.ns;
   Buf<T> sbuf(dev, nr * d, s), rbuf(dev, ns * d, s);
   mem.add(sbuf.bytes() + rbuf.bytes());
-  for (const ExBlock& X : C.ex) K.scatter_rows(sbuf.data(), X.y.data(), X.recv_idx, d, s);
+  for (const ExBlock& X : C.ex) K.scatter_rows(sbuf.data(), X.y.data(), X.idx(), d, s);
   exchange_rows(C, /*to_owners=*/false, sbuf.data(), rbuf.data(), s, ph);
-  K.scatter_rows(st.yk.data(), rbuf.data(), C.send_tk, d, s);
+  K.scatter_rows(st.yk.data(), rbuf.data(), C.tk(), d, s);
   mem.sub(sbuf.bytes() + rbuf.bytes());
 }
 
@@ -149,7 +216,12 @@ void StepImpl<T>::moe_fwd(int64_t i, LayerState& st, T* out, const std::string& 
   K.router_forward(pol, st.a2.data(), W(nm("router")), W(nm("router_bias")), N, d, E, Kt, cfg.routed_scale,
                    st.logits.data(), st.scores.data(), st.sel.data(), st.gates.data(), CS);
   st.yk = zeros(N * Kt * d, CS);
-  st.sel_h = dev.fetch(st.sel.data(), N * Kt, CS);  // host sync point 1: the routing builds the send lists
+  if (data) {
+    st.sel_h = dev.fetch(st.sel.data(), N * Kt, CS);  // host sync point 1: the routing builds the send lists
+  } else {  // shapes only: the routing counts stand for it
+    dev.download_known(nullptr, st.sel.data(), N * Kt * static_cast<int64_t>(sizeof(int32_t)), CS);
+    dev.synchronize(CS);
+  }
   st.chunks.clear();
   st.chunks.resize(sz(n));
   // Chunked EP: chunk c+1's dispatch is issued on the comm stream before chunk c's expert GEMMs run on the compute
@@ -157,12 +229,12 @@ void StepImpl<T>::moe_fwd(int64_t i, LayerState& st, T* out, const std::string& 
   // buffers (yk).
   dev.record(ev_route[0], CS);
   dev.wait(XS, ev_route[0]);
-  ep_dispatch(0, st, XS, ph);
+  ep_dispatch(i, 0, st, XS, ph);
   dev.record(ev_disp[0], XS);
   for (int64_t c = 0; c < n; ++c) {
     dev.wait(CS, ev_disp[sz(c)]);
     if (c + 1 < n) {
-      ep_dispatch(c + 1, st, XS, ph);
+      ep_dispatch(i, c + 1, st, XS, ph);
       dev.record(ev_disp[sz(c + 1)], XS);
     }
     ep_compute(i, c, st);
@@ -198,9 +270,9 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
   std::vector<Buf<T>> dy_send(sz(n)), dx_recv(sz(n));
   auto send_dy = [&](int64_t c) {  // source: dgate = dout . y (ascending c), dy = gate * dout, forward's order
     EpChunk& C = st.chunks[sz(c)];
-    const int64_t ns = static_cast<int64_t>(C.send_tk.size()), nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back());
+    const int64_t ns = C.ns, nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back());
     dy_send[sz(c)] = Buf<T>(dev, ns * d, CS);
-    K.moe_combine_backward(dout, st.gates.data(), st.yk.data(), C.send_tk, d, Kt, dgates.data(),
+    K.moe_combine_backward(dout, st.gates.data(), st.yk.data(), C.tk(), d, Kt, dgates.data(),
                            dy_send[sz(c)].data(), CS);
     dev.record(ev_pack[sz(c)], CS);
     dev.wait(XS, ev_pack[sz(c)]);
@@ -209,7 +281,7 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
     exchange_rows(C, /*to_owners=*/true, dy_send[sz(c)].data(), dy_recv.data(), XS, ph);
     for (ExBlock& X : C.ex) {
       X.dy = Buf<T>(dev, X.n() * d, XS);
-      K.gather_rows(X.dy.data(), dy_recv.data(), X.recv_idx, d, XS);
+      K.gather_rows(X.dy.data(), dy_recv.data(), X.idx(), d, XS);
     }
     mem.sub(dy_recv.bytes());
     dev.record(ev_disp[sz(c)], XS);
@@ -230,18 +302,18 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
     }
     dev.record(ev_comp[sz(c)], CS);
     dev.wait(XS, ev_comp[sz(c)]);
-    const int64_t ns = static_cast<int64_t>(C.send_tk.size()), nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back());
+    const int64_t ns = C.ns, nr = static_cast<int64_t>(C.rdis.back() + C.rcnt.back());
     Buf<T> dx_send(dev, nr * d, XS);
     dx_recv[sz(c)] = Buf<T>(dev, ns * d, XS);
     mem.add(dx_send.bytes() + dx_recv[sz(c)].bytes());
-    for (const ExBlock& X : C.ex) K.scatter_rows(dx_send.data(), X.dx.data(), X.recv_idx, d, XS);
+    for (const ExBlock& X : C.ex) K.scatter_rows(dx_send.data(), X.dx.data(), X.idx(), d, XS);
     exchange_rows(C, /*to_owners=*/false, dx_send.data(), dx_recv[sz(c)].data(), XS, ph);
     mem.sub(dx_send.bytes());
     dev.record(ev_comb[sz(c)], XS);
   }
   dev.wait(CS, ev_comb[sz(n - 1)]);  // the comm stream is in order: every chunk's combine is done
   for (int64_t c = 0; c < n; ++c) {
-    K.scatter_rows(dxk.data(), dx_recv[sz(c)].data(), st.chunks[sz(c)].send_tk, d, CS);
+    K.scatter_rows(dxk.data(), dx_recv[sz(c)].data(), st.chunks[sz(c)].tk(), d, CS);
     mem.sub(dy_send[sz(c)].bytes() + dx_recv[sz(c)].bytes());
     dy_send[sz(c)].reset(CS);
     dx_recv[sz(c)].reset(CS);
@@ -278,7 +350,9 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
 #define TD_STEP_EP(T)                                                                                              \
   template StepImpl<T>::ExpertW StepImpl<T>::expert_w(int64_t, int64_t) const;                                     \
   template void StepImpl<T>::exchange_rows(const EpChunk&, bool, const T*, T*, Stream, const std::string&);        \
-  template void StepImpl<T>::ep_dispatch(int64_t, LayerState&, Stream, const std::string&);                        \
+  template void StepImpl<T>::ep_dispatch(int64_t, int64_t, LayerState&, Stream, const std::string&);               \
+  template void StepImpl<T>::ep_dispatch_counts(int64_t, int64_t, LayerState&, Stream, const std::string&);        \
+  template const int32_t* StepImpl<T>::routed(int64_t, int64_t);                                                   \
   template void StepImpl<T>::ep_compute(int64_t, int64_t, LayerState&);                                            \
   template void StepImpl<T>::ep_combine(int64_t, LayerState&, Stream, const std::string&);                         \
   template void StepImpl<T>::moe_fwd(int64_t, LayerState&, T*, const std::string&);                                \

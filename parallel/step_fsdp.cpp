@@ -38,7 +38,21 @@ StepImpl<T>::StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Dev
   unit_params.assign(sz(L + 2), {});
   std::vector<T> part, host;
   // A shard's initial values: the rank's part of a full tensor (parallel/shard.h), padded as the step stores it.
+  data = dev.has_data();
+  TD_CHECK(data || sh.init_m == nullptr, "step: a shapes-only run cannot resume from a checkpoint (it has no data)");
+  TD_CHECK(data || sh.routing != nullptr || [&] {
+             for (int64_t i = 0; i < cfg.layers; ++i)
+               if (cfg.is_moe_layer(i)) return false;
+             return true;
+           }(),
+           "step: a shapes-only run of a MoE model needs routing counts (--routing)");
+  TD_CHECK(data || sh.init->t.empty() || sh.init->t.size() == sh.init->info.size(), "step: init tensors vs layout");
   auto upload_part = [&](const ParamPlacement& pl, const T* src, Buf<T>& dst) {
+    if (!data) {  // shapes only: the same allocation and upload, no bytes
+      dst = Buf<T>(dev, pl.padded_elems(), CS);
+      dev.upload(dst.data(), nullptr, dst.bytes(), CS);
+      return;
+    }
     part.resize(sz(pl.valid_elems()));
     host.resize(sz(pl.padded_elems()));
     take_part(pl, src, part.data());
@@ -48,7 +62,7 @@ StepImpl<T>::StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Dev
   };
   TD_CHECK((sh.init_m == nullptr) == (sh.init_v == nullptr), "StepShared: init_m and init_v go together");
   step_count = sh.init_step;
-  for (size_t p = 0; p < init.size(); ++p) {
+  for (size_t p = 0; p < init.info.size(); ++p) {
     const md::ParamInfo& in = init.info[p];
     const ParamPlacement pl = place(in, sh.mesh, E, rank);
     PState st;
@@ -64,7 +78,7 @@ StepImpl<T>::StepImpl(const StepShared<T>& s, Communicator& w, MeshComms& c, Dev
       if (st.expert) TD_CHECK_EQ(pl.e0, e0, "expert placement of {}", in.name);
     }
     st.nsh = pl.padded_elems();
-    upload_part(pl, init.t[p].ptr(), st.w);
+    upload_part(pl, data ? init.t[p].ptr() : nullptr, st.w);
     if (st.trainable) {
       if (sh.init_m) {  // resumed: the AdamW moments of a checkpoint
         upload_part(pl, sh.init_m->t[p].ptr(), st.m);

@@ -138,20 +138,31 @@ struct StepImpl {
   std::vector<int64_t> chunk_tile;  // EP chunk k holds local tiles [chunk_tile[k], chunk_tile[k+1])
   std::vector<int64_t> load;        // (L * E) local routed counts (MoE layers), host
   int64_t step_count = 0;
+  int64_t run_step = 0;             // steps this RankStep took (the routing counts' step index)
+  bool data = true;                 // dev.has_data(): false in a shapes-only run
+  // Shapes only: this rank's routing counts of MoE layer i, EP chunk c (E values; drawn or replayed, checked
+  // against the chunk's rows).
+  const int32_t* routed(int64_t i, int64_t c);
 
   // ---- per layer ----------------------------------------------------------------------------------------------------
   // One local expert's rows of one EP chunk (owner side): rows from every source in (source, tile, row) order.
+  // Shapes only (count-only EP, !dev.has_data()): the row lists are not built; `rows` / `ns` give their lengths,
+  // and the kernels get never-read lists of those lengths (unread_rows), segs {0, rows}.
   struct ExBlock {
     std::vector<int64_t> recv_idx;   // row of the chunk's receive buffer for each of the block's rows
     std::vector<int64_t> segs{0};    // tile segments of the block's rows
+    int64_t rows = 0;                // recv_idx.size()
     Buf<T> x, ug, uu, h, y;          // forward (n, d), (n, F) x3, (n, d)
     Buf<T> dy, dug, duu, dx;         // backward (n, d), (n, F) x2, (n, d)
-    int64_t n() const { return static_cast<int64_t>(recv_idx.size()); }
+    int64_t n() const { return rows; }
+    std::span<const int64_t> idx() const { return recv_idx.empty() ? unread_rows(rows) : std::span(recv_idx); }
   };
   struct EpChunk {
     std::vector<int64_t> send_tk;                // (row*K + k) per sent row, in send order
+    int64_t ns = 0;                              // send_tk.size()
     std::vector<size_t> scnt, sdis, rcnt, rdis;  // rows per ep peer
     std::vector<ExBlock> ex;                     // per local expert
+    std::span<const int64_t> tk() const { return send_tk.empty() ? unread_rows(ns) : std::span(send_tk); }
   };
   struct LayerState {
     bool moe = false;
@@ -187,7 +198,8 @@ struct StepImpl {
   };
   ExpertW expert_w(int64_t i, int64_t el) const;
   void exchange_rows(const EpChunk& C, bool to_owners, const T* send, T* recv, Stream s, const std::string& ph);
-  void ep_dispatch(int64_t c, LayerState& st, Stream s, const std::string& ph);
+  void ep_dispatch(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph);
+  void ep_dispatch_counts(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph);
   void ep_compute(int64_t i, int64_t c, LayerState& st);
   void ep_combine(int64_t c, LayerState& st, Stream s, const std::string& ph);
   void moe_fwd(int64_t i, LayerState& st, T* out, const std::string& ph);

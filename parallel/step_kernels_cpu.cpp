@@ -21,8 +21,14 @@ struct Held {
 };
 Held hold(const Device& dev, std::span<const int64_t> v) {
   if (dev.immediate()) return {nullptr, v};
+  if (!dev.has_data()) return {};  // shapes only: the launch never runs (v may be unread_rows)
   auto p = std::make_shared<const std::vector<int64_t>>(v.begin(), v.end());
   return {p, std::span<const int64_t>(*p)};
+}
+// The zig-zag gather slot of every key (m::zigzag_gather_rows), for a launch that may run later; none when it never
+// runs (shapes only: S entries per call would cost more than the whole launch).
+std::vector<int64_t> rows_of(const Device& dev, int64_t cp, int64_t S) {
+  return dev.has_data() ? m::zigzag_gather_rows(cp, S / (2 * cp)) : std::vector<int64_t>{};
 }
 // Every kernel goes through here: on an immediate device the reference op runs at once (no std::function, no
 // access list), else it is launched with its accesses.
@@ -267,7 +273,7 @@ bool CpuKernels<T>::attn_core_backward_gather(Policy pol, const CoreDims& cd, co
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
      4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
-     [=, sg = hold(dev_, qsegs), kr = m::zigzag_gather_rows(cp, S / (2 * cp))] {
+     [=, sg = hold(dev_, qsegs), kr = rows_of(dev_, cp, S)] {
        m::attn_core_backward_rows<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv, kr);
      }, loc);
   return true;
@@ -284,7 +290,7 @@ bool CpuKernels<T>::attn_core_backward_partials(Policy pol, const CoreDims& cd, 
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(part, nt * S * cd.P)},
      4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
-     [=, sg = hold(dev_, qsegs), kr = m::zigzag_gather_rows(cp, S / (2 * cp))] {
+     [=, sg = hold(dev_, qsegs), kr = rows_of(dev_, cp, S)] {
        m::attn_core_backward_partials<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, part, kr, S / cp);
      }, loc);
   return true;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <thread>
 
+#include <limits>
+
 #include "parallel/step_impl.h"
 #include "reference/model/linear_ce.h"
 
@@ -116,6 +118,13 @@ void StepImpl<T>::layer_bwd(int64_t i, const T* x, LayerState& st, const T* dout
 
 template <class T>
 void StepImpl<T>::count_load(int64_t i, const LayerState& st) {
+  if (!data) {  // shapes only: the routing counts of the layer's chunks (slots filled by the dispatch)
+    for (int64_t c = 0; c < sh.ep_chunks; ++c) {
+      const int32_t* n = sh.routing->slot(run_step, i, rank, c);
+      for (int64_t e = 0; e < E; ++e) load[sz(i * E + e)] += n[e];
+    }
+    return;
+  }
   for (int64_t j = 0; j < N * Kt; ++j) load[sz(i * E + st.sel_h[sz(j)])]++;
 }
 
@@ -239,15 +248,29 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
     world.all_reduce(ikl_acc.data(), ikl_acc.data(), 1, dt_exact<T>(), ReduceOp::exact_sum, CS);
     note("loss", world, CollOp::all_reduce);
   }
-  nvalid = dev.fetch_one(nv.data(), CS);  // host sync point 3: the loss and the gradient scale
-  const Acc loss_sum = dev.fetch_one(loss_acc.data(), CS);
   RankStepStats res;
-  const T loss = nvalid > 0 ? loss_sum.round() / static_cast<T>(nvalid) : T(0);
-  res.loss = static_cast<double>(loss);
-  res.n_valid = nvalid;
-  if (cfg.dsa()) {
-    const Acc ikl_sum = dev.fetch_one(ikl_acc.data(), CS);
-    res.indexer_loss = static_cast<double>(ikl_sum.round() / static_cast<T>(sh.run.sequences * sh.run.seq_len));
+  if (data) {
+    nvalid = dev.fetch_one(nv.data(), CS);  // host sync point 3: the loss and the gradient scale
+    const Acc loss_sum = dev.fetch_one(loss_acc.data(), CS);
+    const T loss = nvalid > 0 ? loss_sum.round() / static_cast<T>(nvalid) : T(0);
+    res.loss = static_cast<double>(loss);
+    res.n_valid = nvalid;
+    if (cfg.dsa()) {
+      const Acc ikl_sum = dev.fetch_one(ikl_acc.data(), CS);
+      res.indexer_loss = static_cast<double>(ikl_sum.round() / static_cast<T>(sh.run.sequences * sh.run.seq_len));
+    }
+  } else {  // shapes only: the same reads, no values (the loss is NaN; the gradient scale is any value)
+    dev.download_known(nullptr, nv.data(), nv.bytes(), CS);
+    dev.synchronize(CS);
+    dev.download_known(nullptr, loss_acc.data(), loss_acc.bytes(), CS);
+    dev.synchronize(CS);
+    if (cfg.dsa()) {
+      dev.download_known(nullptr, ikl_acc.data(), ikl_acc.bytes(), CS);
+      dev.synchronize(CS);
+    }
+    res.loss = res.indexer_loss = std::numeric_limits<double>::quiet_NaN();
+    res.n_valid = -1;
+    nvalid = 1;
   }
   const T scale = nvalid > 0 ? T(1) / static_cast<T>(nvalid) : T(0);
 
@@ -296,6 +319,7 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   optimizer(res);
   dev.synchronize(CS);
   dev.synchronize(XS);
+  ++run_step;
   at(StepProgress::Stage::idle);
   return res;
 }

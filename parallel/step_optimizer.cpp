@@ -1,6 +1,7 @@
 // The step's optimizer part (parallel/step_impl.h): the exact global gradient norm (dense shards counted on d_rep
 // coordinate 0 only), AdamW on the shards, the router bias update from global expert loads.
 #include <cmath>
+#include <limits>
 
 #include "parallel/step_impl.h"
 #include "reference/model/train.h"
@@ -25,10 +26,17 @@ void StepImpl<T>::optimizer(RankStepStats& res) {
   }
   world.all_reduce(sq.data(), sq.data(), 1, DataType::exact_f64, ReduceOp::exact_sum, CS);
   note("opt", world, CollOp::all_reduce);
-  const ExactAcc<double> sum_sq = dev.fetch_one(sq.data(), CS);  // host sync point 4: grad norm and clip
   const md::AdamWHyper hy = md::adamw_hyper(sh.run);
-  res.grad_norm = std::sqrt(sum_sq.round());
-  res.clip = md::clip_coef(sum_sq, hy.max_grad_norm);
+  if (data) {
+    const ExactAcc<double> sum_sq = dev.fetch_one(sq.data(), CS);  // host sync point 4: grad norm and clip
+    res.grad_norm = std::sqrt(sum_sq.round());
+    res.clip = md::clip_coef(sum_sq, hy.max_grad_norm);
+  } else {  // shapes only: the same read, no value (the clip coefficient is any value)
+    dev.download_known(nullptr, sq.data(), sq.bytes(), CS);
+    dev.synchronize(CS);
+    res.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    res.clip = 1;
+  }
   ++step_count;
   for (PState& st : ps) {
     if (!st.trainable) continue;

@@ -40,7 +40,8 @@ inline constexpr int64_t params = int64_t{1} << 40;        // total parameter el
 // RunConfig
 inline constexpr int64_t sequences = int64_t{1} << 20;
 inline constexpr int64_t seq_len = int64_t{1} << 20;
-inline constexpr int64_t tokens = int64_t{1} << 24;        // sequences * seq_len, tokens of one step
+inline constexpr int64_t tokens = int64_t{1} << 28;        // sequences * seq_len, tokens of one step (268 M: the
+                                                           // seeds' 1 M context on 2,048+ ranks is 32 M)
 inline constexpr int64_t steps = int64_t{1} << 30;
 inline constexpr int64_t token_chunk = int64_t{1} << 24;
 inline constexpr int64_t activation = int64_t{1} << 40;    // elements of the widest per-step activation

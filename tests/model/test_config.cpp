@@ -344,7 +344,7 @@ TEST(ModelConfigLimits, RunConfigBoundsAndSizes) {
         x.sequences = limits::sequences;
         x.seq_len = limits::seq_len;
       },
-      "sequences * seq_len = 1048576 * 1048576 = 1099511627776 tokens per step exceeds its bound 16777216");
+      "sequences * seq_len = 1048576 * 1048576 = 1099511627776 tokens per step exceeds its bound 268435456");
   // The widest activation: 2^24 tokens x a 2^18-wide dense FFN row.
   Config wide = c;
   wide.dense_ffn = limits::dense_ffn;
