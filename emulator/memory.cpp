@@ -160,6 +160,28 @@ MemoryEstimate estimate_train(const md::Config& cfg, const md::RunConfig& run, b
   return e;
 }
 
+CpKeySide cp_key_side(const EmulateMemoryInputs& in) {
+  const md::Config& cfg = in.cfg;
+  const MeshShape& m = in.mesh;
+  CpKeySide k;  // cp = 1 takes the same path (a one-rank gather and reduce-scatter)
+  const double ebd = static_cast<double>(elem_bytes(cfg)), abd = static_cast<double>(acc_bytes(cfg));
+  const double S = static_cast<double>(in.run.seq_len), cp = static_cast<double>(m.cp);
+  const double P = static_cast<double>(cfg.payload_dim()), ch = S / (2 * cp);
+  const double nseq = static_cast<double>(in.run.sequences) / static_cast<double>(m.d_rep * m.fsdp);
+  const double no = m.cp_2d() ? static_cast<double>(m.cp_outer()) : 1;
+  k.kv = nseq * S * P * ebd;                                        // LayerState::kv
+  k.gather = (S + (m.cp_2d() ? S + no * 2 * ch : 0)) * P * ebd;     // gbuf (2D: + ibuf, obuf)
+  k.acc = (S + ch + 2 * ch + (m.cp_2d() ? S + no * 2 * ch : 0)) * P * abd;  // kacc, blk, mine (2D: + tacc, part)
+  // 1D CP, causal core: the tile partials, sent and received (StepImpl::key_partials), where they are fewer bytes
+  // than accumulators, carved from the arena with the owner's accumulators: nt = S / (cp T) tiles per local
+  // sequence, nt * S * P values each way, plus 2 S/cp * P accumulators.
+  const double nt = S / (cp * static_cast<double>(cfg.tile));
+  if (key_side_partials(m, in.run.seq_len, cfg.tile, !cfg.dsa() && in.run.docs_per_seq <= 1, elem_bytes(cfg),
+                        acc_bytes(cfg)))
+    k.acc = (2 * nt * S * ebd / abd + 2 * S / cp) * P * abd;
+  return k;
+}
+
 MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   const md::Config& cfg = in.cfg;
   const md::RunConfig& run = in.run;
@@ -181,24 +203,21 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   std::sort(units.rbegin(), units.rend());
   double gathered = 0;
   for (size_t k = 0; k < std::min<size_t>(3, units.size()); ++k) gathered += units[k];
-  double arena = units.empty() ? 0 : units[0] + pb.max_shard;  // the largest group, plus one merge buffer
-  // 2D CP: the key-side accumulator's blocks transposed for the in-domain reduce-scatter (S*P) and its result
-  // (cp_outer blocks of 2*S/(2cp) rows), on top of the 1D key side (parallel/step_attention.cpp).
-  if (m.cp_2d())
-    arena += (S + static_cast<double>(m.cp_outer()) * S / cp) * static_cast<double>(cfg.payload_dim());
-  // 1D CP, causal core: the key side's tile partials, sent and received (StepImpl::key_partials), where they are
-  // fewer bytes than accumulators, carved from the arena with the owner's accumulators: nt = S / (cp T) tiles per
-  // local sequence, nt * S * P values each way, plus 2 S/cp * P accumulators.
-  const double nt = S / (cp * static_cast<double>(cfg.tile));
-  if (key_side_partials(m, run.seq_len, cfg.tile, !cfg.dsa() && run.docs_per_seq <= 1, eb, ab))
-    arena = std::max(arena, (2 * nt * S * ebd / abd + 2 * S / cp) * static_cast<double>(cfg.payload_dim()));
+  // The accumulator arena is one buffer that only grows (StepImpl::grow_arena) to its largest use: a gradient group
+  // (the largest unit, plus one merge buffer) or the CP key side of an attention backward (cp_key_side). A growth
+  // allocates the new buffer before it frees the old one, and the key side's first use comes between gradient groups
+  // (the arena grows to it from a group's size, or from it to a larger group's): both are live at that moment, so
+  // the key side is its own part, on top of the gradient groups'.
+  const double group = units.empty() ? 0 : units[0] + pb.max_shard;
+  const CpKeySide ks = cp_key_side(in);
+  const double arena = std::max(group, ks.acc / abd);
 
   // routed rows an expert owner computes per MoE layer (capacity assumption, capped by what its ep group can send)
   const double R = std::min(ep * N * std::min(K, Eloc), kEpCapacity * N * K);
   const double P = static_cast<double>(cfg.payload_dim());
   double acts = 0, widest = 0, routed = 0;
   for (int64_t i = 0; i < cfg.layers; ++i) {
-    double w = N * (layer_row_elems(cfg, i) + cp * P);  // + the gathered KV of the rank's sequences
+    double w = N * layer_row_elems(cfg, i);  // the gathered KV of the rank's sequences: cp_key_side
     if (cfg.is_moe_layer(i)) {
       const double r = R * (4 * d + 5 * F) + 2 * (N * K + R) * d;  // expert blocks, dispatch/combine buffers
       w += r;
@@ -209,8 +228,9 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   }
   const double xsave = (L + 1) * N * d;
   const double saved = run.recompute ? xsave + widest : xsave + acts;
-  // one layer's backward (its activation gradients, at most half its saved state) and the dx buffers
-  const double work = widest / 2 + routed + 4 * N * d;
+  // one layer's backward (its activation gradients, at most half its saved state with its gathered KV) and the dx
+  // buffers
+  const double work = (widest + N * cp * P) / 2 + routed + 4 * N * d;
   const double ce = std::min<double>(static_cast<double>(run.token_chunk), N) *
                         static_cast<double>(std::min(cfg.vocab_chunk, cfg.vocab)) * 2 + N * (d + 2);
 
@@ -219,7 +239,11 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   e.per_rank = {
       {"shards+AdamW", pb.shards},
       {"gathered units", gathered * ebd},
-      {"accumulators", arena * abd},
+      {"accumulators", group * abd},
+      {"CP key side", ks.acc},
+      // the gathered KV: every layer's (kept for its backward) or, with recompute, the recomputed layer's; and the
+      // forward's gather buffer
+      {"gathered KV", (run.recompute ? 1.0 : L) * ks.kv + ks.gather},
       // + document starts; DSA: every layer's selection, kept for the backward even under full recompute (int32)
       {"activations", (saved + work + ce) * ebd + N * (run.docs_per_seq > 1 ? 32 : 16) +
                           (cfg.dsa() ? 4.0 * static_cast<double>(L) * N * static_cast<double>(cfg.dsa_topk) : 0)},

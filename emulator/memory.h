@@ -1,4 +1,4 @@
-// Up-front memory estimates of `trident train` and `trident emulate` (docs/emulator.md "Memory estimate"): what a
+// Up-front memory estimates of `trident train` and `trident emulate` (docs/emulator.md section 8): what a
 // run will hold at its peak, by part, computed from the config, the batch and the mesh before anything is
 // allocated, so a run that cannot fit is refused at once with the numbers instead of being killed by the kernel
 // after minutes. Pure arithmetic (in double: an estimate never overflows).
@@ -60,8 +60,24 @@ struct EmulateMemoryInputs {
   // accumulator arena's worth at once.
   bool lower_exact_sum = false;
 };
+// The 1D/2D CP key side of one layer's attention (parallel/step_attention.cpp), per rank, in bytes: what the
+// estimate holds for the KV payload all-gathered per local sequence and for its gradient's exact key-side sums.
+// With S = seq_len, P = Config::payload_dim(), ch = S / (2 cp), no = cp / cp_inner, e = the element size, a =
+// sizeof(ExactAcc) (docs/emulator.md section 8):
+struct CpKeySide {
+  double kv = 0;      // one layer's gathered payload, kept from its forward to its backward: nseq x S x P x e
+  double gather = 0;  // the forward's receive buffer: S x P x e (2D: + S x P x e + no x 2 ch x P x e)
+  double acc = 0;     // the backward's accumulators, live together: (S + ch + 2 ch) x P x a (2D: + (S + no 2 ch) x P
+                      // x a); where the tile partials are exchanged instead, their arena (cp = 1 runs the same code)
+  double peak() const { return kv + acc; }  // what the key side holds at the backward's peak
+};
+CpKeySide cp_key_side(const EmulateMemoryInputs& in);
+
 // `trident emulate`: per rank the parameter shards and AdamW state, the gathered FSDP units, the exact gradient
-// accumulator arena, the saved activations (all layers, or layer inputs with recompute), the gathered CP KV, the
+// accumulator arena (one buffer grown to its largest use: the gradient groups, and the CP key side's accumulators
+// as their own part "CP key side" on top, since the arena grows to or from them with the old buffer still live), the
+// saved activations (all layers, or layer inputs with
+// recompute), the gathered CP KV (cp_key_side: every layer's, or the recomputed layer's), the
 // EP dispatch/combine buffers, the loss buffers, the communicator staging and the thread stack; for the process
 // the initial full parameters, every step's batch, the kept tensors and the reference check.
 MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in);

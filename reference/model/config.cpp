@@ -409,6 +409,58 @@ Config Config::preset(std::string_view name) {
     c.dense_ffn = 2048;
     c.tile = 128;
     c.vocab_chunk = 1024;
+  } else if (name == "kimi-k2") {
+    // A Kimi-K2-like 1 T MoE (seed 000's scale: 1T+ parameters at 1M context on NVL72), 1,029,958,092,800 parameters.
+    // Public (Kimi K2 technical report / config.json): d, L, first dense layer, E, K, Fe, one shared expert, F, MLA
+    // heads and widths, kv_lora_rank, vocabulary, rope theta, routed scaling factor. Not modelled: q low-rank
+    // (q_lora_rank 1536; here q = a Wq), YaRN. Assumed here: tile, vocab_chunk, policy, bias_rate. docs/model.md
+    // "Presets". Plan-sized: a data run needs terabytes and is refused by the memory estimate.
+    c.vocab = 163840;
+    c.d_model = 7168;
+    c.layers = 61;
+    c.dense_layers = 1;
+    c.heads = 64;
+    c.nope_dim = 128;
+    c.rope_dim = 64;
+    c.v_dim = 128;
+    c.kv_lora_rank = 512;
+    c.experts = 384;
+    c.top_k = 8;
+    c.expert_ffn = 2048;
+    c.shared_ffn = 2048;
+    c.dense_ffn = 18432;
+    c.routed_scale = 2.827;
+    c.rope_theta = 50000.0;
+    c.tile = 128;
+    c.vocab_chunk = 8192;
+    c.policy = Policy::bf16;
+  } else if (name == "qwen35-a3b") {
+    // A Qwen3.5-35B-A3B-like MoE as seed 002 uses it (32 H100, 128K global sequence, EP 8, CP 4), 34,131,324,928
+    // parameters (about 2.9 B active per token, embedding and head included). From the seeds: vocabulary 248,320
+    // (seed 002's logits example, TP=1), 2 KV heads (seed 000). From the public model card: d 2048, 40 layers, 256
+    // experts top-8. Assumed (Qwen3-Next / Qwen3-30B-A3B style): every layer MoE, Fe 512, one shared expert of 512,
+    // 16 query heads of 256, rope theta 1e6, routed_scale 1, bias_rate 1e-3 (in place of the auxiliary loss); tile,
+    // vocab_chunk, policy. Every layer is modelled as GQA attention: the 30 linear-attention (Gated DeltaNet) layers
+    // are not modelled (all-gather KV does not apply to them). docs/model.md "Presets". Plan-sized.
+    c.vocab = 248320;
+    c.d_model = 2048;
+    c.layers = 40;
+    c.dense_layers = 0;
+    c.attn = AttnKind::gqa;
+    c.heads = 16;
+    c.kv_heads = 2;
+    c.head_dim = 256;
+    c.nope_dim = c.rope_dim = c.v_dim = c.kv_lora_rank = 0;
+    c.experts = 256;
+    c.top_k = 8;
+    c.expert_ffn = 512;
+    c.shared_ffn = 512;
+    c.dense_ffn = 0;
+    c.routed_scale = 1.0;
+    c.rope_theta = 1e6;
+    c.tile = 128;
+    c.vocab_chunk = 8192;
+    c.policy = Policy::bf16;
   } else {
     fail(fmt::format("unknown preset '{}' (known: {})", name, fmt::join(preset_names(), ", ")));
   }
@@ -416,7 +468,9 @@ Config Config::preset(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> Config::preset_names() { return {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "small"}; }
+std::vector<std::string> Config::preset_names() {
+  return {"tiny", "tiny-gqa", "tiny-e64", "tiny-dsa", "small", "kimi-k2", "qwen35-a3b"};
+}
 
 void RunConfig::validate() const {
   auto req = [](bool ok, const std::string& rule) {

@@ -120,7 +120,7 @@ struct Config {
   nlohmann::json to_json() const;
   static Config from_json(const nlohmann::json& j);  // validates
   static Config load(const std::string& path);       // .json or .toml, validates
-  static Config preset(std::string_view name);       // tiny, tiny-gqa, tiny-e64, tiny-dsa, small
+  static Config preset(std::string_view name);       // tiny*, small; plan-sized: kimi-k2, qwen35-a3b
   static std::vector<std::string> preset_names();
 };
 

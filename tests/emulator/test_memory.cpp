@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 
 #include "emulator/memory.h"
 #include "emulator/run_step.h"
 #include "emulator/world.h"
 #include "reference/check.h"
+#include "reference/exact_acc.h"
 #include "reference/model/train.h"
 
 namespace trident {
@@ -47,18 +49,8 @@ emu::EmulateSpec spec_of(const EmuCase& c) {
   return s;
 }
 
-TEST(MemoryEstimate, EmulateBoundsEveryRanksDevicePeak) {
-  const std::vector<EmuCase> cases = {
-      {.mesh = {1, 1, 1, 1, 1}},
-      {.mesh = {1, 1, 2, 1, 2}},
-      {.mesh = {1, 2, 2, 2, 2}, .chunks = 2},
-      {.mesh = {1, 2, 2, 2, 2}, .chunks = 2, .recompute = true},
-      {.mesh = {2, 1, 2, 2, 2}, .seqs = 8, .seq_len = 64},
-      {.preset = "tiny-gqa", .mesh = {1, 1, 4, 2, 2}, .seq_len = 64},
-      {.mesh = {1, 2, 1, 1, 2}, .policy = "fp64"},
-      {.mesh = {1, 1, 2, 1, 2}, .recompute = true, .seqs = 8, .seq_len = 128},
-      {.preset = "tiny-dsa", .mesh = {1, 2, 2, 2, 2}, .recompute = true, .seq_len = 64},
-  };
+// Each case emulated: every rank's device peak against the estimate's device part.
+void check_device_peaks(const std::vector<EmuCase>& cases) {
   for (const EmuCase& c : cases) {
     const emu::EmulateSpec s = spec_of(c);
     SCOPED_TRACE(s.repro());
@@ -74,8 +66,63 @@ TEST(MemoryEstimate, EmulateBoundsEveryRanksDevicePeak) {
   }
 }
 
+TEST(MemoryEstimate, EmulateBoundsEveryRanksDevicePeak) {
+  const std::vector<EmuCase> cases = {
+      {.mesh = {1, 1, 1, 1, 1}},
+      {.mesh = {1, 1, 2, 1, 2}},
+      {.mesh = {1, 2, 2, 2, 2}, .chunks = 2},
+      {.mesh = {1, 2, 2, 2, 2}, .chunks = 2, .recompute = true},
+      {.mesh = {2, 1, 2, 2, 2}, .seqs = 8, .seq_len = 64},
+      {.preset = "tiny-gqa", .mesh = {1, 1, 4, 2, 2}, .seq_len = 64},
+      {.mesh = {1, 2, 1, 1, 2}, .policy = "fp64"},
+      {.mesh = {1, 1, 2, 1, 2}, .recompute = true, .seqs = 8, .seq_len = 128},
+      {.preset = "tiny-dsa", .mesh = {1, 2, 2, 2, 2}, .recompute = true, .seq_len = 64},
+  };
+  check_device_peaks(cases);
+}
+
+// The CP key side's term (cp_key_side, docs/emulator.md section 8): its formula on the kimi-k2 preset at 1 M
+// context on cp 64 (the NVL72 study's layout), and on EmulateBoundsTheKeySide's long-sequence cases, where it is what
+// sizes the accumulator arena (so their measured peaks hold it).
+TEST(MemoryEstimate, KeySide) {
+  emu::EmulateMemoryInputs in{model::Config::preset("kimi-k2"), model::RunConfig{}, MeshShape{4, 1, 64, 4, 64}};
+  in.run.sequences = 4;  // one sequence per CP group
+  in.run.seq_len = 1 << 20;
+  const emu::CpKeySide k = emu::cp_key_side(in);
+  const double SP = double(1 << 20) * 576, ch = double(1 << 20) / 128;
+  EXPECT_DOUBLE_EQ(k.kv, SP * 4);                                           // 2.42 GB: S x P, bf16 held as float
+  EXPECT_DOUBLE_EQ(k.acc, (SP + 3 * ch * 576) * sizeof(ExactAcc<float>));   // 34.6 GB: S x P + 3 ch x P exact sums
+  EXPECT_NEAR(k.peak() / 1e9, 37.03, 0.01);
+  std::printf("kimi-k2, S = 1M, cp = 64: gathered KV %.3f GB, key-side accumulators %.3f GB, together %.3f GB\n",
+              k.kv / 1e9, k.acc / 1e9, k.peak() / 1e9);
+  // listed in the estimate: its own accumulators part, and the gathered KV
+  const emu::MemoryEstimate e = emu::estimate_emulate(in);
+  double acc = 0, kv = 0;
+  for (const emu::MemoryPart& p : e.per_rank) {
+    if (p.what == "CP key side") acc = p.bytes;
+    if (p.what == "gathered KV") kv = p.bytes;
+  }
+  EXPECT_DOUBLE_EQ(acc, k.acc);
+  EXPECT_DOUBLE_EQ(kv, 61 * k.kv + SP * 4);  // every layer's (no recompute) and the forward's gather buffer
+  // the long-sequence tiny cases: the key side is the larger use of the arena (so their peaks measure it)
+  for (const auto& [mesh, seqs, seq_len] : std::vector<std::tuple<MeshShape, int64_t, int64_t>>{
+           {{1, 1, 1, 1, 1}, 1, 2048}, {{1, 1, 2, 1, 2}, 2, 2048}, {{1, 1, 4, 1, 4}, 1, 2048}}) {
+    emu::EmulateMemoryInputs t{model::Config::preset("tiny"), model::RunConfig{}, mesh};
+    t.run.sequences = seqs;
+    t.run.seq_len = seq_len;
+    const emu::MemoryEstimate te = emu::estimate_emulate(t);
+    double ks = 0, groups = 0;
+    for (const emu::MemoryPart& p : te.per_rank) {
+      if (p.what == "CP key side") ks = p.bytes;
+      if (p.what == "accumulators") groups = p.bytes;
+    }
+    EXPECT_GT(ks, groups) << mesh.spec() << " " << te.describe();
+  }
+}
+
 // Peak resident memory of a child running `steps` Trainer steps, minus what it inherited (the parent's resident
-// memory at fork), in bytes.
+// memory at fork), in bytes. A fork's peak starts at the parent's: the larger emulations of EmulateBoundsTheKeySide
+// run after this test.
 double measured_train_bytes(const model::Config& cfg, const model::RunConfig& rc) {
   long pages = 0;
   {
@@ -163,6 +210,19 @@ TEST(MemoryEstimate, ParseBytes) {
   EXPECT_EQ(emu::parse_bytes("1.5 GB"), 1.5e9);
   for (const char* bad : {"", "abc", "0", "-5", "5XB", "1e9", ".", "1.2.3GiB", "99999999999999999999999TiB"})
     EXPECT_THROW(emu::parse_bytes(bad), Error) << bad;
+}
+
+// Long sequences: the CP key side (gathered KV, key-side accumulators) outgrows the largest gradient group, at cp 1, 2
+// and 4 (KeySide checks that it is the larger), so these peaks measure it. Last in the file: their emulations raise
+// this process's resident peak, which TrainBoundsMeasuredResidentPeak's children would inherit.
+TEST(MemoryEstimate, EmulateBoundsTheKeySide) {
+  check_device_peaks({
+      {.mesh = {1, 1, 1, 1, 1}, .recompute = true, .seqs = 1, .seq_len = 2048},
+      {.mesh = {1, 1, 2, 1, 2}, .recompute = true, .seqs = 2, .seq_len = 2048},
+      {.mesh = {1, 1, 2, 1, 2}, .seqs = 1, .seq_len = 2048},
+      {.preset = "tiny-gqa", .mesh = {1, 1, 4, 2, 2}, .recompute = true, .seqs = 1, .seq_len = 2048},
+      {.mesh = {1, 1, 4, 1, 4}, .recompute = true, .seqs = 1, .seq_len = 2048},
+  });
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ fuzz::GenOptions options(const std::string& preset, int64_t max_world) {
 TEST(FuzzLayouts, EveryDrawIsValidWithinMaxWorld) {
   for (const std::string& preset : model::Config::preset_names())
     for (int64_t max_world : {1, 2, 3, 4, 8, 64, 256}) {
+      if (model::Config::preset(preset).param_count() > (int64_t{1} << 30)) break;  // plan-sized: never run
       const fuzz::GenOptions o = options(preset, max_world);
       for (uint64_t seed = 0; seed < 300; ++seed) {
         fuzz::SeededChoices c(seed);

@@ -41,6 +41,20 @@ void expect_error(F&& f, const std::string& needle) {
 
 json tiny_json() { return Config::preset("tiny").to_json(); }
 
+// Presets above this many parameters are plan-sized (kimi-k2, qwen35-a3b): tests never allocate their parameters.
+constexpr int64_t kCpuParams = int64_t{1} << 30;
+
+// Elements of the parameter layout, from the shapes alone (no allocation).
+int64_t layout_elems(const Config& c) {
+  int64_t n = 0;
+  for (const ParamInfo& in : param_layout(c)) {
+    int64_t k = 1;
+    for (int64_t s : in.shape) k *= s;
+    n += k;
+  }
+  return n;
+}
+
 }  // namespace
 
 TEST(ModelConfig, PresetsValidAndRoundTrip) {
@@ -52,6 +66,32 @@ TEST(ModelConfig, PresetsValidAndRoundTrip) {
   EXPECT_EQ(Config::preset("tiny").attn, AttnKind::mla);
   EXPECT_EQ(Config::preset("tiny-gqa").attn, AttnKind::gqa);
   expect_error([] { Config::preset("huge"); }, "unknown preset 'huge'");
+}
+
+// The source documents' systems (docs/model.md "Presets"): their dimensions, their parameter counts (from the layout's
+// shapes, never allocated) and the bound they sit under.
+TEST(ModelConfig, PlanSizedPresets) {
+  const Config k = Config::preset("kimi-k2");
+  EXPECT_EQ(k.attn, AttnKind::mla);
+  EXPECT_EQ(k.d_model, 7168);
+  EXPECT_EQ(k.layers, 61);
+  EXPECT_EQ(k.dense_layers, 1);
+  EXPECT_EQ(k.experts, 384);
+  EXPECT_EQ(k.top_k, 8);
+  EXPECT_EQ(k.payload_dim(), 576);  // the latent KV CP gathers: kv_lora_rank 512 + rope 64
+  EXPECT_FALSE(k.dsa());
+  EXPECT_EQ(k.param_count(), layout_elems(k));
+  EXPECT_EQ(k.param_count(), 1029958092800);  // about 1.03e12
+  EXPECT_LT(k.param_count(), limits::params);
+  const Config q = Config::preset("qwen35-a3b");
+  EXPECT_EQ(q.attn, AttnKind::gqa);
+  EXPECT_EQ(q.vocab, 248320);  // seed 002's logits example
+  EXPECT_EQ(q.kv_heads, 2);    // seed 000
+  EXPECT_EQ(q.dense_layers, 0);
+  EXPECT_EQ(q.payload_dim(), 1024);
+  EXPECT_EQ(q.param_count(), layout_elems(q));
+  EXPECT_EQ(q.param_count(), 34131324928);  // about 34 B
+  for (const Config& c : {k, q}) EXPECT_GT(c.param_count(), kCpuParams);
 }
 
 TEST(ModelConfig, ExampleFilesMatchPresets) {
@@ -288,6 +328,7 @@ TEST(ModelConfigLimits, OversizedValuesNameKeyValueAndBound) {
 TEST(ModelConfigLimits, ParamCountIsCheckedAndMatchesTheLayout) {
   for (const auto& name : Config::preset_names()) {
     const Config c = Config::preset(name);
+    if (c.param_count() > kCpuParams) continue;  // plan-sized presets: PlanSizedPresets below, never allocated
     EXPECT_EQ(c.param_count(), ParamSet<float>::zeros(c).numel()) << name;
   }
   // Variants: no shared expert, all dense, all MoE, GQA with kv_heads == heads.
