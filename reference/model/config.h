@@ -44,7 +44,7 @@ inline constexpr int64_t tokens = int64_t{1} << 28;        // sequences * seq_le
                                                            // seeds' 1 M context on 2,048+ ranks is 32 M)
 inline constexpr int64_t steps = int64_t{1} << 30;
 inline constexpr int64_t token_chunk = int64_t{1} << 24;
-inline constexpr int64_t activation = int64_t{1} << 40;    // elements of the widest per-step activation
+inline constexpr int64_t activation = int64_t{1} << 45;    // elements of the widest per-step activation
 inline constexpr double lr = 1e3;
 inline constexpr double eps = 1.0;
 inline constexpr double weight_decay = 1e3;

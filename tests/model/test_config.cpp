@@ -386,11 +386,11 @@ TEST(ModelConfigLimits, RunConfigBoundsAndSizes) {
         x.seq_len = limits::seq_len;
       },
       "sequences * seq_len = 1048576 * 1048576 = 1099511627776 tokens per step exceeds its bound 268435456");
-  // The widest activation: 2^24 tokens x a 2^18-wide dense FFN row.
+  // The widest activation: 2^28 tokens x a 2^18-wide dense FFN row.
   Config wide = c;
   wide.dense_ffn = limits::dense_ffn;
   RunConfig x;
-  x.sequences = 1 << 10;
+  x.sequences = 1 << 14;
   x.seq_len = 1 << 14;
   expect_error([&] { x.validate_for(wide); }, "262144 (the widest activation row)");
   // RunConfig::from_json: a JSON integer above int64 is an error, not a wrapped negative number.
