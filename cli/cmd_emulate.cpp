@@ -519,6 +519,7 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
     if (spec.shapes_only) doc["routing"] = spec.routing.empty() ? "uniform" : spec.routing;
     doc["peak_memory_bytes"] = r.peak_bytes;
     doc["device_peak_bytes"] = r.device_peak_bytes;
+    doc["device_estimate_bytes"] = est.device_bytes();
     doc["collectives"] = sim::collectives_json(rows);
     if (tl) doc["timeline"] = tl_json;
   }
