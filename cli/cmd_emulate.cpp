@@ -340,8 +340,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
   }
   info.repro = print_header<T>(o, spec);
   if (spec.shapes_only)
-    std::printf("device memory estimate per rank (what a data run's ranks would hold): %s\n",
-                mib(static_cast<int64_t>(info.est.device_bytes())).c_str());
+    std::printf("device memory estimate per rank (what a data run's ranks would hold): %s; the data run's estimate: "
+                "%s\n",
+                mib(static_cast<int64_t>(info.est.device_bytes())).c_str(), info.est.describe().c_str());
   else
     std::printf("memory estimate: %s\n", info.est.describe().c_str());
   std::fflush(stdout);
