@@ -452,7 +452,10 @@ void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, 
                                        T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden,
                                        ExactAcc<T>* dW, Stream s, loc_t loc) {
   go(dev_, s, "linear_ce_backward",
-     {rd(hidden, N * d), rd(W, d * V), rd(targets, N), rd(lse, N), wr(dhidden, N * d), racc(dW, d * V)},
+     // the columns [j_begin, j_end) of W moved; dW: (d, j_end - j_begin), the slice's accumulators
+     {rd(hidden, N * d),
+      Access{W, d * V * static_cast<int64_t>(sizeof(T)), false, d * (j_end - j_begin) * static_cast<int64_t>(sizeof(T))},
+      rd(targets, N), rd(lse, N), wr(dhidden, N * d), racc(dW, d * (j_end - j_begin))},
      3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
        m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,
                                      grad_scale, sg.v, j_begin, j_end, dhidden, dW);
