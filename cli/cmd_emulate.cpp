@@ -81,6 +81,7 @@ struct Opts {
   std::string record_routing;  // --record-routing PATH (a data run writes its router's counts)
   int64_t timeline_ranks = 4;
   bool no_fixed_costs = false;
+  int64_t ranks_per_domain = -1;  // --ranks-per-domain (-1: not given, the hardware's NVLink domain)
   bool simulate() const { return !trace.empty() || !timeline.empty() || !hardware.empty(); }
   std::string hardware_name() const { return hardware.empty() ? "h100" : hardware; }
   // The output flags for the repro line.
@@ -97,6 +98,7 @@ struct Opts {
     if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
     r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
+    r.opt_if("--ranks-per-domain", ranks_per_domain, -1);
     r.opt_nonempty("--record-routing", record_routing);
     r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
     r.opt_nonempty("--timeline", timeline);
@@ -295,6 +297,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     return run_nccl_backend<T>(o, spec);
   }
   if (o.no_fixed_costs && !o.simulate()) fail("--no-fixed-costs needs --hardware (or --trace, --timeline)");
+  if (o.ranks_per_domain != -1 && o.ranks_per_domain < 1)
+    fail(fmt::format("--ranks-per-domain {}: a domain holds at least 1 rank", o.ranks_per_domain));
+  if (o.ranks_per_domain != -1 && !o.simulate()) fail("--ranks-per-domain needs --hardware (or --trace, --timeline)");
   if (o.simulate()) (void)sim::hardware_model(o.hardware_name());  // an unknown --hardware fails before the run
   for (const auto& [path, flag] : {std::pair{o.json, "--json"}, {o.trace, "--trace"}, {o.timeline, "--timeline"}})
     if (!path.empty()) sim::check_writable_file(path, flag);
@@ -395,11 +400,14 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const RankTrace& t : traces)
     for (const StreamTrace& s : t) entries += static_cast<int64_t>(s.entries.size());
   const auto t0 = std::chrono::steady_clock::now();
-  sim::Timeline tl = sim::simulate(traces, hw, {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs});
+  const int domain = o.ranks_per_domain > 0 ? static_cast<int>(o.ranks_per_domain) : hw.nvl_domain;
+  sim::Timeline tl = sim::simulate(
+      traces, hw,
+      {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs, .ranks_per_domain = domain});
   const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("timeline on %s (%s; compute in %s%s): %s %s %.3f ms of simulated time; replayed %lld trace "
-              "entries of %zu ranks in %.2f s\n",
-              hw.name.c_str(), hw.description.c_str(), dtype.c_str(),
+  std::printf("timeline on %s (%s; compute in %s; %d ranks per NVLink domain%s): %s %s %.3f ms of simulated time; "
+              "replayed %lld trace entries of %zu ranks in %.2f s\n",
+              hw.name.c_str(), hw.description.c_str(), dtype.c_str(), domain,
               o.no_fixed_costs ? "; no launch or latency costs" : "", counted(spec.run.steps, "step").c_str(),
               spec.run.steps == 1 ? "takes" : "take",
               tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
@@ -408,6 +416,11 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
     if (v > 0) path += fmt::format(", {} {:.3f} us", name, v * 1e6);
   std::printf("  critical path (ends on rank %d, %lld entries): compute %.3f us%s\n", tl.critical_rank,
               static_cast<long long>(tl.path_entries), tl.path_compute_s * 1e6, path.c_str());
+  std::vector<int64_t> mp = tl.mem_peak;
+  std::sort(mp.begin(), mp.end());
+  const int64_t mem_max = mp.empty() ? 0 : mp.back(), mem_median = mp.empty() ? 0 : mp[mp.size() / 2];
+  std::printf("  peak device memory over simulated time (alloc/free entries) per rank: max %s, median %s\n",
+              mib(mem_max).c_str(), mib(mem_median).c_str());
   std::printf("  exposed communication per mesh dimension (not overlapped by any kernel of the rank): max over ranks "
               "(rank) / critical rank %d\n",
               tl.critical_rank);
@@ -424,6 +437,8 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const auto& [name, v] : tl.path_comm_s) pc[name] = v;
   j = {{"hardware", hw.name},
        {"fixed_costs", !o.no_fixed_costs},
+       {"ranks_per_domain", domain},
+       {"mem_peak_bytes", {{"max", mem_max}, {"median", mem_median}}},
        {"compute_dtype", dtype},
        {"makespan_s", tl.makespan},
        {"critical_rank", tl.critical_rank},
@@ -759,6 +774,9 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_option("--hardware", o->hardware,
                                   "simulate the step's timeline on a hardware model: h100, h200, gb200-nvl72, "
                                   "gb300-nvl72 (sim/hardware.json; default h100 with --trace or --timeline)");
+                   sub.add_option("--ranks-per-domain", o->ranks_per_domain,
+                                  "with --hardware: world ranks per NVLink domain, rank r in domain r / N (default: "
+                                  "the model's domain, e.g. 72 for gb200-nvl72; a job on 64 GPUs of each rack: 64)");
                    sub.add_flag("--no-fixed-costs", o->no_fixed_costs,
                                 "simulate without kernel launch and collective latency costs (the bandwidth-bound "
                                 "regime of a production-size model; docs/timeline.md section 7)");

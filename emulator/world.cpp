@@ -452,7 +452,7 @@ struct World {
 // Device: emulator/device.h. The trace entry of a communication call:
 // The hash of the bytes a rank received (TraceEntry::recv_hash): the device's choice (emulator/trace_hash.h).
 void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g, const CallDesc& c, int64_t bytes,
-                const void* recv = nullptr, size_t recv_bytes = 0) {
+                const void* recv = nullptr, size_t recv_bytes = 0, int64_t helper_recv_bytes = -1) {
   if (!dev.tracing()) return;
   TraceEntry t;
   if (recv && recv_bytes) t.recv_hash = recv_hash(dev.options().recv_hash, recv, recv_bytes);
@@ -467,6 +467,7 @@ void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g,
   t.count = c.count;
   t.peer = c.root;
   t.bytes = bytes;
+  t.recv_bytes = helper_recv_bytes;
   t.file = c.file;
   t.line = c.line;
   dev.push_trace(s, std::move(t));
@@ -597,9 +598,12 @@ class EmuComm final : public Communicator {
       me_.open_groups[this] = fmt::format("group_start() at {} on {}", where(loc.file_name(), loc.line()), g_->label());
     }
   }
-  void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) override {
+  void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, size_t recv_bytes, Stream s,
+                      loc_t loc) override {
     CallDesc c{op, count, t, ReduceOp::sum, -1, helper_seq_++, loc.file_name(), loc.line()};
-    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes));
+    // the received bytes too: a hot receiver sets the all-to-all's time (sim/timeline.h)
+    trace_comm(dev_, s, TraceEntry::Kind::collective, *g_, c, static_cast<int64_t>(bytes), nullptr, 0,
+               static_cast<int64_t>(recv_bytes));
   }
   void do_group_end(loc_t loc) override {
     (void)loc;

@@ -211,14 +211,14 @@ void Communicator::all_to_all(const void* send_, void* recv_, size_t count_, Dat
   }
   --helper_depth_;
   count(CollOp::all_to_all, n * count_ * es, t);
-  on_helper_done(CollOp::all_to_all, count_, t, n * count_ * es, s, loc);
+  on_helper_done(CollOp::all_to_all, count_, t, n * count_ * es, n * count_ * es, s, loc);
 }
 
 void Communicator::all_to_allv(const void* send_, const size_t* sendcounts, const size_t* sdispls, void* recv_,
                                const size_t* recvcounts, const size_t* rdispls, DataType t, Stream s, loc_t loc) {
   const size_t es = dtype_size(t), n = static_cast<size_t>(size());
-  size_t sent = 0;
-  for (size_t j = 0; j < n; ++j) sent += sendcounts[j];
+  size_t sent = 0, got = 0;
+  for (size_t j = 0; j < n; ++j) sent += sendcounts[j], got += recvcounts[j];
   // Cheap span test first; the pairwise test only when the spans overlap at all.
   uintptr_t s_lo = UINTPTR_MAX, s_hi = 0, r_lo = UINTPTR_MAX, r_hi = 0;
   for (size_t j = 0; j < n; ++j) {
@@ -247,7 +247,7 @@ void Communicator::all_to_allv(const void* send_, const size_t* sendcounts, cons
   }
   --helper_depth_;
   count(CollOp::all_to_allv, sent * es, t);
-  on_helper_done(CollOp::all_to_allv, sent, t, sent * es, s, loc);
+  on_helper_done(CollOp::all_to_allv, sent, t, sent * es, got * es, s, loc);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name, loc_t loc) {

@@ -152,9 +152,11 @@ class Communicator {
   // eager host backend: MPI).
   virtual Device* lowering_device() { return nullptr; }
   // Called after all_to_all / all_to_allv completed (count: all_to_all's count, all_to_allv's total send
-  // elements; bytes: what this rank sent). Lets a backend record the helper as one operation.
-  virtual void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, Stream s, loc_t loc) {
-    (void)op, (void)count, (void)t, (void)bytes, (void)s, (void)loc;
+  // elements; bytes: what this rank sent; recv_bytes: what it received). Lets a backend record the helper as one
+  // operation.
+  virtual void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, size_t recv_bytes, Stream s,
+                              loc_t loc) {
+    (void)op, (void)count, (void)t, (void)bytes, (void)recv_bytes, (void)s, (void)loc;
   }
   // True while all_to_all(v) issues its send/recv.
   bool in_helper() const { return helper_depth_ > 0; }

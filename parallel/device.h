@@ -50,6 +50,9 @@ struct Access {
   const void* p = nullptr;
   int64_t bytes = 0;
   bool write = false;
+  // The bytes the kernel moves through this access, for the trace's cost metadata only (-1: `bytes`): fewer than the
+  // range for an indexed access that touches some rows of it (a gather of embedding rows).
+  int64_t moved = -1;
 };
 // bytes == kToEnd: from p to the end of the allocation that holds it (a weight or a whole buffer whose size the
 // caller does not know).

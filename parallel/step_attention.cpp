@@ -61,18 +61,21 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
       note(ph, *mc.cp, CollOp::all_gather);
     }
     K.kv_zigzag_reorder(kv, gbuf.data(), cp, ch * P, /*to_gather=*/false, CS);  // ascending positions
+    md::CoreDims cdj = cd, cds = cd;  // this sequence's visited pairs (FLOPs metadata)
+    cdj.pairs = core_pairs[sz(j)];
+    cds.pairs = select_pairs[sz(j)];
     if (dsa) {  // sparse attention over the indexer's top-k keys (document-masked when packed)
       int32_t* sel = st.dsa_sel.data() + r0 * tk;
       if (select)
-        K.dsa_select(pol, cd, A.iq + r0 * Iw, pos.data() + r0, packed ? docs.data() + r0 : nullptr, 2 * ch, kv, S, sel,
+        K.dsa_select(pol, cds, A.iq + r0 * Iw, pos.data() + r0, packed ? docs.data() + r0 : nullptr, 2 * ch, kv, S, sel,
                      CS);
-      K.dsa_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * Iw, pos.data() + r0, 2 * ch, kv, S, sel,
+      K.dsa_core_forward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * Iw, pos.data() + r0, 2 * ch, kv, S, sel,
                          A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, st.ikl.data() + r0, CS);
     } else if (packed)  // document mask: each query attends its own document's keys only
-      K.attn_doc_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch, kv, S,
+      K.attn_doc_core_forward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch, kv, S,
                               A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
     else
-      K.attn_core_forward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
+      K.attn_core_forward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch, kv, S,
                           A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, CS);
   }
   if (select) K.sum_acc(st.ikl.data(), 1, rows.segs, ikl_acc.data(), CS);  // once per layer (not in the recompute)
@@ -106,7 +109,9 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
     const int64_t r0 = j * 2 * ch;
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
     TD_CHECK_EQ(static_cast<int64_t>(qsegs.size()) - 1, nt, "key-side partials: the local sequence's query tiles");
-    taken = K.attn_core_backward_partials(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+    md::CoreDims cdj = cd;
+    cdj.pairs = core_pairs[sz(j)];
+    taken = K.attn_core_backward_partials(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
                                           st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv,
                                           A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv, qsegs,
                                           dqc + r0 * cd.H * cd.Dq, send, cp, CS);
@@ -148,27 +153,29 @@ void StepImpl<T>::core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay,
   for (int64_t j = 0; j < nseq; ++j) {
     const int64_t r0 = j * 2 * ch;
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
+    md::CoreDims cdj = cd;
+    cdj.pairs = core_pairs[sz(j)];
     // The causal core (no documents, no DSA): the kernel set's fused op writes the key side in gather order, where it
     // has one (no zeroing, no reorder; the same bits).
     const bool fused =
         !cfg.dsa() && !packed &&
-        K.attn_core_backward_gather(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+        K.attn_core_backward_gather(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
                                     st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
                                     dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, cp, CS);
     if (!fused) {  // zeroed accumulators, the kernel's key side added in position order, then reordered in place
       dev.memset(kacc, 0, static_cast<int64_t>(nk * sizeof(Acc)), CS);
       if (cfg.dsa())  // the indexer loss's weight per query: 1 / the global batch's tokens (as the reference)
-        K.dsa_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * cfg.index_q_width(), pos.data() + r0,
+        K.dsa_core_backward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, A.iq + r0 * cfg.index_q_width(), pos.data() + r0,
                             2 * ch, st.kv.data() + j * S * P, S, st.dsa_sel.data() + r0 * cd.topk,
                             A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv,
                             T(1) / static_cast<T>(sh.run.sequences * sh.run.seq_len), qsegs,
                             dqc + r0 * cd.H * cd.Dq, diq + r0 * cfg.index_q_width(), kacc, CS);
       else if (packed)
-        K.attn_doc_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
+        K.attn_doc_core_backward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, docs.data() + r0, 2 * ch,
                                  st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
                                  dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
       else
-        K.attn_core_backward(pol, cd, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
+        K.attn_core_backward(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
                              st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv, A.stats + r0 * cd.H * 2,
                              dO + r0 * cd.H * cd.Dv, qsegs, dqc + r0 * cd.H * cd.Dq, kacc, CS);
       K.kv_zigzag_to_gather_acc(kacc, blk, cp, ch * P, CS);

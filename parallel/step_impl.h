@@ -135,6 +135,10 @@ struct StepImpl {
   Buf<int64_t> docs, rpos;
   const int64_t* rope_pos() const { return packed ? rpos.data() : pos.data(); }
   model::TokenRows rows;                           // host metadata: tile segments (rows.pos: host copy of pos)
+  // Per local sequence (rows [2ch j, 2ch (j+1))), from rows.pos / rows.doc once per step: the (query, key) pairs its
+  // attention core visits (model::CoreDims::pairs, FLOPs metadata only): causal pos+1 keys per query, packed
+  // pos-doc+1, DSA min(topk, those); dsa_select's are the visible keys (core_pairs without the top-k cap).
+  std::vector<int64_t> core_pairs, select_pairs;
   std::vector<int64_t> chunk_tile;  // EP chunk k holds local tiles [chunk_tile[k], chunk_tile[k+1])
   std::vector<int64_t> load;        // (L * E) local routed counts (MoE layers), host
   int64_t step_count = 0;

@@ -41,6 +41,14 @@ void go(Device& dev, Stream s, std::string_view name, std::initializer_list<Acce
   }
   dev.launch(s, name, Accesses(acc), flops, std::function<void()>(std::forward<F>(fn)), loc);
 }
+template <class F>
+void go(Device& dev, Stream s, std::string_view name, Accesses acc, double flops, F&& fn, std::source_location loc) {
+  if (dev.immediate()) {
+    fn();
+    return;
+  }
+  dev.launch(s, name, acc, flops, std::function<void()>(std::forward<F>(fn)), loc);
+}
 template <class P>
 Access rd(const P* p, int64_t n) {
   return reads(p, n);
@@ -50,14 +58,25 @@ Access wr(P* p, int64_t n) {
   return writes(p, n);
 }
 template <class P>
-Access rd_all(const P* p) {  // a weight: to the end of its allocation
-  return Access{p, kToEnd, false};
+Access racc(P* p, int64_t n) {  // an accumulator added into: read and written
+  return Access{p, n * static_cast<int64_t>(sizeof(P)), true};
+}
+// An indexed access whose range the kernel does not know (rows picked through an index list into a buffer of a
+// size it is not given): to the end of the allocation for the hazard checker, `n` elements moved for the trace.
+template <class P>
+Access rd_indexed(const P* p, int64_t n) {
+  return Access{p, kToEnd, false, n * static_cast<int64_t>(sizeof(P))};
 }
 template <class P>
-Access acc_all(P* p) {  // an accumulator added into: read and written
-  return Access{p, kToEnd, true};
+Access wr_indexed(P* p, int64_t n) {
+  return Access{p, kToEnd, true, n * static_cast<int64_t>(sizeof(P))};
 }
 double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * static_cast<double>(M) * N * K; }
+// The (query, key) pairs an attention core call visits: the step's count (model::CoreDims::pairs) or, unknown, Nq
+// queries times `keys` each.
+double pairs_or(const m::CoreDims& cd, int64_t Nq, double keys) {
+  return cd.pairs > 0 ? static_cast<double>(cd.pairs) : static_cast<double>(Nq) * keys;
+}
 // Elements a (rows, w) matrix of leading dimension ld spans: the last row ends at (rows-1) ld + w (a strided slice,
 // e.g. the indexer key's columns of the payload, ends before the buffer does).
 int64_t span_of(int64_t rows, int64_t w, int64_t ld) { return rows > 0 ? (rows - 1) * ld + w : 0; }
@@ -68,6 +87,31 @@ double attn_in_weights(const m::Config& c) {
   const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.heads);
   if (c.attn == m::AttnKind::gqa) return d * H * c.head_dim + 2 * d * c.kv_heads * c.head_dim;
   return d * H * (c.nope_dim + c.rope_dim) + d * (c.kv_lora_rank + c.rope_dim) + c.kv_lora_rank * H * c.nope_dim;
+}
+// The weights attn_qkv_* reads (reference/model/params.cpp shapes; MLA adds kv_norm) and attn_out_*'s, as accesses
+// of a view: AttnW (read) or AttnG (the exact gradient accumulators the backward adds into: read and written).
+template <class V>
+Accesses attn_in_access(const m::Config& c, const V& w, bool write) {
+  const int64_t d = c.d_model, H = c.heads, Dh = c.head_dim, r = c.kv_lora_rank;
+  const auto a = [write](const auto* p, int64_t n) {
+    return Access{p, n * static_cast<int64_t>(sizeof(*p)), write};
+  };
+  if (c.attn == m::AttnKind::gqa) return {a(w.wq, d * H * Dh), a(w.wk, d * c.kv_heads * Dh), a(w.wv, d * c.kv_heads * Dh)};
+  return {a(w.wq, d * H * (c.nope_dim + c.rope_dim)), a(w.wdkv, d * (r + c.rope_dim)), a(w.kv_norm, r),
+          a(w.wuk, r * H * c.nope_dim)};
+}
+template <class V>
+Accesses attn_out_access(const m::Config& c, const V& w, bool write) {
+  const int64_t d = c.d_model, H = c.heads;
+  const auto a = [write](const auto* p, int64_t n) {
+    return Access{p, n * static_cast<int64_t>(sizeof(*p)), write};
+  };
+  if (c.attn == m::AttnKind::gqa) return {a(w.wo, H * c.head_dim * d)};
+  return {a(w.wuv, c.kv_lora_rank * H * c.v_dim), a(w.wo, H * c.v_dim * d)};
+}
+Accesses operator+(Accesses a, const Accesses& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 double attn_out_weights(const m::Config& c) {
   const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.heads);
@@ -80,7 +124,7 @@ void launch_swiglu_forward(Device& dev, std::string_view name, Policy pol, const
                            const T* wd, int64_t N, int64_t d, int64_t F, T* ug, T* uu, T* h, T* y, Stream s,
                            std::source_location loc) {
   go(dev, s, name,
-     {rd(x, N * d), rd_all(wg), rd_all(wu), rd_all(wd), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
+     {rd(x, N * d), rd(wg, d * F), rd(wu, d * F), rd(wd, F * d), wr(ug, N * F), wr(uu, N * F), wr(h, N * F),
       wr(y, N * d)},
      3 * gemm_flops(N, F, d), [=] { m::swiglu_forward<T>(pol, x, wg, wu, wd, N, d, F, ug, uu, h, y); }, loc);
 }
@@ -89,7 +133,7 @@ void launch_swiglu_dgrad(Device& dev, std::string_view name, Policy pol, const T
                          const T* wd, const T* ug, const T* uu, int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx,
                          Stream s, std::source_location loc) {
   go(dev, s, name,
-     {rd(dy, N * d), rd_all(wg), rd_all(wu), rd_all(wd), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
+     {rd(dy, N * d), rd(wg, d * F), rd(wu, d * F), rd(wd, F * d), rd(ug, N * F), rd(uu, N * F), wr(dug, N * F),
       wr(duu, N * F), wr(dx, N * d)},
      3 * gemm_flops(N, F, d),
      [=] { m::swiglu_backward_dgrad<T>(pol, dy, wg, wu, wd, ug, uu, N, d, F, dug, duu, dx); }, loc);
@@ -99,21 +143,24 @@ void launch_swiglu_dgrad(Device& dev, std::string_view name, Policy pol, const T
 template <class T>
 void CpuKernels<T>::mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
                        bool trans_b, T* C, int64_t ldc, Stream s, loc_t loc) {
-  go(dev_, s, "mm", {rd(A, span_of(M, K, lda)), rd_all(B), wr(C, span_of(M, N, ldc))}, gemm_flops(M, N, K),
+  // B: (K, N) of leading dimension ldb, or (N, K) when trans_b
+  go(dev_, s, "mm",
+     {rd(A, span_of(M, K, lda)), rd(B, trans_b ? span_of(N, K, ldb) : span_of(K, N, ldb)), wr(C, span_of(M, N, ldc))},
+     gemm_flops(M, N, K),
      [=] { m::mm<T>(pol, M, N, K, A, lda, B, ldb, trans_b, C, ldc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                               Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
   const int64_t rows = segs.empty() ? 0 : segs.back();
-  go(dev_, s, "wgrad_acc", {rd(X, span_of(rows, K, ldx)), rd(dY, span_of(rows, M, ldy)), acc_all(acc)},
+  go(dev_, s, "wgrad_acc", {rd(X, span_of(rows, K, ldx)), rd(dY, span_of(rows, M, ldy)), racc(acc, K * M)},
      gemm_flops(K, M, rows),
      [=, sg = hold(dev_, segs)] { m::wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, sg.v, acc); }, loc);
 }
 template <class T>
 void CpuKernels<T>::sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
   const int64_t rows = segs.empty() ? 0 : segs.back();
-  go(dev_, s, "sum_acc", {rd(x, rows * J), acc_all(acc)}, static_cast<double>(rows * J),
+  go(dev_, s, "sum_acc", {rd(x, rows * J), racc(acc, J)}, static_cast<double>(rows * J),
      [=, sg = hold(dev_, segs)] { m::sum_acc<T>(x, J, sg.v, acc); }, loc);
 }
 template <class T>
@@ -123,13 +170,19 @@ void CpuKernels<T>::exact_round(const ExactAcc<T>* acc, T* out, int64_t n, Strea
 template <class T>
 void CpuKernels<T>::embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V,
                                       Stream s, loc_t loc) {
-  go(dev_, s, "embedding_forward", {rd(tokens, N), rd_all(embed), wr(out, N * d)}, 0,
+  // embed (V, d): N rows of it gathered
+  go(dev_, s, "embedding_forward",
+     {rd(tokens, N), Access{embed, V * d * static_cast<int64_t>(sizeof(T)), false, N * d * static_cast<int64_t>(sizeof(T))},
+      wr(out, N * d)},
+     0,
      [=] { m::embedding_forward<T>(out, tokens, embed, N, d, V); }, loc);
 }
 template <class T>
 void CpuKernels<T>::embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N,
                                        int64_t d, Segs segs, Stream s, loc_t loc) {
-  go(dev_, s, "embedding_backward", {rd(tokens, N), rd(dout, N * d), acc_all(dembed)}, 0,
+  // dembed: the table's accumulators or a row slice's (tokens are slots in it; its size unknown here): N rows added
+  go(dev_, s, "embedding_backward",
+     {rd(tokens, N), rd(dout, N * d), Access{dembed, kToEnd, true, N * d * static_cast<int64_t>(sizeof(*dembed))}}, 0,
      [=, sg = hold(dev_, segs)] { m::embedding_backward<T>(dembed, tokens, dout, N, d, sg.v); }, loc);
 }
 template <class T>
@@ -143,7 +196,7 @@ void CpuKernels<T>::rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int6
                                      int64_t N, int64_t d, Segs segs, T* dx, int64_t lddx, ExactAcc<T>* dg,
                                      Stream s, loc_t loc) {
   go(dev_, s, "rmsnorm_backward",
-     {rd(dy, N * lddy), rd(x, N * ldx), rd(rinv, N), rd(g, d), wr(dx, N * lddx), acc_all(dg)},
+     {rd(dy, N * lddy), rd(x, N * ldx), rd(rinv, N), rd(g, d), wr(dx, N * lddx), racc(dg, d)},
      8.0 * static_cast<double>(N * d),
      [=, sg = hold(dev_, segs)] { m::rmsnorm_backward<T>(dy, lddy, x, ldx, rinv, g, N, d, sg.v, dx, lddx, dg); }, loc);
 }
@@ -177,7 +230,7 @@ void CpuKernels<T>::router_forward(Policy pol, const T* a, const T* wr_, const T
                                    int64_t E, int64_t K, double alpha, T* logits, T* scores, int32_t* sel, T* gates,
                                    Stream s, loc_t loc) {
   go(dev_, s, "router_forward",
-     {rd(a, N * d), rd_all(wr_), rd(bias, E), wr(logits, N * E), wr(scores, N * E), wr(sel, N * K),
+     {rd(a, N * d), rd(wr_, d * E), rd(bias, E), wr(logits, N * E), wr(scores, N * E), wr(sel, N * K),
       wr(gates, N * K)},
      gemm_flops(N, E, d),
      [=] { m::router_forward<T>(pol, a, wr_, bias, N, d, E, K, alpha, logits, scores, sel, gates); }, loc);
@@ -198,10 +251,10 @@ template <class T>
 void CpuKernels<T>::moe_combine_backward(const T* dout, const T* gates, const T* yk, std::span<const int64_t> tk,
                                          int64_t d, int64_t K, T* dgates, T* dyk, Stream s, loc_t loc) {
   const int64_t n = static_cast<int64_t>(tk.size());
-  // dout, gates, yk, dgates: indexed through tk (the whole token range may be read / written)
+  // dout, gates, yk, dgates: indexed through tk (the token count, so their size, unknown here: to the end of the
+  // allocation); n rows of each moved
   go(dev_, s, "moe_combine_backward",
-     {Access{dout, kToEnd, false}, Access{gates, kToEnd, false}, Access{yk, kToEnd, false},
-      Access{dgates, kToEnd, true}, wr(dyk, n * d)},
+     {rd_indexed(dout, n * d), rd_indexed(gates, n), rd_indexed(yk, n * d), wr_indexed(dgates, n), wr(dyk, n * d)},
      3.0 * static_cast<double>(n * d),
      [=, ix = hold(dev_, tk)] { m::moe_combine_backward<T>(dout, gates, yk, ix.v.data(), n, d, K, dgates, dyk); }, loc);
 }
@@ -213,13 +266,15 @@ void CpuKernels<T>::moe_dx_sum(T* dx, const T* dxk, int64_t N, int64_t d, int64_
 template <class T>
 void CpuKernels<T>::gather_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc) {
   const int64_t n = static_cast<int64_t>(idx.size());
-  go(dev_, s, "gather_rows", {Access{src, kToEnd, false}, wr(dst, n * w)}, 0,
+  // src: indexed through idx, its row count unknown here
+  go(dev_, s, "gather_rows", {rd_indexed(src, n * w), wr(dst, n * w)}, 0,
      [=, ix = hold(dev_, idx)] { m::gather_rows<T>(dst, src, ix.v, w); }, loc);
 }
 template <class T>
 void CpuKernels<T>::scatter_rows(T* dst, const T* src, std::span<const int64_t> idx, int64_t w, Stream s, loc_t loc) {
   const int64_t n = static_cast<int64_t>(idx.size());
-  go(dev_, s, "scatter_rows", {rd(src, n * w), Access{dst, kToEnd, true}}, 0,
+  // dst: indexed through idx, its row count unknown here
+  go(dev_, s, "scatter_rows", {rd(src, n * w), wr_indexed(dst, n * w)}, 0,
      [=, ix = hold(dev_, idx)] { m::scatter_rows<T>(dst, src, ix.v, w); }, loc);
 }
 template <class T>
@@ -227,8 +282,9 @@ void CpuKernels<T>::attn_qkv_forward(Policy pol, const Config& cfg, const AttnW&
                                      int64_t N, const Rope& rope, const AttnBufs& acts, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_qkv_forward",
-     {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), wr(acts.q, z.q),
-      wr(acts.qc, z.qc), wr(acts.c, z.c), wr(acts.kv_rinv, z.kv_rinv), wr(acts.payload, z.payload)},
+     Accesses{rd(a, N * cfg.d_model), rd(pos, N), wr(acts.q, z.q), wr(acts.qc, z.qc), wr(acts.c, z.c),
+              wr(acts.kv_rinv, z.kv_rinv), wr(acts.payload, z.payload)} +
+         attn_in_access(cfg, W, false),
      2.0 * static_cast<double>(N) * attn_in_weights(cfg), [=, &cfg, &rope, A = acts] { m::attn_qkv_forward<T>(pol, cfg, W, a, pos, N, rope, A); }, loc);
 }
 template <class T>
@@ -248,7 +304,7 @@ void CpuKernels<T>::attn_core_forward(Policy pol, const CoreDims& cd, const T* q
                                       const T* kv, int64_t S, T* o, T* stats, Stream s, loc_t loc) {
   go(dev_, s, "attn_core_forward",
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2)},
-     2.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     2.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=] { m::attn_core_forward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats); }, loc);
 }
 template <class T>
@@ -258,7 +314,7 @@ void CpuKernels<T>::attn_core_backward(Policy pol, const CoreDims& cd, const T* 
   go(dev_, s, "attn_core_backward",
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
-     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     4.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=, sg = hold(dev_, qsegs)] {
        m::attn_core_backward<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
               }, loc);
@@ -272,7 +328,7 @@ bool CpuKernels<T>::attn_core_backward_gather(Policy pol, const CoreDims& cd, co
   go(dev_, s, "attn_core_backward_gather",
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
-     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     4.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=, sg = hold(dev_, qsegs), kr = rows_of(dev_, cp, S)] {
        m::attn_core_backward_rows<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, dkv, kr);
      }, loc);
@@ -289,7 +345,7 @@ bool CpuKernels<T>::attn_core_backward_partials(Policy pol, const CoreDims& cd, 
   go(dev_, s, "attn_core_backward_partials",
      {rd(q, Nq * cd.H * cd.Dq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(part, nt * S * cd.P)},
-     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     4.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=, sg = hold(dev_, qsegs), kr = rows_of(dev_, cp, S)] {
        m::attn_core_backward_partials<T>(pol, cd, q, qpos, Nq, kv, S, o, stats, dO, sg.v, dq, part, kr, S / cp);
      }, loc);
@@ -301,7 +357,7 @@ void CpuKernels<T>::attn_doc_core_forward(Policy pol, const CoreDims& cd, const 
                                           Stream s, loc_t loc) {
   go(dev_, s, "attn_doc_core_forward",
      {rd(q, Nq * cd.H * cd.Dq), rd(qdoc, Nq), rd(kv, S * cd.P), wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2)},
-     2.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     2.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=] { m::attn_doc_core_forward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats); }, loc);
 }
 template <class T>
@@ -312,7 +368,7 @@ void CpuKernels<T>::attn_doc_core_backward(Policy pol, const CoreDims& cd, const
   go(dev_, s, "attn_doc_core_backward",
      {rd(q, Nq * cd.H * cd.Dq), rd(qdoc, Nq), rd(kv, S * cd.P), rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2),
       rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq), wr(dkv, S * cd.P)},
-     4.0 * static_cast<double>(Nq) * S * cd.H * (cd.Dq + cd.Dv),
+     4.0 * pairs_or(cd, Nq, S) * cd.H * (cd.Dq + cd.Dv),
      [=, sg = hold(dev_, qsegs)] {
        m::attn_doc_core_backward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats, dO, sg.v, dq, dkv);
      }, loc);
@@ -323,7 +379,7 @@ void CpuKernels<T>::dsa_select(Policy pol, const CoreDims& cd, const T* iq, cons
   const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
   go(dev_, s, "dsa_select", {rd(iq, Nq * Iw), rd(qpos, Nq), rd(qdoc, qdoc ? Nq : 0), rd(kv, S * cd.P),
                              wr(sel, Nq * cd.topk)},
-     2.0 * static_cast<double>(Nq) * S * cd.Hi * (cd.Di + 1) / 2,  // causal: half the keys on average
+     2.0 * pairs_or(cd, Nq, S / 2.0) * cd.Hi * (cd.Di + 1),  // unknown: causal, half the keys on average
      [=] { m::dsa_select<T>(pol, cd, iq, qpos, qdoc, Nq, kv, S, sel); }, loc);
 }
 template <class T>
@@ -334,7 +390,7 @@ void CpuKernels<T>::dsa_core_forward(Policy pol, const CoreDims& cd, const T* q,
   go(dev_, s, "dsa_core_forward",
      {rd(q, Nq * cd.H * cd.Dq), rd(iq, Nq * Iw), rd(qpos, Nq), rd(kv, S * cd.P), rd(sel, Nq * cd.topk),
       wr(o, Nq * cd.H * cd.Dv), wr(stats, Nq * cd.H * 2), wr(ikl, ikl ? Nq : 0)},
-     2.0 * static_cast<double>(Nq) * cd.topk * (cd.H * (cd.Dq + cd.Dv) + (ikl ? cd.Hi * (cd.Di + 1) : 0)),
+     2.0 * pairs_or(cd, Nq, cd.topk) * (cd.H * (cd.Dq + cd.Dv) + (ikl ? cd.Hi * (cd.Di + 1) : 0)),
      [=] { m::dsa_core_forward<T>(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, ikl); }, loc);
 }
 template <class T>
@@ -347,7 +403,7 @@ void CpuKernels<T>::dsa_core_backward(Policy pol, const CoreDims& cd, const T* q
      {rd(q, Nq * cd.H * cd.Dq), rd(iq, Nq * Iw), rd(qpos, Nq), rd(kv, S * cd.P), rd(sel, Nq * cd.topk),
       rd(o, Nq * cd.H * cd.Dv), rd(stats, Nq * cd.H * 2), rd(dO, Nq * cd.H * cd.Dv), wr(dq, Nq * cd.H * cd.Dq),
       wr(diq, Nq * Iw), wr(dkv, S * cd.P)},
-     4.0 * static_cast<double>(Nq) * cd.topk * (cd.H * (cd.Dq + cd.Dv) + cd.Hi * (cd.Di + 1)),
+     4.0 * pairs_or(cd, Nq, cd.topk) * (cd.H * (cd.Dq + cd.Dv) + cd.Hi * (cd.Di + 1)),
      [=, sg = hold(dev_, qsegs)] {
        m::dsa_core_backward<T>(pol, cd, q, iq, qpos, Nq, kv, S, sel, o, stats, dO, iscale, sg.v, dq, diq, dkv);
      }, loc);
@@ -357,7 +413,7 @@ void CpuKernels<T>::attn_out_forward(Policy pol, const Config& cfg, const AttnW&
                                      T* y, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_out_forward",
-     {rd_all(W.wo), rd(acts.o, z.o), wr(acts.ocat, z.ocat), wr(y, N * cfg.d_model)},
+     Accesses{rd(acts.o, z.o), wr(acts.ocat, z.ocat), wr(y, N * cfg.d_model)} + attn_out_access(cfg, W, false),
      2.0 * static_cast<double>(N) * attn_out_weights(cfg),
      [=, &cfg, A = acts] { m::attn_out_forward<T>(pol, cfg, W, N, A, y); }, loc);
 }
@@ -366,7 +422,8 @@ void CpuKernels<T>::attn_out_backward(Policy pol, const Config& cfg, const AttnW
                                       const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_out_backward",
-     {rd_all(W.wo), rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)},
+     Accesses{rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)} +
+         attn_out_access(cfg, W, false) + attn_out_access(cfg, G, true),
      4.0 * static_cast<double>(N) * attn_out_weights(cfg),
      [=, &cfg, A = acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, A, dy, sg.v, dO); },
      loc);
@@ -377,9 +434,10 @@ void CpuKernels<T>::attn_qkv_backward(Policy pol, const Config& cfg, const AttnW
                                       const T* dqc, const T* dpayload, Segs segs, T* da, Stream s, loc_t loc) {
   const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
   go(dev_, s, "attn_qkv_backward",
-     {rd(a, N * cfg.d_model), rd(pos, N), rd_all(W.wq), rd_all(W.wdkv ? W.wdkv : W.wk), rd(acts.q, z.q),
-      rd(acts.qc, z.qc), rd(acts.c, z.c), rd(acts.kv_rinv, z.kv_rinv), rd(acts.payload, z.payload),
-      rd(dqc, z.qc), rd(dpayload, z.payload), wr(da, N * cfg.d_model)},
+     Accesses{rd(a, N * cfg.d_model), rd(pos, N), rd(acts.q, z.q), rd(acts.qc, z.qc), rd(acts.c, z.c),
+              rd(acts.kv_rinv, z.kv_rinv), rd(acts.payload, z.payload), rd(dqc, z.qc), rd(dpayload, z.payload),
+              wr(da, N * cfg.d_model)} +
+         attn_in_access(cfg, W, false) + attn_in_access(cfg, G, true),
      4.0 * static_cast<double>(N) * attn_in_weights(cfg),
      [=, &cfg, &rope, A = acts, sg = hold(dev_, segs)] {
        m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, sg.v, da);
@@ -400,7 +458,10 @@ void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, 
                                        T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden,
                                        ExactAcc<T>* dW, Stream s, loc_t loc) {
   go(dev_, s, "linear_ce_backward",
-     {rd(hidden, N * d), rd(W, d * V), rd(targets, N), rd(lse, N), wr(dhidden, N * d), acc_all(dW)},
+     // the columns [j_begin, j_end) of W moved; dW: (d, j_end - j_begin), the slice's accumulators
+     {rd(hidden, N * d),
+      Access{W, d * V * static_cast<int64_t>(sizeof(T)), false, d * (j_end - j_begin) * static_cast<int64_t>(sizeof(T))},
+      rd(targets, N), rd(lse, N), wr(dhidden, N * d), racc(dW, d * (j_end - j_begin))},
      3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
        m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,
                                      grad_scale, sg.v, j_begin, j_end, dhidden, dW);

@@ -160,6 +160,14 @@ void StepImpl<T>::take_rows(const md::Batch& b) {
       if ((p + 1) % cfg.tile == 0 || p + 1 == r.end) rows.segs.push_back(n);  // tiles of T positions
     }
   }
+  core_pairs.assign(sz(nseq), 0);
+  select_pairs.assign(sz(nseq), 0);
+  const int64_t topk = cfg.dsa() ? cfg.dsa_topk : 0;
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t vis = rows.pos[sz(r)] - (packed ? rows.doc[sz(r)] : 0) + 1, j = r / (2 * ch);
+    select_pairs[sz(j)] += vis;
+    core_pairs[sz(j)] += topk > 0 ? std::min(topk, vis) : vis;
+  }
   tokens = Buf<int32_t>(dev, N, CS);
   targets = Buf<int32_t>(dev, N, CS);
   pos = Buf<int64_t>(dev, N, CS);

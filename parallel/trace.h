@@ -32,6 +32,7 @@ struct TraceEntry {
                             // recorded, e.g. the all_to_all helpers); a failing backend's first differing collective
   // sizes
   int64_t bytes = 0;        // communication: OpStats bytes; compute: the launch's bytes; alloc/free: the size
+  int64_t recv_bytes = -1;  // all_to_all(v): the bytes this rank received (-1: not recorded, or another op)
   double flops = 0;
   // events (record: the event recorded; wait: the event and where its last record() sits)
   int event = -1;

@@ -90,6 +90,11 @@ double collective_seconds(CollOp op, double bytes, int n, double bw, double late
   return std::min(ring, tree);
 }
 
+bool is_attention_core(std::string_view n) {
+  return n.find("attn_core") != std::string_view::npos || n.find("attn_doc_core") != std::string_view::npos ||
+         n.find("dsa_core") != std::string_view::npos || n.find("dsa_select") != std::string_view::npos;
+}
+
 double Timeline::max_exposed(const std::string& comm, int* rank) const {
   double best = 0;
   int at = 0;
@@ -121,7 +126,7 @@ struct Pending {
   int arrived = 0;
   double ready = 0;   // latest arrival
   int64_t pred = -1;  // the entry before the latest arrival
-  double bytes = 0;   // largest over members
+  double bytes = 0;   // largest over members (all_to_all(v): of their sent and received bytes)
   std::vector<std::pair<int, int>> at;  // (rank, stream) of the arrivals
 };
 
@@ -138,6 +143,12 @@ class Replay {
     gemm_ = hw_.gemm_flops(opt.dtype);
     attn_ = hw_.attention_flops(opt.dtype);
     const int W = static_cast<int>(tr.size());
+    TD_CHECK(opt.ranks_per_domain >= 0, "timeline: ranks_per_domain {} (at least 1, or 0: the hardware's {})",
+             opt.ranks_per_domain, hw.nvl_domain);
+    const int domain = opt.ranks_per_domain > 0 ? opt.ranks_per_domain : hw.nvl_domain;
+    TD_CHECK(opt.mem_start.empty() || opt.mem_start.size() == tr.size(),
+             "timeline: mem_start has {} ranks, the trace {}", opt.mem_start.size(), tr.size());
+    mem_start_ = opt.mem_start;
     out_.spans.resize(tr.size());
     cur_.resize(tr.size());
     for (int r = 0; r < W; ++r) {
@@ -165,7 +176,7 @@ class Replay {
                  id, want, opt.mesh->spec(), c.members.size());
       }
       std::map<int, int> per;
-      for (int r : c.members) per[r / hw.nvl_domain]++;
+      for (int r : c.members) per[r / domain]++;
       for (const auto& [d, k] : per) c.n_local = std::max(c.n_local, k);
       c.nvl = per.size() == 1;
     }
@@ -201,7 +212,7 @@ class Replay {
   }
 
   double compute_seconds(const TraceEntry& e) const {
-    const bool attn = e.name.find("attn_core") != std::string::npos;
+    const bool attn = is_attention_core(e.name);
     const double f = e.flops / (attn ? attn_ : gemm_);
     const double m = static_cast<double>(e.bytes) / (hw_.hbm_GBps * 1e9);
     return hw_.launch_us * 1e-6 + std::max(f, m);
@@ -275,7 +286,8 @@ class Replay {
           if (!c.arrived) {
             c.arrived = true;
             p.arrived++;
-            p.bytes = std::max(p.bytes, static_cast<double>(e.bytes));
+            // all_to_all(v): the busiest member's link, sending or receiving (a hot receiver; docs/timeline.md 2)
+            p.bytes = std::max({p.bytes, static_cast<double>(e.bytes), static_cast<double>(e.recv_bytes)});
             if (p.arrived == 1 || c.t > p.ready) p.ready = c.t, p.pred = prev;
             p.at.emplace_back(r, s);
           }
@@ -360,11 +372,34 @@ class Replay {
         out_.exposed_s[r][name] = std::max(0.0, busy - overlap(m, c));
       }
     }
+    // Memory over simulated time: allocs at their span's start, frees at their span's end, ties in the rank's issue
+    // order (one stream: its own order, so the device's peak).
+    out_.mem_peak.assign(W, 0);
+    for (size_t r = 0; r < W; ++r) {
+      struct Ev {
+        double t;
+        int64_t order, delta;
+      };
+      std::vector<Ev> ev;
+      for (size_t s = 0; s < tr_[r].size(); ++s)
+        for (size_t i = 0; i < tr_[r][s].entries.size(); ++i) {
+          const TraceEntry& e = tr_[r][s].entries[i];
+          if (e.kind != Kind::alloc && e.kind != Kind::free) continue;
+          const Span& sp = out_.spans[r][s][i];
+          const int64_t order = e.issue >= 0 ? e.issue : pack_entry(0, static_cast<int>(s), static_cast<int64_t>(i));
+          ev.push_back(e.kind == Kind::alloc ? Ev{sp.start, order, e.bytes} : Ev{sp.end, order, -e.bytes});
+        }
+      std::sort(ev.begin(), ev.end(), [](const Ev& a, const Ev& b) { return a.t != b.t ? a.t < b.t : a.order < b.order; });
+      int64_t cur = mem_start_.empty() ? 0 : mem_start_[r], peak = cur;
+      for (const Ev& x : ev) peak = std::max(peak, cur += x.delta);
+      out_.mem_peak[r] = peak;
+    }
   }
 
   const std::vector<RankTrace>& tr_;
   Hardware hw_;  // a copy: SimOptions may change its fixed costs
   double gemm_ = 1, attn_ = 1;
+  std::vector<int64_t> mem_start_;
   Timeline out_;
   std::vector<std::vector<Cursor>> cur_;
   std::map<int64_t, CommInfo> comms_;

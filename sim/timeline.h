@@ -35,7 +35,17 @@ struct SimOptions {
   // model moves megabytes and is bandwidth-bound. Without the fixed costs, a tiny model whose flops per byte match
   // the production one (e.g. a wider expert FFN) shows the production overlap at small scale (docs/timeline.md 7).
   bool fixed_costs = true;
+  // World ranks per NVLink domain: rank r sits in domain r / ranks_per_domain (0: the hardware's nvl_domain). A job
+  // may use fewer GPUs of a domain than it has (e.g. 64 of an NVL72 rack's 72).
+  int ranks_per_domain = 0;
+  // Per rank: device bytes allocated before the trace's first entry (empty: none; the emulator traces every
+  // allocation of its devices, so 0). The base of Timeline::mem_peak.
+  std::vector<int64_t> mem_start = {};
 };
+
+// The throughput class of a kernel name: true for the attention cores (attn_core*, attn_doc_core*, dsa_core*,
+// dsa_select), which run at the model's attention throughput; every other kernel at the GEMM throughput.
+bool is_attention_core(std::string_view kernel_name);
 
 // Ranks in the communicator called `name` ("world" or mesh dimensions joined by '*', parallel/mesh.h); 0 for a
 // name that is not a mesh communicator.
@@ -61,17 +71,21 @@ struct Timeline {
   std::vector<double> compute_busy_s;
   std::vector<std::map<std::string, double>> comm_busy_s, exposed_s;
   std::map<std::pair<std::string, CollOp>, CollTime> coll;  // every rank's calls
+  // Per rank: the peak device bytes over simulated time, SimOptions::mem_start plus the trace's allocs minus its
+  // frees (an alloc counts from its span's start, a free from its span's end; at equal times frees first).
+  std::vector<int64_t> mem_peak;
   // The largest exposed time of a communicator name over ranks, and the rank (lowest on a tie).
   double max_exposed(const std::string& comm, int* rank = nullptr) const;
 };
 
 // Replays `traces` (one RankTrace per world rank, as EmulateResult::traces). World rank r sits in NVLink domain
-// r / hw.nvl_domain; a communicator whose members share one domain runs at NVLink speed, else at the NIC's.
+// r / (opt.ranks_per_domain, or hw.nvl_domain when 0); a communicator whose members share one domain runs at NVLink speed, else at the NIC's.
 // Throws trident::Error on an inconsistent trace (a collective some member never reaches, a wait on an event
 // recorded nowhere).
 Timeline simulate(const std::vector<RankTrace>& traces, const Hardware& hw, const SimOptions& opt = {});
 
-// The simulated duration of one collective: op, bytes (the nccl-tests size, the largest over its members), group
+// The simulated duration of one collective: op, bytes (the nccl-tests size, the largest over its members; for
+// all_to_all(v) the largest of every member's sent and received bytes), group
 // size n, link bandwidth (bytes/s) and latency (s). n == 1: 0 (a no-op).
 double collective_seconds(CollOp op, double bytes, int n, double bw, double latency);
 

@@ -31,6 +31,10 @@ struct CoreDims {
   int64_t H = 0, G = 1, Dq = 0, Dv = 0, P = 0, val_base = 0;
   double scale = 1.0;
   int64_t Hi = 0, Di = 0, topk = 0, ikey = 0;  // DSA only (0 otherwise)
+  // Host metadata for cost accounting only (never read by the arithmetic): the (query, key) pairs one call visits
+  // over its Nq queries (causal: qpos + 1 keys per query; packed: qpos - qdoc + 1; DSA core: min(topk, visible);
+  // dsa_select: the visible keys). 0: unknown (a kernel's FLOPs then count all S keys per query).
+  int64_t pairs = 0;
   static CoreDims from(const Config& cfg);
 };
 

@@ -54,6 +54,9 @@ t = d["timeline"]
 check(t["hardware"] == "h100" and t["makespan_s"] > 0 and "ep" in t["exposed"], "timeline summary")
 check(abs(t["critical_path"]["compute_s"] + sum(t["critical_path"]["comm_s"].values()) - t["makespan_s"])
       <= 1e-9 * t["makespan_s"], "the critical path sums to the makespan")
+check(t["ranks_per_domain"] == 8 and t["mem_peak_bytes"]["max"] >= t["mem_peak_bytes"]["median"] > 0,
+      "domain and memory over simulated time")
+check("peak device memory over simulated time" in out, "memory over simulated time printed")
 ev = json.load(open(tr))["traceEvents"]
 check({e["ph"] for e in ev} == {"M", "X", "s", "f"}, "trace phases")
 check(len({e["pid"] for e in ev}) == 4, "one process per rank")
@@ -83,6 +86,10 @@ check(p.returncode != 0 and "--json" in p.stderr and "step" not in p.stdout, "un
 p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--no-fixed-costs"],
                    capture_output=True, text=True)
 check(p.returncode != 0 and "trident: error:" in p.stderr and "--hardware" in p.stderr, "--no-fixed-costs alone")
+p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--hardware", "h100",
+                    "--ranks-per-domain", "0"], capture_output=True, text=True)
+check(p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "--ranks-per-domain 0" in p.stderr,
+      "--ranks-per-domain 0: one error line")
 p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--timeline-ranks", "2"],
                    capture_output=True, text=True)
 check(p.returncode != 0 and "--timeline" in p.stderr, "--timeline-ranks alone")

@@ -78,12 +78,14 @@ planner::PlanInput plan_input(const Traced& x, const Hardware& hw, const std::st
   in.cluster.nvlink_GBps = hw.nvlink_GBps;
   in.cluster.peak_tflops = hw.gemm_tflops.at(dtype);
   in.cluster.mfu = 1.0;
-  // attention time / linear time: the attention core's FLOPs as the step records them (2 Nq S H (Dq + Dv) forward,
-  // twice that backward; forward, recomputed forward and backward: 8 S H (Dq + Dv) per token and layer) over the
-  // planner's linear FLOPs per token, at one throughput (the hardware variant below runs attention at the GEMM peak)
+  // attention time / linear time: the attention core's FLOPs as the step records them (2 V H (Dq + Dv) forward for
+  // the V causal (query, key) pairs it visits, twice that backward; forward, recomputed forward and backward with
+  // (S + 1) / 2 keys per query on average: 8 (S + 1) / 2 H (Dq + Dv) per token and layer) over the planner's linear
+  // FLOPs per token, at one throughput (the hardware variant below runs attention at the GEMM peak)
   const model::CoreDims cd = model::CoreDims::from(m);
   const double active = P / L * (1.0 - routed / P + routed / P * double(m.top_k) / double(m.experts));
-  in.workload.attn_to_linear = 8.0 * double(x.spec.run.seq_len) * double(cd.H * (cd.Dq + cd.Dv)) / (8.0 * active);
+  const double keys = (double(x.spec.run.seq_len) + 1.0) / 2.0;
+  in.workload.attn_to_linear = 8.0 * keys * double(cd.H * (cd.Dq + cd.Dv)) / (8.0 * active);
   return in;
 }
 

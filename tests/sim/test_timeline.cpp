@@ -8,7 +8,10 @@
 #include <set>
 #include <tuple>
 
+#include "emulator/device.h"
 #include "emulator/run_step.h"
+#include "parallel/step_kernels.h"
+#include "reference/exact_acc.h"
 #include "reference/check.h"
 #include "sim/collectives.h"
 #include "sim/export.h"
@@ -345,6 +348,178 @@ TEST(Timeline, ChunkedEpShrinksTheExposedAllToAllWindow) {
     prev_max = mx;
     prev_crit = crit;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// ---- the scale fixes (docs/timeline.md section 2) ------------------------------------------------------------
+
+TraceEntry kernel(const std::string& name, double flops) {
+  TraceEntry e = compute(flops, 0);
+  e.name = name;
+  return e;
+}
+
+// The causal core's FLOPs count the (query, key) pairs it visits: on a zig-zag mesh every rank's two chunks hold
+// S(S+1)/(2 cp) of them, (S+1)/(2S) of the all-keys count Nq S (about half).
+TEST(TraceMetadata, CausalCoreFlopsCountTheVisitedPairs) {
+  const int64_t S = 32, cp = 2;
+  const auto r = traced_run("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 1, "tiny", 4, S);
+  const model::Config cfg = model::Config::preset("tiny");
+  const model::CoreDims cd = model::CoreDims::from(cfg);
+  const double Nq = static_cast<double>(S / cp), per = static_cast<double>(cd.H * (cd.Dq + cd.Dv));
+  const double ratio = static_cast<double>(S + 1) / (2.0 * S);
+  int64_t fwd = 0, bwd = 0;
+  for (const RankTrace& rt : r.traces)
+    for (const StreamTrace& st : rt)
+      for (const TraceEntry& e : st.entries) {
+        if (e.kind != TraceEntry::Kind::compute) continue;
+        if (e.name == "attn_core_forward") {
+          ++fwd;
+          EXPECT_DOUBLE_EQ(e.flops, ratio * 2.0 * Nq * S * per);
+          EXPECT_LT(e.flops, 0.6 * 2.0 * Nq * S * per);
+        } else if (e.name.rfind("attn_core_backward", 0) == 0) {
+          ++bwd;
+          EXPECT_DOUBLE_EQ(e.flops, ratio * 4.0 * Nq * S * per) << e.name;
+        }
+      }
+  EXPECT_GT(fwd, 0);
+  EXPECT_GT(bwd, 0);
+}
+
+// Every access of a kernel is in its trace bytes: weights (mm's B, a SwiGLU's three) and accumulators (wgrad_acc's)
+// at their exact sizes; and every compute entry of a traced step moves some bytes.
+TEST(TraceMetadata, KernelBytesCountEveryAccess) {
+  RankTrace tr;
+  {
+    emu::EmuDevice emu_dev(0, tr, emu::DeviceOptions{});
+    Device& dev = emu_dev;  // the base's default call-site arguments
+    CpuKernels<float> k(dev);
+    const Stream cs = dev.compute_stream();
+    const int64_t M = 3, N = 5, K = 7, d = 4, F = 6, rows = 8;
+    auto buf = [&](int64_t n) {
+      auto* p = static_cast<float*>(dev.allocate(n * 4, cs));
+      dev.memset(p, 0, n * 4, cs);
+      return p;
+    };
+    float *A = buf(M * K), *B = buf(K * N), *C = buf(M * N);
+    k.mm(Policy::fp32, M, N, K, A, K, B, N, false, C, N, cs);
+    float *X = buf(rows * K), *dY = buf(rows * M);
+    auto* acc = static_cast<ExactAcc<float>*>(dev.allocate(K * M * int64_t(sizeof(ExactAcc<float>)), cs));
+    dev.memset(acc, 0, K * M * int64_t(sizeof(ExactAcc<float>)), cs);
+    const std::vector<int64_t> segs = {0, rows};
+    k.wgrad_acc(Policy::fp32, X, K, dY, M, K, M, segs, acc, cs);
+    float *x = buf(N * d), *wg = buf(d * F), *wu = buf(d * F), *wd = buf(F * d), *ug = buf(N * F), *uu = buf(N * F),
+          *h = buf(N * F), *y = buf(N * d);
+    k.swiglu_forward(Policy::fp32, x, wg, wu, wd, N, d, F, ug, uu, h, y, cs);
+    dev.synchronize(cs);
+    std::map<std::string, int64_t> bytes;
+    for (const TraceEntry& e : tr[0].entries)
+      if (e.kind == TraceEntry::Kind::compute) bytes[e.name] = e.bytes;
+    EXPECT_EQ(bytes.at("mm"), 4 * (M * K + K * N + M * N));
+    EXPECT_EQ(bytes.at("wgrad_acc"), 4 * (rows * K + rows * M) + K * M * int64_t(sizeof(ExactAcc<float>)));
+    EXPECT_EQ(bytes.at("swiglu_forward"), 4 * (2 * N * d + 3 * d * F + 3 * N * F));
+    for (void* p : {(void*)A, (void*)B, (void*)C, (void*)X, (void*)dY, (void*)acc, (void*)x, (void*)wg, (void*)wu,
+                    (void*)wd, (void*)ug, (void*)uu, (void*)h, (void*)y})
+      dev.free(p, cs);
+  }
+  const auto r = traced_run("d_rep=1,fsdp=2,cp=2,e_fsdp=2,ep=2", 1, "tiny-dsa");
+  int64_t n = 0;
+  for (const RankTrace& rt : r.traces)
+    for (const StreamTrace& st : rt)
+      for (const TraceEntry& e : st.entries)
+        if (e.kind == TraceEntry::Kind::compute) {
+          ++n;
+          EXPECT_GT(e.bytes, 0) << e.name << " at " << e.file << ":" << e.line;
+        }
+  EXPECT_GT(n, 100);
+}
+
+// Every attention core runs at the attention throughput, the rest at the GEMM's.
+TEST(Timeline, EveryAttentionCoreGetsTheAttentionThroughput) {
+  const Hardware& h = hardware_model("h100");
+  const double F = 1e12;
+  const std::vector<std::string> names = {"attn_core_forward",     "attn_core_backward_gather", "attn_doc_core_forward",
+                                          "attn_doc_core_backward", "dsa_core_forward",          "dsa_core_backward",
+                                          "dsa_select",            "mm"};
+  std::vector<RankTrace> t(1);
+  t[0].resize(1);
+  for (const std::string& n : names) t[0][0].entries.push_back(kernel(n, F));
+  const Timeline tl = simulate(t, h);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool attn = names[i] != "mm";
+    EXPECT_EQ(is_attention_core(names[i]), attn) << names[i];
+    const double want = h.launch_us * 1e-6 + F / (attn ? h.attention_flops("bf16") : h.gemm_flops("bf16"));
+    EXPECT_DOUBLE_EQ(tl.spans[0][0][i].end - tl.spans[0][0][i].start, want) << names[i];
+  }
+}
+
+// ranks_per_domain: 64 GPUs of each NVL72 rack put ranks 63 and 64 in different domains (InfiniBand between them).
+TEST(Timeline, RanksPerDomainSplitsTheDomains) {
+  const Hardware& h = hardware_model("gb200-nvl72");
+  const int64_t B = 1 << 20;
+  std::vector<RankTrace> t(65);
+  for (auto& rt : t) rt.resize(1);
+  for (int r : {63, 64}) t[static_cast<size_t>(r)][0].entries = {coll(CollOp::all_gather, "x", 3, 0, B)};
+  const double nvl = collective_seconds(CollOp::all_gather, B, 2, h.nvlink_GBps * 1e9, h.nvlink_latency_us * 1e-6);
+  const double ib = collective_seconds(CollOp::all_gather, B, 2, h.ib_GBps * 1e9, h.ib_latency_us * 1e-6);
+  EXPECT_DOUBLE_EQ(simulate(t, h).spans[63][0][0].end, nvl);  // one domain of 72
+  const Timeline tl = simulate(t, h, {.ranks_per_domain = 64});
+  EXPECT_DOUBLE_EQ(tl.spans[63][0][0].end, ib);
+  EXPECT_DOUBLE_EQ(tl.spans[64][0][0].end, ib);
+  EXPECT_GT(ib, nvl);
+  EXPECT_THROW((void)simulate(t, h, {.ranks_per_domain = -1}), Error);
+}
+
+// all_to_allv is timed by the busiest member, sending or receiving: a receiver of 3 B while all send B.
+TEST(Timeline, HotReceiverSlowsTheAllToAllv) {
+  const Hardware& h = hardware_model("h100");
+  const int64_t B = 1 << 20;
+  auto make = [&](bool hot) {
+    std::vector<RankTrace> t(4);
+    for (int r = 0; r < 4; ++r) {
+      t[static_cast<size_t>(r)].resize(1);
+      TraceEntry e = coll(CollOp::all_to_allv, "ep", 5, 0, B);
+      e.recv_bytes = hot ? (r == 0 ? 3 * B : B / 3) : B;
+      t[static_cast<size_t>(r)][0].entries = {e};
+    }
+    return simulate(t, h).spans[1][0][0].end;
+  };
+  const double bw = h.nvlink_GBps * 1e9, lat = h.nvlink_latency_us * 1e-6;
+  EXPECT_DOUBLE_EQ(make(false), collective_seconds(CollOp::all_to_allv, B, 4, bw, lat));
+  EXPECT_DOUBLE_EQ(make(true), collective_seconds(CollOp::all_to_allv, 3 * B, 4, bw, lat));
+  EXPECT_GT(make(true), make(false));
+}
+
+// Memory over simulated time: on one stream the peak is the device's (allocs and frees in stream order).
+TEST(Timeline, MemoryPeakOverTimeIsTheDevicePeakOnOneStream) {
+  RankTrace tr;
+  int64_t device_peak = 0;
+  {
+    emu::EmuDevice emu_dev(0, tr, emu::DeviceOptions{});
+    Device& dev = emu_dev;  // the base's default call-site arguments
+    CpuKernels<float> k(dev);
+    const Stream cs = dev.compute_stream();
+    auto* a = static_cast<float*>(dev.allocate(4000, cs));
+    auto* b = static_cast<float*>(dev.allocate(2000, cs));
+    k.residual_forward(b, a, a, 500, cs);
+    dev.free(a, cs);
+    auto* c = static_cast<float*>(dev.allocate(3000, cs));
+    k.residual_forward(c, b, b, 500, cs);
+    dev.free(b, cs);
+    auto* e = static_cast<float*>(dev.allocate(1000, cs));
+    dev.free(c, cs);
+    dev.free(e, cs);
+    dev.synchronize(cs);
+    device_peak = dev.memory().peak;
+  }
+  EXPECT_EQ(device_peak, 6000);
+  const Timeline tl = simulate({tr}, hardware_model("h100"));
+  ASSERT_EQ(tl.mem_peak.size(), 1u);
+  EXPECT_EQ(tl.mem_peak[0], device_peak);
+  EXPECT_EQ(simulate({tr}, hardware_model("h100"), {.mem_start = {100}}).mem_peak[0], device_peak + 100);
 }
 
 }  // namespace
