@@ -71,6 +71,12 @@ template <class P>
 Access wr_indexed(P* p, int64_t n) {
   return Access{p, kToEnd, true, n * static_cast<int64_t>(sizeof(P))};
 }
+// A read of `range` elements of which the kernel moves `n` (an embedding's gathered rows, a vocabulary slice's
+// columns).
+template <class P>
+Access rd_part(const P* p, int64_t range, int64_t n) {
+  return Access{p, range * static_cast<int64_t>(sizeof(P)), false, n * static_cast<int64_t>(sizeof(P))};
+}
 double gemm_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * static_cast<double>(M) * N * K; }
 // The (query, key) pairs an attention core call visits: the step's count (model::CoreDims::pairs) or, unknown, Nq
 // queries times `keys` each.
@@ -96,7 +102,8 @@ Accesses attn_in_access(const m::Config& c, const V& w, bool write) {
   const auto a = [write](const auto* p, int64_t n) {
     return Access{p, n * static_cast<int64_t>(sizeof(*p)), write};
   };
-  if (c.attn == m::AttnKind::gqa) return {a(w.wq, d * H * Dh), a(w.wk, d * c.kv_heads * Dh), a(w.wv, d * c.kv_heads * Dh)};
+  if (c.attn == m::AttnKind::gqa)
+    return {a(w.wq, d * H * Dh), a(w.wk, d * c.kv_heads * Dh), a(w.wv, d * c.kv_heads * Dh)};
   return {a(w.wq, d * H * (c.nope_dim + c.rope_dim)), a(w.wdkv, d * (r + c.rope_dim)), a(w.kv_norm, r),
           a(w.wuk, r * H * c.nope_dim)};
 }
@@ -172,8 +179,7 @@ void CpuKernels<T>::embedding_forward(T* out, const int32_t* tokens, const T* em
                                       Stream s, loc_t loc) {
   // embed (V, d): N rows of it gathered
   go(dev_, s, "embedding_forward",
-     {rd(tokens, N), Access{embed, V * d * static_cast<int64_t>(sizeof(T)), false, N * d * static_cast<int64_t>(sizeof(T))},
-      wr(out, N * d)},
+     {rd(tokens, N), rd_part(embed, V * d, N * d), wr(out, N * d)},
      0,
      [=] { m::embedding_forward<T>(out, tokens, embed, N, d, V); }, loc);
 }
@@ -460,7 +466,7 @@ void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, 
   go(dev_, s, "linear_ce_backward",
      // the columns [j_begin, j_end) of W moved; dW: (d, j_end - j_begin), the slice's accumulators
      {rd(hidden, N * d),
-      Access{W, d * V * static_cast<int64_t>(sizeof(T)), false, d * (j_end - j_begin) * static_cast<int64_t>(sizeof(T))},
+      rd_part(W, d * V, d * (j_end - j_begin)),
       rd(targets, N), rd(lse, N), wr(dhidden, N * d), racc(dW, d * (j_end - j_begin))},
      3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
        m::linear_ce_backward_cols<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,

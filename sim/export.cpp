@@ -20,7 +20,8 @@ bool is_comm(Kind k) { return k == Kind::collective || k == Kind::send || k == K
 // The category of a kernel (its colour in the SVG): the attention cores by the timeline's throughput class, then the
 // other attention kernels (projections, KV reorders) by name.
 const char* kernel_kind(const std::string& n) {
-  if (is_attention_core(n) || n.find("attn") != std::string::npos || n.find("kv_") != std::string::npos) return "attention";
+  if (is_attention_core(n) || n.find("attn") != std::string::npos || n.find("kv_") != std::string::npos)
+    return "attention";
   if (n.find("expert") != std::string::npos || n.find("swiglu") != std::string::npos) return "experts";
   if (n == "mm" || n.find("wgrad") != std::string::npos || n.find("linear_ce") != std::string::npos) return "gemm";
   return "other";

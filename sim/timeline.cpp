@@ -389,7 +389,8 @@ class Replay {
           const int64_t order = e.issue >= 0 ? e.issue : pack_entry(0, static_cast<int>(s), static_cast<int64_t>(i));
           ev.push_back(e.kind == Kind::alloc ? Ev{sp.start, order, e.bytes} : Ev{sp.end, order, -e.bytes});
         }
-      std::sort(ev.begin(), ev.end(), [](const Ev& a, const Ev& b) { return a.t != b.t ? a.t < b.t : a.order < b.order; });
+      std::sort(ev.begin(), ev.end(),
+                [](const Ev& a, const Ev& b) { return a.t != b.t ? a.t < b.t : a.order < b.order; });
       int64_t cur = mem_start_.empty() ? 0 : mem_start_[r], peak = cur;
       for (const Ev& x : ev) peak = std::max(peak, cur += x.delta);
       out_.mem_peak[r] = peak;

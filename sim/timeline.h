@@ -79,7 +79,8 @@ struct Timeline {
 };
 
 // Replays `traces` (one RankTrace per world rank, as EmulateResult::traces). World rank r sits in NVLink domain
-// r / (opt.ranks_per_domain, or hw.nvl_domain when 0); a communicator whose members share one domain runs at NVLink speed, else at the NIC's.
+// r / (opt.ranks_per_domain, or hw.nvl_domain when 0); a communicator whose members share one domain runs at NVLink
+// speed, else at the NIC's.
 // Throws trident::Error on an inconsistent trace (a collective some member never reaches, a wait on an event
 // recorded nowhere).
 Timeline simulate(const std::vector<RankTrace>& traces, const Hardware& hw, const SimOptions& opt = {});
