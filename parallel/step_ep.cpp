@@ -83,10 +83,17 @@ void StepImpl<T>::ep_dispatch_counts(int64_t i, int64_t c, LayerState& st, Strea
   }
   for (ExBlock& X : C.ex)
     if (X.rows > 0) X.segs = {0, X.rows};
-  const int64_t ns = C.ns;
-  Buf<T> sbuf(dev, ns * d, s), rbuf(dev, static_cast<int64_t>(nr) * d, s);
+  send_rows(C, st, unread_rows(C.ns), static_cast<int64_t>(nr), s, ph);
+}
+
+// The rows of chunk C to their owners: the source rows (src_rows of a2) packed, the all_to_allv, and each local
+// expert's rows gathered into its block.
+template <class T>
+void StepImpl<T>::send_rows(EpChunk& C, LayerState& st, std::span<const int64_t> src_rows, int64_t nr, Stream s,
+                            const std::string& ph) {
+  Buf<T> sbuf(dev, C.ns * d, s), rbuf(dev, nr * d, s);
   mem.add(sbuf.bytes() + rbuf.bytes());
-  K.gather_rows(sbuf.data(), st.a2.data(), unread_rows(ns), d, s);
+  K.gather_rows(sbuf.data(), st.a2.data(), src_rows, d, s);
   exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
   for (ExBlock& X : C.ex) {
     X.x = Buf<T>(dev, X.n() * d, s);
@@ -164,15 +171,7 @@ void StepImpl<T>::ep_dispatch(int64_t i, int64_t c, LayerState& st, Stream s, co
   const int64_t ns = static_cast<int64_t>(C.send_tk.size());
   std::vector<int64_t> src_rows(sz(ns));
   for (int64_t j = 0; j < ns; ++j) src_rows[sz(j)] = C.send_tk[sz(j)] / Kt;
-  Buf<T> sbuf(dev, ns * d, s), rbuf(dev, static_cast<int64_t>(nr) * d, s);
-  mem.add(sbuf.bytes() + rbuf.bytes());
-  K.gather_rows(sbuf.data(), st.a2.data(), src_rows, d, s);
-  exchange_rows(C, /*to_owners=*/true, sbuf.data(), rbuf.data(), s, ph);
-  for (ExBlock& X : C.ex) {
-    X.x = Buf<T>(dev, X.n() * d, s);
-    K.gather_rows(X.x.data(), rbuf.data(), X.idx(), d, s);
-  }
-  mem.sub(sbuf.bytes() + rbuf.bytes());
+  send_rows(C, st, src_rows, static_cast<int64_t>(nr), s, ph);
 }
 
 // Expert forward of chunk c's rows (owner) on the compute stream.
@@ -353,6 +352,8 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
   template void StepImpl<T>::ep_dispatch(int64_t, int64_t, LayerState&, Stream, const std::string&);               \
   template void StepImpl<T>::ep_dispatch_counts(int64_t, int64_t, LayerState&, Stream, const std::string&);        \
   template const int32_t* StepImpl<T>::routed(int64_t, int64_t);                                                   \
+  template void StepImpl<T>::send_rows(EpChunk&, LayerState&, std::span<const int64_t>, int64_t, Stream,            \
+                                       const std::string&);                                                        \
   template void StepImpl<T>::ep_compute(int64_t, int64_t, LayerState&);                                            \
   template void StepImpl<T>::ep_combine(int64_t, LayerState&, Stream, const std::string&);                         \
   template void StepImpl<T>::moe_fwd(int64_t, LayerState&, T*, const std::string&);                                \

@@ -204,6 +204,8 @@ struct StepImpl {
   void exchange_rows(const EpChunk& C, bool to_owners, const T* send, T* recv, Stream s, const std::string& ph);
   void ep_dispatch(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph);
   void ep_dispatch_counts(int64_t i, int64_t c, LayerState& st, Stream s, const std::string& ph);
+  void send_rows(EpChunk& C, LayerState& st, std::span<const int64_t> src_rows, int64_t nr, Stream s,
+                 const std::string& ph);
   void ep_compute(int64_t i, int64_t c, LayerState& st);
   void ep_combine(int64_t c, LayerState& st, Stream s, const std::string& ph);
   void moe_fwd(int64_t i, LayerState& st, T* out, const std::string& ph);
