@@ -81,6 +81,7 @@ struct Opts {
   std::string record_routing;  // --record-routing PATH (a data run writes its router's counts)
   int64_t timeline_ranks = 4;
   bool no_fixed_costs = false;
+  bool planner_dtypes = false;  // --planner-dtypes
   int64_t ranks_per_domain = -1;  // --ranks-per-domain (-1: not given, the hardware's NVLink domain)
   bool simulate() const { return !trace.empty() || !timeline.empty() || !hardware.empty(); }
   std::string hardware_name() const { return hardware.empty() ? "h100" : hardware; }
@@ -98,6 +99,7 @@ struct Opts {
     if (ranks_as != "fibers") r.opt("--ranks-as", ranks_as);
     r.opt_if("--workers", workers, 0);
     r.opt_nonempty("--hardware", hardware).flag("--no-fixed-costs", no_fixed_costs);
+    r.flag("--planner-dtypes", planner_dtypes);
     r.opt_if("--ranks-per-domain", ranks_per_domain, -1);
     r.opt_nonempty("--record-routing", record_routing);
     r.opt_nonempty("--json", json).opt_nonempty("--trace", trace);
@@ -297,6 +299,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     return run_nccl_backend<T>(o, spec);
   }
   if (o.no_fixed_costs && !o.simulate()) fail("--no-fixed-costs needs --hardware (or --trace, --timeline)");
+  if (o.planner_dtypes && !o.simulate()) fail("--planner-dtypes needs --hardware (or --trace, --timeline)");
   if (o.ranks_per_domain != -1 && o.ranks_per_domain < 1)
     fail(fmt::format("--ranks-per-domain {}: a domain holds at least 1 rank", o.ranks_per_domain));
   if (o.ranks_per_domain != -1 && !o.simulate()) fail("--ranks-per-domain needs --hardware (or --trace, --timeline)");
@@ -396,21 +399,31 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
                                   nlohmann::json& j) {
   const sim::Hardware& hw = sim::hardware_model(o.hardware_name());
   const std::string dtype = sim_dtype(spec.cfg.policy);
-  int64_t entries = 0;
+  int64_t entries = 0, trace_bytes = 0;
   for (const RankTrace& t : traces)
-    for (const StreamTrace& s : t) entries += static_cast<int64_t>(s.entries.size());
+    for (const StreamTrace& s : t) {
+      entries += static_cast<int64_t>(s.entries.size());
+      trace_bytes += s.entries.memory_bytes();
+    }
   const auto t0 = std::chrono::steady_clock::now();
   const int domain = o.ranks_per_domain > 0 ? static_cast<int>(o.ranks_per_domain) : hw.nvl_domain;
   sim::Timeline tl = sim::simulate(
       traces, hw,
-      {.dtype = dtype, .mesh = &spec.mesh, .fixed_costs = !o.no_fixed_costs, .ranks_per_domain = domain});
+      {.dtype = dtype,
+       .mesh = &spec.mesh,
+       .fixed_costs = !o.no_fixed_costs,
+       .ranks_per_domain = domain,
+       .planner_dtypes = o.planner_dtypes});
   const double replay = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("timeline on %s (%s; compute in %s; %d ranks per NVLink domain%s): %s %s %.3f ms of simulated time; "
-              "replayed %lld trace entries of %zu ranks in %.2f s\n",
+              "replayed %lld trace entries (%s) of %zu ranks in %.2f s\n",
               hw.name.c_str(), hw.description.c_str(), dtype.c_str(), domain,
-              o.no_fixed_costs ? "; no launch or latency costs" : "", counted(spec.run.steps, "step").c_str(),
+              fmt::format("{}{}", o.no_fixed_costs ? "; no launch or latency costs" : "",
+                          o.planner_dtypes ? "; collectives at the planner's dtypes" : "")
+                  .c_str(),
+              counted(spec.run.steps, "step").c_str(),
               spec.run.steps == 1 ? "takes" : "take",
-              tl.makespan * 1e3, static_cast<long long>(entries), traces.size(), replay);
+              tl.makespan * 1e3, static_cast<long long>(entries), mib(trace_bytes).c_str(), traces.size(), replay);
   std::string path;
   for (const auto& [name, v] : tl.path_comm_s)
     if (v > 0) path += fmt::format(", {} {:.3f} us", name, v * 1e6);
@@ -437,6 +450,7 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
   for (const auto& [name, v] : tl.path_comm_s) pc[name] = v;
   j = {{"hardware", hw.name},
        {"fixed_costs", !o.no_fixed_costs},
+       {"planner_dtypes", o.planner_dtypes},
        {"ranks_per_domain", domain},
        {"mem_peak_bytes", {{"max", mem_max}, {"median", mem_median}}},
        {"compute_dtype", dtype},
@@ -444,7 +458,8 @@ sim::Timeline simulate_and_report(const Opts& o, const emu::EmulateSpec& spec, c
        {"critical_rank", tl.critical_rank},
        {"critical_path", {{"compute_s", tl.path_compute_s}, {"comm_s", pc}, {"entries", tl.path_entries}}},
        {"exposed", exposed},
-       {"trace_entries", entries}};
+       {"trace_entries", entries},
+       {"trace_bytes", trace_bytes}};
   const std::string title = fmt::format("trident emulate --mesh {} on {}", spec.mesh.spec(), hw.name);
   if (!o.trace.empty()) {
     sim::write_text_file(o.trace, sim::trace_events(traces, tl, title).dump() + "\n", "--trace");
@@ -780,6 +795,10 @@ TRIDENT_COMMAND({"emulate", "run the FSDP x CP x EP training step on emulated ra
                    sub.add_flag("--no-fixed-costs", o->no_fixed_costs,
                                 "simulate without kernel launch and collective latency costs (the bandwidth-bound "
                                 "regime of a production-size model; docs/timeline.md section 7)");
+                   sub.add_flag("--planner-dtypes", o->planner_dtypes,
+                                "with --hardware: time the collectives at the planner's wire dtypes (fp32 gathers "
+                                "and all-to-alls as bf16, exact-accumulator reductions as fp32; docs/timeline.md "
+                                "section 2)");
                    sub.add_option("--trace", o->trace,
                                   "write the simulated timeline as Chrome/Perfetto trace-event JSON (one process "
                                   "per rank, one track per stream)");

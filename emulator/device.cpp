@@ -217,7 +217,7 @@ void EmuDevice::trace_simple(Stream s, TraceEntry::Kind kind, std::string_view n
   if (!opt_.record_trace) return;
   TraceEntry t;
   t.kind = kind;
-  t.name = std::string(name);
+  t.name = name;
   for (const Access& a : acc) t.bytes += a.moved >= 0 ? a.moved : std::max<int64_t>(a.bytes, 0);
   t.flops = flops;
   t.file = loc.file_name();

@@ -457,7 +457,7 @@ void trace_comm(EmuDevice& dev, Stream s, TraceEntry::Kind kind, const Group& g,
   TraceEntry t;
   if (recv && recv_bytes) t.recv_hash = recv_hash(dev.options().recv_hash, recv, recv_bytes);
   t.kind = kind;
-  t.name = std::string(to_string(c.op));
+  t.name = to_string(c.op);
   t.comm = g.name;
   t.comm_id = g.id;
   t.seq = c.seq;

@@ -1,10 +1,11 @@
 // Text for XML/SVG: & < > " escaped. Header-only (the planner and sim/ write SVG charts with it).
 #pragma once
 #include <string>
+#include <string_view>
 
 namespace trident {
 
-inline std::string xml_escape(const std::string& s) {
+inline std::string xml_escape(std::string_view s) {
   std::string o;
   for (char ch : s) {
     if (ch == '&') o += "&amp;";

@@ -19,11 +19,11 @@ bool is_comm(Kind k) { return k == Kind::collective || k == Kind::send || k == K
 
 // The category of a kernel (its colour in the SVG): the attention cores by the timeline's throughput class, then the
 // other attention kernels (projections, KV reorders) by name.
-const char* kernel_kind(const std::string& n) {
-  if (is_attention_core(n) || n.find("attn") != std::string::npos || n.find("kv_") != std::string::npos)
+const char* kernel_kind(std::string_view n) {
+  if (is_attention_core(n) || n.find("attn") != std::string_view::npos || n.find("kv_") != std::string_view::npos)
     return "attention";
-  if (n.find("expert") != std::string::npos || n.find("swiglu") != std::string::npos) return "experts";
-  if (n == "mm" || n.find("wgrad") != std::string::npos || n.find("linear_ce") != std::string::npos) return "gemm";
+  if (n.find("expert") != std::string_view::npos || n.find("swiglu") != std::string_view::npos) return "experts";
+  if (n == "mm" || n.find("wgrad") != std::string_view::npos || n.find("linear_ce") != std::string_view::npos) return "gemm";
   return "other";
 }
 
@@ -59,7 +59,7 @@ nlohmann::json trace_events(const std::vector<RankTrace>& traces, const Timeline
           x["args"] = {{"flops", e.flops}, {"bytes", e.bytes}, {"site", fmt::format("{}:{}", e.file, e.line)}};
         } else if (is_comm(e.kind)) {
           x["name"] = fmt::format("{} {}", e.name, e.comm);
-          x["cat"] = "comm," + e.comm;
+          x["cat"] = "comm," + std::string(e.comm);
           x["args"] = {{"comm", e.comm}, {"op", e.name}, {"bytes", e.bytes}, {"seq", e.seq},
                        {"dtype", std::string(to_string(e.dtype))}, {"site", fmt::format("{}:{}", e.file, e.line)}};
         } else {
@@ -124,7 +124,7 @@ std::string timeline_svg(const std::vector<RankTrace>& traces, const Timeline& t
         const Span& sp = tl.spans[static_cast<size_t>(r)][s][i];
         if (sp.end <= sp.start || !(e.kind == Kind::compute || is_comm(e.kind))) continue;
         const std::string& fill =
-            e.kind == Kind::compute ? kernel_colour.at(kernel_kind(e.name)) : comm_colour[e.comm];
+            e.kind == Kind::compute ? kernel_colour.at(kernel_kind(e.name)) : comm_colour[std::string(e.comm)];
         o += fmt::format(
             "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\"><title>{}{}{} "
             "{:.2f}-{:.2f} us</title></rect>\n",

@@ -140,6 +140,7 @@ class Replay {
  public:
   Replay(const std::vector<RankTrace>& tr, const Hardware& hw, const SimOptions& opt) : tr_(tr), hw_(hw) {
     if (!opt.fixed_costs) hw_.launch_us = hw_.nvlink_latency_us = hw_.ib_latency_us = 0;
+    planner_dtypes_ = opt.planner_dtypes;
     gemm_ = hw_.gemm_flops(opt.dtype);
     attn_ = hw_.attention_flops(opt.dtype);
     const int W = static_cast<int>(tr.size());
@@ -211,6 +212,10 @@ class Replay {
     if (queued_.insert(pack_entry(r, s, 0)).second) queue_.emplace_back(r, s);
   }
 
+  double wire(const TraceEntry& e, double bytes) const {
+    return planner_dtypes_ && bytes > 0 ? planner_wire_bytes(e.op, e.dtype, bytes) : bytes;
+  }
+
   double compute_seconds(const TraceEntry& e) const {
     const bool attn = is_attention_core(e.name);
     const double f = e.flops / (attn ? attn_ : gemm_);
@@ -271,7 +276,7 @@ class Replay {
         }
         case Kind::send:
         case Kind::recv:
-          sp = {c.t, c.t + comm_seconds(e, comms_.at(e.comm_id), static_cast<double>(e.bytes)), prev};
+          sp = {c.t, c.t + comm_seconds(e, comms_.at(e.comm_id), wire(e, static_cast<double>(e.bytes))), prev};
           note_coll(e, sp);
           break;
         case Kind::collective: {
@@ -287,7 +292,7 @@ class Replay {
             c.arrived = true;
             p.arrived++;
             // all_to_all(v): the busiest member's link, sending or receiving (a hot receiver; docs/timeline.md 2)
-            p.bytes = std::max({p.bytes, static_cast<double>(e.bytes), static_cast<double>(e.recv_bytes)});
+            p.bytes = std::max({p.bytes, wire(e, static_cast<double>(e.bytes)), wire(e, static_cast<double>(e.recv_bytes))});
             if (p.arrived == 1 || c.t > p.ready) p.ready = c.t, p.pred = prev;
             p.at.emplace_back(r, s);
           }
@@ -319,7 +324,7 @@ class Replay {
   const std::vector<std::vector<Span>>& spans_of(int r) const { return out_.spans[static_cast<size_t>(r)]; }
 
   void note_coll(const TraceEntry& e, const Span& sp) {
-    CollTime& ct = out_.coll[{e.comm, e.op}];
+    CollTime& ct = out_.coll[{std::string(e.comm), e.op}];
     ct.seconds += sp.end - sp.start;
     ct.calls += 1;
   }
@@ -343,7 +348,7 @@ class Replay {
       const Span& sp = out_.spans[static_cast<size_t>(r)][static_cast<size_t>(s)][static_cast<size_t>(i)];
       const TraceEntry& e = tr_[static_cast<size_t>(r)][static_cast<size_t>(s)].entries[static_cast<size_t>(i)];
       const double d = sp.end - sp.start;
-      if (is_comm(e.kind)) out_.path_comm_s[e.comm] += d;
+      if (is_comm(e.kind)) out_.path_comm_s[std::string(e.comm)] += d;
       else out_.path_compute_s += d;
       out_.path_entries++;
       p = sp.pred;
@@ -358,10 +363,10 @@ class Replay {
         for (size_t i = 0; i < tr_[r][s].entries.size(); ++i) {
           const TraceEntry& e = tr_[r][s].entries[i];
           const Span& sp = out_.spans[r][s][i];
-          if (is_comm(e.kind)) comm[e.comm];  // listed even when a no-op
+          if (is_comm(e.kind)) comm[std::string(e.comm)];  // listed even when a no-op
           if (sp.end <= sp.start) continue;
           if (e.kind == Kind::compute) comp.emplace_back(sp.start, sp.end);
-          else if (is_comm(e.kind)) comm[e.comm].emplace_back(sp.start, sp.end);
+          else if (is_comm(e.kind)) comm[std::string(e.comm)].emplace_back(sp.start, sp.end);
         }
       const auto c = merge(std::move(comp));
       out_.compute_busy_s[r] = length(c);
@@ -400,6 +405,7 @@ class Replay {
   const std::vector<RankTrace>& tr_;
   Hardware hw_;  // a copy: SimOptions may change its fixed costs
   double gemm_ = 1, attn_ = 1;
+  bool planner_dtypes_ = false;
   std::vector<int64_t> mem_start_;
   Timeline out_;
   std::vector<std::vector<Cursor>> cur_;
@@ -411,6 +417,29 @@ class Replay {
 };
 
 }  // namespace
+
+double planner_wire_bytes(CollOp op, DataType dtype, double bytes) {
+  switch (dtype) {
+    case DataType::exact_f32:
+      return bytes * static_cast<double>(dtype_size(DataType::f32)) / static_cast<double>(dtype_size(dtype));
+    case DataType::exact_f64:
+      return bytes * static_cast<double>(dtype_size(DataType::f64)) / static_cast<double>(dtype_size(dtype));
+    case DataType::f32:
+      switch (op) {
+        case CollOp::all_gather:
+        case CollOp::broadcast:
+        case CollOp::all_to_all:
+        case CollOp::all_to_allv:
+        case CollOp::send:
+        case CollOp::recv:
+          return bytes * static_cast<double>(dtype_size(DataType::bf16)) / static_cast<double>(dtype_size(dtype));
+        default:
+          return bytes;  // fp32 reductions stay fp32
+      }
+    default:
+      return bytes;
+  }
+}
 
 Timeline simulate(const std::vector<RankTrace>& traces, const Hardware& hw, const SimOptions& opt) {
   return Replay(traces, hw, opt).run();

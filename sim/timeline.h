@@ -41,7 +41,14 @@ struct SimOptions {
   // Per rank: device bytes allocated before the trace's first entry (empty: none; the emulator traces every
   // allocation of its devices, so 0). The base of Timeline::mem_peak.
   std::vector<int64_t> mem_start = {};
+  // true: time every collective at the planner's wire dtypes instead of the run's (docs/timeline.md section 2,
+  // "Wire dtypes"): fp32 data movement (all_gather, broadcast, all_to_all(v), send/recv) as bf16, exact-accumulator
+  // reductions as reductions of their element type (exact_f32 -> fp32, exact_f64 -> fp64). The trace is unchanged.
+  bool planner_dtypes = false;
 };
+
+// The bytes a collective entry of `dtype` and `op` moves at the planner's wire dtypes, for `bytes` as recorded.
+double planner_wire_bytes(CollOp op, DataType dtype, double bytes);
 
 // The throughput class of a kernel name: true for the attention cores (attn_core*, attn_doc_core*, dsa_core*,
 // dsa_select), which run at the model's attention throughput; every other kernel at the GEMM throughput.

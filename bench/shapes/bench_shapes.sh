@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One optimizer step of the 1 T-parameter MoE (preset kimi-k2) at 1 M tokens of context on 2,048 emulated ranks,
-# shapes only (docs/emulator.md section 9), on this machine: wall and CPU time, peak resident memory, every rank's
-# device peak against the memory estimate, and the bytes the schedule recorded per mesh dimension against the
-# planner's formulas for the same mesh (planner/examples/kimi_k2_nvl72_1m.toml), after the documented dtype
-# conversions (docs/emulator.md section 9.4). A benchmark, not a test: it prints; it fails only when the run fails
-# or a device peak exceeds the estimate.
+# shapes only (docs/emulator.md section 9), on this machine, replayed on GB200 NVL72 racks of 64 used GPUs with the
+# collectives at the planner's dtypes (docs/timeline.md section 2): wall and CPU time, peak resident memory, every
+# rank's device peak against the memory estimate, the simulated step time and exposed communication per mesh
+# dimension, and the bytes the schedule recorded per mesh dimension against the planner's formulas for the same
+# mesh (planner/examples/kimi_k2_nvl72_1m.toml), after the documented dtype conversions (docs/emulator.md section
+# 9.4). A benchmark, not a test: it prints; it fails only when the run fails or a device peak exceeds the estimate.
 #
-# Usage: bench/shapes/bench_shapes.sh [TRIDENT]   (default build/release/trident; about 5 minutes, 6 GB)
+# Usage: bench/shapes/bench_shapes.sh [TRIDENT]   (default build/release/trident; about 10 minutes, 16 GB)
 #        SHAPES_SCALE=small bench/shapes/bench_shapes.sh   (the same model on 128 ranks, 16 K context: seconds;
 #        no planner comparison, which is for the 1 M layout)
 set -euo pipefail
@@ -21,7 +22,7 @@ else
   mesh=d_rep=32,fsdp=1,cp=64,e_fsdp=32,ep=64 seqs=32 seq=1048576
 fi
 cmd=("$T" emulate --preset kimi-k2 --mesh "$mesh" --seqs "$seqs" --seq-len "$seq" --steps 1 --chunks 2 --recompute
-     --shapes-only --json "$out/run.json")
+     --shapes-only --hardware gb200-nvl72 --ranks-per-domain 64 --planner-dtypes --json "$out/run.json")
 echo "bench_shapes: ${cmd[*]}"
 /usr/bin/time -f "%e %U %S %M" -o "$out/time" "${cmd[@]}" > "$out/log" 2>&1 || { cat "$out/log"; exit 1; }
 "$T" plan planner/examples/kimi_k2_nvl72_1m.toml --json > "$out/plan.json"
@@ -40,6 +41,17 @@ est = run["device_estimate_bytes"]
 ok = max(peaks) <= est
 print(f"device peak per rank: max {max(peaks) / 2**30:.1f} GiB, median {statistics.median(peaks) / 2**30:.1f} GiB; "
       f"estimate {est / 2**30:.1f} GiB: {'within' if ok else 'OVER'}", flush=True)
+tl = run["timeline"]
+print(f"simulated step on {tl['hardware']} ({tl['ranks_per_domain']} ranks per NVLink domain, collectives at the "
+      f"planner's dtypes): {tl['makespan_s']:.3f} s; {tl['trace_entries']:,} trace entries "
+      f"({tl['trace_entries'] / W:,.0f} per rank); peak over simulated time max "
+      f"{tl['mem_peak_bytes']['max'] / 2**30:.1f} GiB")
+print(f"{'exposed communication':24s} {'max over ranks s':>17s} {'critical rank s':>16s} {'busy s':>10s}")
+for name, e in tl["exposed"].items():
+    print(f"{name:24s} {e['max_s']:17.3f} {e['critical_rank_s']:16.3f} {e['critical_rank_busy_s']:10.3f}")
+cp = tl["critical_path"]
+print(f"critical path: compute {cp['compute_s']:.3f} s, " +
+      ", ".join(f"{k} {v:.3f} s" for k, v in cp["comm_s"].items() if v > 0))
 # Per GPU and layer: the run's bytes (fp32 values, 56-byte exact accumulators) in the planner's dtypes (bf16 gathers
 # and all-to-alls, fp32 reductions): x 2/4 for fp32 -> bf16, x 4/56 for exact -> fp32.
 if W != 2048:

@@ -175,22 +175,22 @@ void compare_case(int n, size_t count, bool in_place, size_t eager_bytes, uint64
     EXPECT_EQ(sl[ix(CollOp::reduce_scatter)].bytes, N * C * Wb);
     EXPECT_EQ(sl[ix(CollOp::reduce)].bytes, C * Wb);
     // what the backend saw (trace of the default stream): exact dtypes natively, i64 sums lowered
-    std::vector<const TraceEntry*> en, el;
+    std::vector<TraceEntry> en, el;  // values: a TraceLog hands out entries by value
     for (const TraceEntry& t : nat.traces[R][0].entries)
-      if (t.kind == TraceEntry::Kind::collective) en.push_back(&t);
+      if (t.kind == TraceEntry::Kind::collective) en.push_back(t);
     for (const TraceEntry& t : low.traces[R][0].entries)
-      if (t.kind == TraceEntry::Kind::collective) el.push_back(&t);
+      if (t.kind == TraceEntry::Kind::collective) el.push_back(t);
     ASSERT_EQ(en.size(), size_t{3});
     ASSERT_EQ(el.size(), size_t{3});
     for (size_t k = 0; k < 3; ++k) {
-      EXPECT_EQ(en[k]->dtype, dt_of<T>());
-      EXPECT_EQ(en[k]->redop, ReduceOp::exact_sum);
-      EXPECT_EQ(en[k]->count, count);
-      EXPECT_EQ(el[k]->op, en[k]->op);
-      EXPECT_EQ(el[k]->dtype, DataType::i64);
-      EXPECT_EQ(el[k]->redop, ReduceOp::sum);
-      EXPECT_EQ(el[k]->count, count * W);
-      EXPECT_EQ(el[k]->bytes, sl[ix(el[k]->op)].bytes);
+      EXPECT_EQ(en[k].dtype, dt_of<T>());
+      EXPECT_EQ(en[k].redop, ReduceOp::exact_sum);
+      EXPECT_EQ(en[k].count, count);
+      EXPECT_EQ(el[k].op, en[k].op);
+      EXPECT_EQ(el[k].dtype, DataType::i64);
+      EXPECT_EQ(el[k].redop, ReduceOp::sum);
+      EXPECT_EQ(el[k].count, count * W);
+      EXPECT_EQ(el[k].bytes, sl[ix(el[k].op)].bytes);
     }
   }
 }

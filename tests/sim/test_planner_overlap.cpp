@@ -89,7 +89,7 @@ planner::PlanInput plan_input(const Traced& x, const Hardware& hw, const std::st
   return in;
 }
 
-bool is_gemm(const std::string& n) {
+bool is_gemm(std::string_view n) {
   for (const char* k : {"attn_qkv_forward", "attn_qkv_backward", "attn_out_forward", "attn_out_backward",
                         "expert_forward", "expert_backward_dgrad", "swiglu_forward", "swiglu_backward_dgrad", "mm",
                         "wgrad_acc", "router_forward"})

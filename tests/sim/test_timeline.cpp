@@ -74,10 +74,10 @@ TraceEntry wait(int event, int stream, int64_t index) {
   e.event_index = index;
   return e;
 }
-TraceEntry coll(CollOp op, const std::string& comm, int64_t id, uint64_t seq, int64_t bytes) {
+TraceEntry coll(CollOp op, std::string_view comm, int64_t id, uint64_t seq, int64_t bytes) {
   TraceEntry e;
   e.kind = TraceEntry::Kind::collective;
-  e.name = std::string(to_string(op));
+  e.name = to_string(op);
   e.op = op;
   e.comm = comm;
   e.comm_id = id;
@@ -141,7 +141,9 @@ TEST(Timeline, FormulasOfTheCollectives) {
 
 TEST(Timeline, InconsistentTraceIsAnErrorNotAHang) {
   auto t = two_ranks(1e9, 1024);
-  t[1][1].entries.back().seq = 1;  // rank 1 calls the communicator's second all-reduce, rank 0 its first
+  TraceEntry last = t[1][1].entries.back();
+  last.seq = 1;
+  t[1][1].entries.set(t[1][1].entries.size() - 1, last);  // rank 1 calls the communicator's second all-reduce, rank 0 its first
   EXPECT_THROW((void)simulate(t, hardware_model("h100")), Error);
   auto u = two_ranks(1e9, 1024);
   u[1][1].entries.pop_back();  // rank 1 never calls the all-reduce: with the mesh, its group is known to be 2
@@ -417,7 +419,7 @@ TEST(TraceMetadata, KernelBytesCountEveryAccess) {
     dev.synchronize(cs);
     std::map<std::string, int64_t> bytes;
     for (const TraceEntry& e : tr[0].entries)
-      if (e.kind == TraceEntry::Kind::compute) bytes[e.name] = e.bytes;
+      if (e.kind == TraceEntry::Kind::compute) bytes[std::string(e.name)] = e.bytes;
     EXPECT_EQ(bytes.at("mm"), 4 * (M * K + K * N + M * N));
     EXPECT_EQ(bytes.at("wgrad_acc"), 4 * (rows * K + rows * M) + K * M * int64_t(sizeof(ExactAcc<float>)));
     EXPECT_EQ(bytes.at("swiglu_forward"), 4 * (2 * N * d + 3 * d * F + 3 * N * F));
@@ -491,6 +493,34 @@ TEST(Timeline, HotReceiverSlowsTheAllToAllv) {
   EXPECT_DOUBLE_EQ(make(false), collective_seconds(CollOp::all_to_allv, B, 4, bw, lat));
   EXPECT_DOUBLE_EQ(make(true), collective_seconds(CollOp::all_to_allv, 3 * B, 4, bw, lat));
   EXPECT_GT(make(true), make(false));
+}
+
+// --planner-dtypes: an fp32 all-gather is timed as bf16 (half the bytes), an exact_f32 reduce-scatter as fp32
+// (4 of its 56 bytes per element), an fp32 all-reduce as itself; the trace is unchanged.
+TEST(Timeline, PlannerDtypesTimeTheWireDtypes) {
+  const Hardware& h = hardware_model("h100");
+  const double bw = h.nvlink_GBps * 1e9, lat = h.nvlink_latency_us * 1e-6;
+  const int64_t n = 1 << 18;  // elements per member
+  const auto one = [&](CollOp op, DataType dt, bool planner) {
+    std::vector<RankTrace> t(2);
+    for (auto& rt : t) {
+      rt.resize(1);
+      TraceEntry e = coll(op, "fsdp", 4, 0, n * static_cast<int64_t>(dtype_size(dt)));
+      e.dtype = dt;
+      rt[0].entries = {e};
+    }
+    return simulate(t, h, {.planner_dtypes = planner}).spans[0][0][0].end;
+  };
+  const auto want = [&](CollOp op, DataType dt) { return collective_seconds(op, double(n * dtype_size(dt)), 2, bw, lat); };
+  EXPECT_DOUBLE_EQ(one(CollOp::all_gather, DataType::f32, false), want(CollOp::all_gather, DataType::f32));
+  EXPECT_DOUBLE_EQ(one(CollOp::all_gather, DataType::f32, true), want(CollOp::all_gather, DataType::bf16));
+  EXPECT_DOUBLE_EQ(one(CollOp::reduce_scatter, DataType::exact_f32, false),
+                   want(CollOp::reduce_scatter, DataType::exact_f32));
+  EXPECT_DOUBLE_EQ(one(CollOp::reduce_scatter, DataType::exact_f32, true), want(CollOp::reduce_scatter, DataType::f32));
+  EXPECT_DOUBLE_EQ(one(CollOp::all_reduce, DataType::exact_f64, true), want(CollOp::all_reduce, DataType::f64));
+  EXPECT_DOUBLE_EQ(one(CollOp::all_reduce, DataType::f32, true), want(CollOp::all_reduce, DataType::f32));
+  EXPECT_DOUBLE_EQ(one(CollOp::all_to_allv, DataType::f32, true), want(CollOp::all_to_allv, DataType::bf16));
+  EXPECT_DOUBLE_EQ(one(CollOp::all_gather, DataType::i64, true), want(CollOp::all_gather, DataType::i64));
 }
 
 // Memory over simulated time: on one stream the peak is the device's (allocs and frees in stream order).

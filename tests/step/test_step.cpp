@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <type_traits>
 
 #include "emulator/world.h"
@@ -311,12 +312,12 @@ TEST(StepStreams, FsdpPrefetchesTheNextUnit) {
           recs.push_back(k);
       ASSERT_EQ(static_cast<int64_t>(recs.size()), 2 * L + 2) << "forward units 0..L+1, backward units L..1";
       // the compute-stream entry right after the wait for a gather record
-      auto after_wait = [&](size_t rec_index) -> const TraceEntry* {
+      auto after_wait = [&](size_t rec_index) -> std::optional<TraceEntry> {
         for (size_t k = 0; k + 1 < comp.size(); ++k)
           if (comp[k].kind == TraceEntry::Kind::wait && comp[k].event_stream == 1 &&
               comp[k].event_index == static_cast<int64_t>(rec_index))
-            return &comp[k + 1];
-        return nullptr;
+            return comp[k + 1];
+        return std::nullopt;
       };
       const auto gather_issue = [&](size_t rec) {  // first all-gather of the unit that this record closes
         size_t k = rec;
@@ -325,15 +326,15 @@ TEST(StepStreams, FsdpPrefetchesTheNextUnit) {
         return comm[k].issue;
       };
       for (int64_t u = 1; u <= L; ++u) {  // forward: layer units 1..L, next unit u+1 (the head after the last)
-        const TraceEntry* first = after_wait(recs[static_cast<size_t>(u)]);
-        ASSERT_NE(first, nullptr) << "forward unit " << u;
+        const std::optional<TraceEntry> first = after_wait(recs[static_cast<size_t>(u)]);
+        ASSERT_TRUE(first.has_value()) << "forward unit " << u;
         EXPECT_LT(gather_issue(recs[static_cast<size_t>(u + 1)]), first->issue)
             << "rank " << rank << " forward unit " << u << " recompute " << rec;
       }
       for (int64_t k = 0; k + 1 < L; ++k) {  // backward: record k of the backward is unit L-k, the next is L-k-1
         const size_t cur = recs[static_cast<size_t>(L + 2 + k)], next = recs[static_cast<size_t>(L + 3 + k)];
-        const TraceEntry* first = after_wait(cur);
-        ASSERT_NE(first, nullptr) << "backward unit " << L - k;
+        const std::optional<TraceEntry> first = after_wait(cur);
+        ASSERT_TRUE(first.has_value()) << "backward unit " << L - k;
         EXPECT_LT(gather_issue(next), first->issue)
             << "rank " << rank << " backward unit " << L - k << " recompute " << rec;
       }
