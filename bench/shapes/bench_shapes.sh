@@ -10,6 +10,8 @@
 # Usage: bench/shapes/bench_shapes.sh [TRIDENT]   (default build/release/trident; about 10 minutes, 16 GB)
 #        SHAPES_SCALE=small bench/shapes/bench_shapes.sh   (the same model on 128 ranks, 16 K context: seconds;
 #        no planner comparison, which is for the 1 M layout)
+#        SHAPES_WRITE=1 bench/shapes/bench_shapes.sh   (also puts the output in docs/seeds.md, between the
+#        <!--bench_shapes--> markers)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=${1:-build/release/trident}
@@ -26,7 +28,8 @@ cmd=("$T" emulate --preset kimi-k2 --mesh "$mesh" --seqs "$seqs" --seq-len "$seq
 echo "bench_shapes: ${cmd[*]}"
 /usr/bin/time -f "%e %U %S %M" -o "$out/time" "${cmd[@]}" > "$out/log" 2>&1 || { cat "$out/log"; exit 1; }
 "$T" plan planner/examples/kimi_k2_nvl72_1m.toml --json > "$out/plan.json"
-"$PY" - "$out" <<'PYEOF'
+status=0
+"$PY" - "$out" > "$out/report" <<'PYEOF' || status=$?
 import json, statistics, sys
 out = sys.argv[1]
 run = json.load(open(f"{out}/run.json"))
@@ -44,7 +47,8 @@ print(f"device peak per rank: max {max(peaks) / 2**30:.1f} GiB, median {statisti
 tl = run["timeline"]
 print(f"simulated step on {tl['hardware']} ({tl['ranks_per_domain']} ranks per NVLink domain, collectives at the "
       f"planner's dtypes): {tl['makespan_s']:.3f} s; {tl['trace_entries']:,} trace entries "
-      f"({tl['trace_entries'] / W:,.0f} per rank); peak over simulated time max "
+      f"({tl['trace_entries'] / W:,.0f} per rank, {tl['trace_bytes'] / 2**30:.2f} GiB in memory, "
+      f"{tl['trace_bytes'] / tl['trace_entries']:.1f} B each); peak over simulated time max "
       f"{tl['mem_peak_bytes']['max'] / 2**30:.1f} GiB")
 print(f"{'exposed communication':24s} {'max over ranks s':>17s} {'critical rank s':>16s} {'busy s':>10s}")
 for name, e in tl["exposed"].items():
@@ -78,3 +82,19 @@ for name, got, want, note in rows:
     print(f"{name:46s} {got / GB:12.4f} {want / GB:12.4f} {got / want:8.4f}   {note}")
 sys.exit(0 if ok else 1)
 PYEOF
+cat "$out/report"
+if [ "${SHAPES_WRITE:-0}" = 1 ] && [ "${SHAPES_SCALE:-full}" = full ]; then
+  "$PY" - "$out/report" docs/seeds.md "${cmd[*]}" <<'PYEOF'
+import re, sys
+report, doc, cmd = sys.argv[1:]
+body = "bench_shapes: " + cmd.replace(re.search(r"--json (\S+)", cmd).group(1), "run.json") + "\n" + open(report).read()
+s = open(doc).read()
+new = re.sub(r"(<!--bench_shapes-->\n```\n).*?(```\n<!--/bench_shapes-->)", lambda m: m.group(1) + body + m.group(2), s,
+             flags=re.S)
+if new == s and body not in s:
+    sys.exit("bench_shapes: no <!--bench_shapes--> block in " + doc)
+open(doc, "w").write(new)
+print("bench_shapes: wrote the output into " + doc)
+PYEOF
+fi
+exit $status

@@ -57,6 +57,9 @@ check(abs(t["critical_path"]["compute_s"] + sum(t["critical_path"]["comm_s"].val
 check(t["ranks_per_domain"] == 8 and t["mem_peak_bytes"]["max"] >= t["mem_peak_bytes"]["median"] > 0,
       "domain and memory over simulated time")
 check("peak device memory over simulated time" in out, "memory over simulated time printed")
+check(t["trace_entries"] > 0 and 40 * t["trace_entries"] <= t["trace_bytes"] <= 200 * t["trace_entries"],
+      "the trace's memory: 40 bytes per entry at least (parallel/trace.h)")
+check(t["planner_dtypes"] is False, "collectives at the run's dtypes by default")
 ev = json.load(open(tr))["traceEvents"]
 check({e["ph"] for e in ev} == {"M", "X", "s", "f"}, "trace phases")
 check(len({e["pid"] for e in ev}) == 4, "one process per rank")
@@ -75,6 +78,20 @@ check(d["command"] == "train" and d["ranks"] == 1 and d["collectives"] == [], "t
 check([round(s["loss"], 6) for s in d["steps"]] == losses(out), "train losses")
 check(f"repro: {d['repro']}" in out, "train repro")
 
+# --planner-dtypes: the same trace and bytes, the collectives timed at bf16 / fp32 (docs/timeline.md section 2)
+pj = os.path.join(work, "planner.json")
+run(["emulate", "--preset", "tiny", "--mesh", mesh, "--steps", "2", "--chunks", "2", "--hardware", "h100",
+     "--planner-dtypes", "--json", pj])
+dp = json.load(open(pj))
+check(dp["timeline"]["planner_dtypes"] is True and "--planner-dtypes" in dp["repro"], "--planner-dtypes recorded")
+check(dp["timeline"]["trace_entries"] == t["trace_entries"], "the same trace")
+rp = {(c["comm"], c["op"]): c for c in dp["collectives"]}
+check(all(rp[k]["bytes"] == rows[k]["bytes"] and rp[k]["exact_bytes"] == rows[k]["exact_bytes"] for k in rows),
+      "the same recorded bytes")
+check(rp[("fsdp*cp", "reduce_scatter")]["sim_seconds"] < rows[("fsdp*cp", "reduce_scatter")]["sim_seconds"],
+      "exact reductions timed as fp32 take less time")
+check(dp["timeline"]["makespan_s"] <= t["makespan_s"], "no slower at the planner's dtypes")
+
 # bad input: one clear error line naming the flag
 p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--hardware", "a100"],
                    capture_output=True, text=True)
@@ -86,6 +103,9 @@ check(p.returncode != 0 and "--json" in p.stderr and "step" not in p.stdout, "un
 p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--no-fixed-costs"],
                    capture_output=True, text=True)
 check(p.returncode != 0 and "trident: error:" in p.stderr and "--hardware" in p.stderr, "--no-fixed-costs alone")
+p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--planner-dtypes"],
+                   capture_output=True, text=True)
+check(p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "--hardware" in p.stderr, "--planner-dtypes alone")
 p = subprocess.run([trident, "emulate", "--preset", "tiny", "--mesh", mesh, "--hardware", "h100",
                     "--ranks-per-domain", "0"], capture_output=True, text=True)
 check(p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "--ranks-per-domain 0" in p.stderr,
