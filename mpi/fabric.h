@@ -122,6 +122,7 @@ class Fabric {
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
+  const FabricOptions& options() const { return opt_; }
   int process() const { return proc_; }
   int processes() const { return nproc_; }
   int ranks_per_process() const { return k_; }
@@ -205,7 +206,8 @@ class Fabric {
     uint64_t ctx;
     int src, dst;
     uint32_t sig;
-    std::vector<char> data;
+    std::vector<char> data;  // the payload, or (wired) the one chunk to send: header and payload
+    bool wired = false;
   };
   friend class Received;
   Mailbox& box(int g) { return *boxes_[static_cast<size_t>(g - first_rank())]; }
