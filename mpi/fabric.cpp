@@ -278,6 +278,8 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
     deliver(ctx, src, dst, sig, nullptr, bytes, std::vector<char>(p, p + bytes), nullptr);
     return;
   }
+  remote_msgs_.fetch_add(1, std::memory_order_relaxed);
+  remote_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   Out o{ctx, src, dst, sig, {}, bytes <= chunk_};
   if (o.wired) {  // one chunk: the MPI message itself, copied once
     const Header h{ctx, src, dst, sig, 0, bytes, 0};

@@ -164,6 +164,10 @@ class Fabric {
   // Error end: flushes this process's failure notice (at most ~1 s) and stops the progress thread.
   void stop_after_failure();
 
+  // Messages (and their payload bytes) this process's ranks sent to ranks of other processes, over MPI.
+  int64_t remote_messages() const { return remote_msgs_.load(); }
+  int64_t remote_bytes() const { return remote_bytes_.load(); }
+
   // Peak resident set of this process (VmHWM), bytes.
   static int64_t peak_rss();
 
@@ -234,6 +238,7 @@ class Fabric {
   std::condition_variable out_cv_;
   std::deque<Out> outq_;
 
+  std::atomic<int64_t> remote_msgs_{0}, remote_bytes_{0};
   std::atomic<bool> failed_{false};
   mutable std::mutex fail_m_;
   std::string failure_;

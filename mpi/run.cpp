@@ -334,6 +334,8 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     if (fabric.failed()) fail(fabric.failure());  // a rank that could not start
     Writer w;
     w.pod<int64_t>(Fabric::peak_rss());
+    w.pod<int64_t>(fabric.remote_messages() + (r.root ? 0 : 1));  // this tensor message included
+    w.pod<int64_t>(fabric.remote_bytes());
     append_tensors(w.b, grads);
     append_tensors(w.b, params);
     if (!r.root) {
@@ -348,14 +350,19 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
         res.grads = std::move(grads);
         res.params = std::move(params);
       }
-      const size_t want = sizeof(int64_t) + tensor_bytes(res.grads) + tensor_bytes(res.params);
+      constexpr size_t kHead = 3 * sizeof(int64_t);  // rss, remote messages, remote bytes
+      const size_t want = kHead + tensor_bytes(res.grads) + tensor_bytes(res.params);
+      r.remote_messages = fabric.remote_messages();
+      r.remote_bytes = fabric.remote_bytes();
       for (int p = 1; p < fabric.processes(); ++p) {
         const Received m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
         TD_CHECK_EQ(m.size(), want, "mpi: tensor message of process {}", p);
-        int64_t rss = 0;
-        std::memcpy(&rss, m.data(), sizeof rss);
-        r.process_rss.push_back(rss);
-        const size_t at = sizeof rss + or_tensors(res.grads, m.data() + sizeof rss);
+        int64_t head[3] = {};
+        std::memcpy(head, m.data(), sizeof head);
+        r.process_rss.push_back(head[0]);
+        r.remote_messages += head[1];
+        r.remote_bytes += head[2] + static_cast<int64_t>(m.size());
+        const size_t at = kHead + or_tensors(res.grads, m.data() + kHead);
         or_tensors(res.params, m.data() + at);
       }
       res.steps.resize(static_cast<size_t>(steps));

@@ -23,6 +23,9 @@ struct MpiRunResult {
   int ranks_per_process = 1;
   emu::EmulateResult<T> res;         // root only
   std::vector<int64_t> process_rss;  // root only: peak resident set per process (VmHWM), bytes
+  // root only: messages and payload bytes between processes (over MPI), summed over processes; the results and
+  // tensors gathered to process 0 after the steps included
+  int64_t remote_messages = 0, remote_bytes = 0;
 };
 
 // MPI for this process (MPI_THREAD_SERIALIZED: the fabric's progress thread is the only caller while a run is on).
