@@ -331,7 +331,7 @@ int run(const Opts& o, emu::EmulateSpec spec) {
       if (p != 0) return;
       info.repro = print_header<T>(o, spec, fmt::format("mpirun -np {} ", np));
       std::printf("memory estimate: %s\n", info.est.describe().c_str());
-      std::printf("MPI backend: %d process(es) x %d rank(s) per process (threads; in-process exchange in memory, "
+      std::printf("MPI backend: %d process(es) x %d rank(s) per process (fibers; in-process exchange in memory, "
                   "between processes over MPI)\n",
                   np, fo.ranks_per_process);
       std::fflush(stdout);
@@ -341,6 +341,8 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     for (int64_t b : mr.process_rss) mx = std::max(mx, b), sum += b;
     std::printf("peak RSS per process: max %s, all %d processes %s\n", mib(mx).c_str(), mr.processes,
                 mib(sum).c_str());
+    std::printf("between processes (MPI): %lld messages, %s\n", static_cast<long long>(mr.remote_messages),
+                mib(mr.remote_bytes).c_str());
     return report<T>(o, spec, mr.res, info);
 #else
     fail("--backend mpi: this trident was built without MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");

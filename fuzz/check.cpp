@@ -501,7 +501,7 @@ CaseResult check_mpi_t(const Layout& l, int only, const MpiBackend& mb) {
     if (verdict.empty() && want(Property::memory)) {
       emu::EmulateMemoryInputs mi{a.cfg, a.run, a.mesh, a.ep_chunks, a.vocab_slices, /*keep_tensors=*/true,
                                   /*check_reference=*/true};
-      mi.lower_exact_sum = true;  // the MPI backend always lowers exact sums
+      mi.lower_exact_sum = a.lower_exact_sum;  // the MPI backend lowers exact sums only when asked (native merge)
       const emu::MemoryEstimate est = emu::estimate_emulate(mi);
       const int64_t peak = *std::max_element(r.device_peak_bytes.begin(), r.device_peak_bytes.end());
       if (est.device_bytes() < static_cast<double>(peak))

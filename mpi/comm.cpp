@@ -35,7 +35,8 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser
 
 MpiCommunicator::MpiCommunicator(Fabric& f, std::shared_ptr<const std::vector<int>> ranks, int me, uint64_t ctx,
                                  std::string name)
-    : Communicator(std::move(name)), f_(f), ranks_(std::move(ranks)), me_(me), ctx_(ctx) {}
+    : Communicator(std::move(name)), f_(f), ranks_(std::move(ranks)), me_(me), ctx_(ctx),
+      native_exact_(f.native_exact_sum()) {}
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::world(Fabric& f, int g) {
   auto all = std::make_shared<std::vector<int>>(static_cast<size_t>(f.world()));
@@ -47,20 +48,24 @@ void MpiCommunicator::put(int peer, uint32_t sig, const void* data, size_t bytes
   f_.post(ctx_, global_rank(me_), global_rank(peer), sig, data, bytes);
 }
 
-Msg MpiCommunicator::get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc) {
-  Msg m = f_.take(ctx_, global_rank(peer), global_rank(me_),
-                  fmt::format("{} on '{}' at {}", sig_name(sig), name(), where(loc)));
+void MpiCommunicator::put_ref(int peer, uint32_t sig, const void* data, size_t bytes) {
+  f_.post_ref(ctx_, global_rank(me_), global_rank(peer), sig, data, bytes);
+}
+
+Received MpiCommunicator::get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc) {
+  const auto what = [&] { return fmt::format("{} on '{}' at {}", sig_name(sig), name(), where(loc)); };
+  Received m = f_.take(ctx_, global_rank(peer), global_rank(me_), what);
   if (m.sig != sig)
     fail(fmt::format("rank {} ('{}' rank {}) at {} expected {} from '{}' rank {} (rank {}) but received {}: the ranks "
                      "issued different calls",
                      global_rank(me_), name(), me_, where(loc), sig_name(sig), name(), peer, global_rank(peer),
                      sig_name(m.sig)));
-  if (m.data.size() != bytes)
+  if (m.size() != bytes)
     fail(fmt::format("rank {} ('{}' rank {}) at {}: {} from '{}' rank {} (rank {}) has {} bytes, this rank expected "
                      "{} (counts differ)",
                      global_rank(me_), name(), me_, where(loc), sig_name(sig), name(), peer, global_rank(peer),
-                     m.data.size(), bytes));
-  if (dst && bytes) std::memcpy(dst, m.data.data(), bytes);
+                     m.size(), bytes));
+  if (dst && bytes) std::memcpy(dst, m.data(), bytes);
   return m;
 }
 
@@ -72,14 +77,14 @@ void MpiCommunicator::all_gather_impl(const void* send, void* recv, size_t bytes
     if (me_ == 0) {
       if (send != mine && bytes) std::memmove(mine, send, bytes);
       for (int j = 1; j < n; ++j) get(j, sig, out + static_cast<size_t>(j) * bytes, bytes, loc);
-      for (int j = 1; j < n; ++j) put(j, sig | kPhase2, out, static_cast<size_t>(n) * bytes);
+      for (int j = 1; j < n; ++j) put_ref(j, sig | kPhase2, out, static_cast<size_t>(n) * bytes);
     } else {
-      put(0, sig, send, bytes);
+      put_ref(0, sig, send, bytes);
       get(0, sig | kPhase2, out, static_cast<size_t>(n) * bytes, loc);
     }
     return;
   }
-  for (int d = 1; d < n; ++d) put((me_ + d) % n, sig, send, bytes);
+  for (int d = 1; d < n; ++d) put_ref((me_ + d) % n, sig, send, bytes);
   if (send != mine && bytes) std::memmove(mine, send, bytes);
   for (int d = 1; d < n; ++d) {
     const int j = (me_ + n - d) % n;
@@ -87,7 +92,7 @@ void MpiCommunicator::all_gather_impl(const void* send, void* recv, size_t bytes
   }
 }
 
-void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
+void MpiCommunicator::collective(const CollArgs& a, loc_t loc) {
   const int n = size();
   const size_t es = dtype_size(a.dtype);
   const uint32_t sig = sig_of(a.op, a.dtype);
@@ -101,9 +106,9 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
       const size_t bytes = a.count * es;
       for (int d = 1; d < n; ++d) {
         const int j = (me_ + d) % n;
-        put(j, sig, in + static_cast<size_t>(j) * bytes, bytes);
+        put_ref(j, sig, in + static_cast<size_t>(j) * bytes, bytes);
       }
-      std::vector<Msg> msgs(static_cast<size_t>(n));
+      std::vector<Received> msgs(static_cast<size_t>(n));
       std::vector<const void*> srcs(static_cast<size_t>(n));
       for (int j = 0; j < n; ++j) {
         if (j == me_) {
@@ -111,7 +116,7 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
           continue;
         }
         msgs[static_cast<size_t>(j)] = get(j, sig, nullptr, bytes, loc);
-        srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data.data();
+        srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data();
       }
       emu::reduce_into(a.dtype, a.redop, out, srcs.data(), n, a.count);
       return;
@@ -123,10 +128,10 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
       auto len = [&](int j) { return begin(j + 1) - begin(j); };
       for (int d = 1; d < n; ++d) {
         const int j = (me_ + d) % n;
-        if (len(j)) put(j, sig, in + begin(j) * es, len(j) * es);
+        if (len(j)) put_ref(j, sig, in + begin(j) * es, len(j) * es);
       }
       if (len(me_)) {
-        std::vector<Msg> msgs(static_cast<size_t>(n));
+        std::vector<Received> msgs(static_cast<size_t>(n));
         std::vector<const void*> srcs(static_cast<size_t>(n));
         for (int j = 0; j < n; ++j) {
           if (j == me_) {
@@ -134,10 +139,10 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
             continue;
           }
           msgs[static_cast<size_t>(j)] = get(j, sig, nullptr, len(me_) * es, loc);
-          srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data.data();
+          srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data();
         }
         emu::reduce_into(a.dtype, a.redop, out + begin(me_) * es, srcs.data(), n, len(me_));
-        for (int d = 1; d < n; ++d) put((me_ + d) % n, sig | kPhase2, out + begin(me_) * es, len(me_) * es);
+        for (int d = 1; d < n; ++d) put_ref((me_ + d) % n, sig | kPhase2, out + begin(me_) * es, len(me_) * es);
       }
       for (int d = 1; d < n; ++d) {
         const int j = (me_ + n - d) % n;
@@ -148,7 +153,7 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
     case CollOp::broadcast: {
       const size_t bytes = a.count * es;
       if (me_ == a.root) {
-        for (int d = 1; d < n; ++d) put((me_ + d) % n, sig, in, bytes);
+        for (int d = 1; d < n; ++d) put_ref((me_ + d) % n, sig, in, bytes);
         if (in != out && bytes) std::memcpy(out, in, bytes);
       } else {
         get(a.root, sig, out, bytes, loc);
@@ -158,10 +163,10 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
     case CollOp::reduce: {
       const size_t bytes = a.count * es;
       if (me_ != a.root) {
-        put(a.root, sig, in, bytes);
+        put_ref(a.root, sig, in, bytes);
         return;
       }
-      std::vector<Msg> msgs(static_cast<size_t>(n));
+      std::vector<Received> msgs(static_cast<size_t>(n));
       std::vector<const void*> srcs(static_cast<size_t>(n));
       for (int j = 0; j < n; ++j) {
         if (j == me_) {
@@ -169,7 +174,7 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
           continue;
         }
         msgs[static_cast<size_t>(j)] = get(j, sig, nullptr, bytes, loc);
-        srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data.data();
+        srcs[static_cast<size_t>(j)] = msgs[static_cast<size_t>(j)].data();
       }
       emu::reduce_into(a.dtype, a.redop, out, srcs.data(), n, a.count);
       return;
@@ -177,6 +182,20 @@ void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
     default:
       fail(fmt::format("MpiCommunicator: {} is not a collective (at {})", to_string(a.op), where(loc)));
   }
+}
+
+void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
+  try {
+    collective(a, loc);
+  } catch (...) {
+    f_.drain_refs(global_rank(me_));  // the other ranks of this process stop reading this rank's buffers first
+    throw;
+  }
+  wait_sent(sig_of(a.op, a.dtype), loc);
+}
+
+void MpiCommunicator::wait_sent(uint32_t sig, loc_t loc) {
+  f_.wait_refs(global_rank(me_), [&] { return fmt::format("{} on '{}' at {}", sig_name(sig), name(), where(loc)); });
 }
 
 void MpiCommunicator::do_send(const void* buf, size_t count, DataType t, int peer, Stream, loc_t loc) {
@@ -201,17 +220,31 @@ void MpiCommunicator::do_group_end(loc_t) {
   if (--group_depth_ > 0) return;
   std::vector<Pending> ops;
   ops.swap(group_);
-  for (const Pending& p : ops)  // every send first (they are buffered), then every receive, in issue order
-    if (p.send) put(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes);
-  for (const Pending& p : ops)
-    if (!p.send) get(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes, p.loc);
+  // Every send first (the receivers in this process read the buffers in place), then every receive in issue
+  // order, then the wait until this process's receivers have read the sent buffers.
+  try {
+    for (const Pending& p : ops)
+      if (p.send) put_ref(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes);
+    for (const Pending& p : ops)
+      if (!p.send) get(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes, p.loc);
+  } catch (...) {
+    f_.drain_refs(global_rank(me_));
+    throw;
+  }
+  if (!ops.empty()) wait_sent(sig_of(CollOp::send, ops.front().t), ops.front().loc);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, std::string name, loc_t loc) {
   const int n = size();
   const int32_t mine[2] = {color, key};
   std::vector<int32_t> all(2 * static_cast<size_t>(n));
-  all_gather_impl(mine, all.data(), sizeof mine, sig_of(CollOp::split, DataType::i32), loc);
+  try {
+    all_gather_impl(mine, all.data(), sizeof mine, sig_of(CollOp::split, DataType::i32), loc);
+  } catch (...) {
+    f_.drain_refs(global_rank(me_));
+    throw;
+  }
+  wait_sent(sig_of(CollOp::split, DataType::i32), loc);
   const uint64_t seq = splits_++;
   if (color < 0) return nullptr;
   std::vector<int> members;  // communicator ranks of this color, ordered by (key, rank)

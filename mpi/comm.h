@@ -15,7 +15,9 @@
 //   split           the (color, key) pairs are all-gathered, each rank builds its group ordered by (key, rank)
 // Floating reductions are never handed to MPI: the contributions move and are combined locally with the
 // emulator's kernel (emulator/reduce.h: fp32 accumulation for bf16, one rounding; NaN-propagating max/min), so the
-// bits equal the emulator's. native_exact_sum() is false: exact sums arrive lowered onto i64 sums.
+// bits equal the emulator's. Exact sums are merged natively (the accumulator bytes move, emulator/reduce.h merges
+// them in rank order) when every process holds them in the same format (Fabric::native_exact_sum()); otherwise,
+// or when asked (FabricOptions::lower_exact_sum), they arrive lowered onto i64 sums (parallel/exact_lowering.h).
 // Each message carries the sender's operation; a receiver that expected another one fails naming both ranks.
 #pragma once
 #include <cstdint>
@@ -47,18 +49,23 @@ class MpiCommunicator final : public Communicator {
   void do_group_start(loc_t loc) override;
   void do_group_end(loc_t loc) override;
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) override;
-  bool native_exact_sum() const override { return false; }
+  bool native_exact_sum() const override { return native_exact_; }
 
  private:
-  void put(int peer, uint32_t sig, const void* data, size_t bytes);
+  void put(int peer, uint32_t sig, const void* data, size_t bytes);      // copied at once
+  void put_ref(int peer, uint32_t sig, const void* data, size_t bytes);  // read in place in this process
+  // Waits until this process's receivers released every put_ref message of this rank (the end of a call).
+  void wait_sent(uint32_t sig, loc_t loc);
+  void collective(const CollArgs& a, loc_t loc);
   // Receives exactly `bytes` from peer into dst (or returns the message when dst is null), checking the signature.
-  Msg get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc);
+  Received get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc);
   void all_gather_impl(const void* send, void* recv, size_t bytes, uint32_t sig, loc_t loc);
 
   Fabric& f_;
   std::shared_ptr<const std::vector<int>> ranks_;
   int me_;
   uint64_t ctx_;
+  bool native_exact_;  // Fabric::native_exact_sum()
   uint64_t splits_ = 0;
   int group_depth_ = 0;
   struct Pending {

@@ -7,8 +7,11 @@
 #include <fstream>
 #include <list>
 
+#include "emulator/fiber.h"
 #include "platform/memory_info.h"
+#include "platform/wait.h"
 #include "reference/check.h"
+#include "reference/exact_acc.h"
 
 namespace trident::mpi {
 
@@ -28,6 +31,19 @@ std::string mpi_error(int code) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The exact accumulators' format: what a native merge of another process's accumulator bytes relies on.
+struct AccFormat {
+  uint32_t bytes_f32, limbs_f32, digit_f32, bytes_f64, limbs_f64, digit_f64, little_endian, pad;
+  bool operator==(const AccFormat&) const = default;
+};
+AccFormat acc_format() {
+  const uint32_t one = 1;
+  unsigned char first = 0;
+  std::memcpy(&first, &one, 1);
+  return AccFormat{sizeof(ExactAcc<float>), ExactAcc<float>::kLimbs, ExactAcc<float>::kDigit,
+                   sizeof(ExactAcc<double>), ExactAcc<double>::kLimbs, ExactAcc<double>::kDigit, first, 0};
+}
+
 }  // namespace
 
 std::string Fabric::describe_process(int p) const {
@@ -45,9 +61,12 @@ Fabric::Fabric(const FabricOptions& opt) : opt_(opt) {
   chunk_ = opt_.chunk_bytes > 0 ? opt_.chunk_bytes : static_cast<size_t>(INT_MAX) - 64;
   TD_CHECK(chunk_ + sizeof(Header) <= static_cast<size_t>(INT_MAX), "mpi: chunk of {} bytes exceeds INT_MAX", chunk_);
   for (int i = 0; i < k_; ++i) boxes_.push_back(std::make_unique<Mailbox>());
-  // Every process started: a barrier with a deadline (a process that never arrives is named by its absence).
+  // Every process started, with its accumulator format: an all-gather with a deadline (a process that never
+  // arrives is named by its absence).
+  const AccFormat mine = acc_format();
+  std::vector<AccFormat> formats(static_cast<size_t>(nproc_));
   MPI_Request req;
-  MPI_Ibarrier(comm_, &req);
+  MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, formats.data(), sizeof mine, MPI_BYTE, comm_, &req);
   const auto t0 = Clock::now();
   for (int flag = 0; !flag;) {
     MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
@@ -55,6 +74,14 @@ Fabric::Fabric(const FabricOptions& opt) : opt_(opt) {
       trident::fail(fmt::format("mpi: not every process of {} reached startup within {:.0f} s", nproc_,
                        std::max(60.0, opt_.peer_timeout_s)));
     if (!flag) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  native_exact_ = !opt_.lower_exact_sum;
+  for (const AccFormat& f : formats) native_exact_ = native_exact_ && f == mine;
+  MPI_Comm local = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, proc_, MPI_INFO_NULL, &local) == MPI_SUCCESS &&
+      local != MPI_COMM_NULL) {
+    MPI_Comm_size(local, &local_procs_);
+    MPI_Comm_free(&local);
   }
   progress_ = std::thread([this] { progress_main(); });
 }
@@ -81,33 +108,187 @@ void Fabric::set_failure(const std::string& msg, bool tell_others) {
     tell_others_ = tell_others;
     failed_.store(true);
   }
+  // No rank takes a message any more: the queued ones are dropped, which releases the post_ref ones (their
+  // senders wait for that before they leave; released outside the mailbox's lock, which release_ref takes).
   for (auto& b : boxes_) {
-    std::lock_guard lk(b->m);
-    b->cv.notify_all();
+    std::vector<void*> owners;
+    {
+      std::lock_guard lk(b->m);
+      for (auto& [key, q] : b->q) {
+        while (Item* it = q.head) {
+          q.head = it->next;
+          if (it->owner) owners.push_back(it->owner);
+          it->owned = {};
+          it->owner = nullptr;
+          it->next = b->free_items;
+          b->free_items = it;
+        }
+        q.tail = nullptr;
+      }
+      wake_locked(*b);
+    }
+    for (void* o : owners) release_ref(o);
   }
   out_cv_.notify_all();
 }
 
+Fabric::Mailbox::~Mailbox() {
+  for (auto& [key, q] : this->q)
+    while (Item* it = q.head) {
+      q.head = it->next;
+      delete it;
+    }
+  while (Item* it = free_items) {
+    free_items = it->next;
+    delete it;
+  }
+}
+
+Received& Received::operator=(Received&& o) noexcept {
+  if (this != &o) {
+    release();
+    sig = o.sig;
+    f_ = o.f_;
+    ptr_ = o.ptr_;
+    size_ = o.size_;
+    owned_ = std::move(o.owned_);
+    owner_ = o.owner_;
+    o.owner_ = nullptr;
+    o.ptr_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+void Received::release() {
+  if (owner_) f_->release_ref(owner_);
+  owner_ = nullptr;
+}
+
+void Fabric::release_ref(void* owner) {
+  Mailbox& b = *static_cast<Mailbox*>(owner);
+  if (b.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::lock_guard lk(b.m);
+  wake_locked(b);
+}
+
+bool Fabric::in_fiber() const {
+  return sched_.load(std::memory_order_acquire) != nullptr && emu::fiber::Scheduler::current_arg() != nullptr;
+}
+
+void Fabric::sleep_on(Mailbox& b, bool fiber, uint32_t old) {
+  if (fiber) sched_.load(std::memory_order_acquire)->wait(b.word, old);
+  else platform::wait_word(b.word, old);
+}
+
+void Fabric::wake_locked(Mailbox& b) {
+  b.word.fetch_add(1, std::memory_order_release);
+  if (!b.waiting) return;
+  // A fiber waiter keeps its scheduler alive (run_ranks returns only after every fiber did), and it clears
+  // `waiting` under b.m before it leaves.
+  if (b.fiber) sched_.load(std::memory_order_acquire)->wake(b.word, INT_MAX);
+  else platform::wake_word(b.word, INT_MAX);
+}
+
+void Fabric::wake_overdue() {
+  for (auto& b : boxes_) {
+    std::lock_guard lk(b->m);
+    if (b->waiting && seconds_since(b->since) > opt_.wait_timeout_s) wake_locked(*b);
+  }
+}
+
+void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions& opt) {
+  struct Arg {
+    const std::function<void(int)>* fn;
+    int g;
+  };
+  std::vector<Arg> args(static_cast<size_t>(k_));
+  for (int i = 0; i < k_; ++i) args[static_cast<size_t>(i)] = Arg{&fn, first_rank() + i};
+  auto body = [](void* p) {
+    const auto* a = static_cast<const Arg*>(p);
+    (*a->fn)(a->g);
+  };
+  if (!opt.fibers) {
+    std::vector<std::thread> ts;
+    for (int i = 0; i < k_; ++i) {
+      try {
+        ts.emplace_back(body, &args[static_cast<size_t>(i)]);
+      } catch (const std::exception& e) {
+        fail(fmt::format("rank {}: could not start its thread ({} of {} in this process: {})", first_rank() + i, i,
+                         k_, e.what()));
+        break;
+      }
+    }
+    for (auto& t : ts) t.join();
+    return;
+  }
+  int workers = opt.workers;
+  if (workers <= 0)
+    workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / std::max(1, local_procs_);
+  workers = std::clamp(workers, 1, k_);
+  emu::fiber::Scheduler s(workers, static_cast<size_t>(k_));
+  for (int i = 0; i < k_; ++i) {
+    if (std::string err = s.add(i % workers, opt.stack_bytes, body, &args[static_cast<size_t>(i)]); !err.empty()) {
+      fail(fmt::format("rank {}: could not start its fiber ({} of {} in this process: {})", first_rank() + i, i, k_,
+                       err));
+      break;  // the ranks added so far run, see the failure and return
+    }
+  }
+  sched_.store(&s, std::memory_order_release);
+  try {
+    s.run();
+  } catch (const std::exception& e) {  // no worker thread started: no rank ran
+    fail(fmt::format("process {}: {}", proc_, e.what()));
+  }
+  sched_.store(nullptr, std::memory_order_release);
+}
+
 void Fabric::fail(const std::string& msg) { set_failure(msg, true); }
 
-void Fabric::deliver(uint64_t ctx, int src, int dst, Msg&& m) {
-  Mailbox& b = *boxes_[static_cast<size_t>(dst - first_rank())];
-  std::lock_guard lk(b.m);
-  b.q[{ctx, src}].push_back(std::move(m));
-  if (b.waiting && b.want == std::make_pair(ctx, src)) b.cv.notify_all();
+void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
+                     std::vector<char>&& owned, void* owner) {
+  Mailbox& b = box(dst);
+  {
+    std::lock_guard lk(b.m);
+    if (!failed_.load()) {
+      Item* it = b.free_items;
+      if (it) b.free_items = it->next;
+      else it = new Item;
+      it->next = nullptr;
+      it->sig = sig;
+      it->owned = std::move(owned);
+      it->ptr = owner ? ptr : it->owned.data();
+      it->size = size;
+      it->owner = owner;
+      Queue& q = b.q[{ctx, src}];
+      (q.tail ? q.tail->next : q.head) = it;
+      q.tail = it;
+      if (b.waiting && b.want == std::make_pair(ctx, src)) wake_locked(b);
+      return;
+    }
+  }
+  if (owner) release_ref(owner);  // the run failed: nobody takes it
 }
 
 void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {
   TD_CHECK(dst >= 0 && dst < world(), "mpi: destination rank {} out of range [0, {})", dst, world());
   if (failed_.load()) trident::fail(fmt::format("rank {}: {}", src, failure()));
+  const char* p = static_cast<const char*>(data);
   if (process_of(dst) == proc_) {
-    Msg m;
-    m.sig = sig;
-    m.data.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-    deliver(ctx, src, dst, std::move(m));
+    deliver(ctx, src, dst, sig, nullptr, bytes, std::vector<char>(p, p + bytes), nullptr);
     return;
   }
-  Out o{ctx, src, dst, sig, std::vector<char>(static_cast<const char*>(data), static_cast<const char*>(data) + bytes)};
+  remote_msgs_.fetch_add(1, std::memory_order_relaxed);
+  remote_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  Out o{ctx, src, dst, sig, {}, bytes <= chunk_};
+  if (o.wired) {  // one chunk: the MPI message itself, copied once
+    const Header h{ctx, src, dst, sig, 0, bytes, 0};
+    o.data.resize(sizeof h + bytes);
+    std::memcpy(o.data.data(), &h, sizeof h);
+    if (bytes) std::memcpy(o.data.data() + sizeof h, p, bytes);
+  } else {
+    o.data.assign(p, p + bytes);
+  }
   {
     std::lock_guard lk(out_m_);
     outq_.push_back(std::move(o));
@@ -115,34 +296,114 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
   out_cv_.notify_all();
 }
 
-Msg Fabric::take(uint64_t ctx, int src, int dst, const std::string& what) {
-  Mailbox& b = *boxes_[static_cast<size_t>(dst - first_rank())];
+void Fabric::post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {
+  if (process_of(dst) != proc_) return post(ctx, src, dst, sig, data, bytes);
+  TD_CHECK(dst >= 0 && dst < world(), "mpi: destination rank {} out of range [0, {})", dst, world());
+  if (failed_.load()) trident::fail(fmt::format("rank {}: {}", src, failure()));
+  Mailbox& own = box(src);
+  own.refs.fetch_add(1, std::memory_order_relaxed);
+  deliver(ctx, src, dst, sig, static_cast<const char*>(data), bytes, {}, &own);
+}
+
+void Fabric::drain_refs(int src) noexcept {
+  Mailbox& b = box(src);
+  if (b.refs.load(std::memory_order_acquire) == 0) return;
+  const bool fiber = in_fiber();
   std::unique_lock lk(b.m);
   const auto t0 = Clock::now();
-  for (;;) {
-    auto it = b.q.find({ctx, src});
-    if (it != b.q.end() && !it->second.empty()) {
-      Msg m = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) b.q.erase(it);
-      return m;
-    }
-    if (failed_.load()) {
+  while (b.refs.load(std::memory_order_acquire) != 0) {
+    b.waiting = true;
+    b.fiber = fiber;
+    b.want = {~uint64_t{0}, -1};  // no message: release_ref wakes it
+    b.since = t0;
+    const uint32_t old = b.word.load(std::memory_order_acquire);
+    if (b.refs.load(std::memory_order_acquire) == 0) break;
+    lk.unlock();
+    sleep_on(b, fiber, old);
+    lk.lock();
+    b.waiting = false;
+  }
+  b.waiting = false;
+}
+
+void Fabric::wait_refs(int src, const Describe& what) {
+  Mailbox& b = box(src);
+  if (b.refs.load(std::memory_order_acquire) != 0) {
+    const bool fiber = in_fiber();
+    std::unique_lock lk(b.m);
+    const auto t0 = Clock::now();
+    bool timed_out = false;
+    while (b.refs.load(std::memory_order_acquire) != 0) {
+      if (!timed_out && seconds_since(t0) > opt_.wait_timeout_s) {
+        // A receiver never took the message: fail the run (the queued messages are dropped, so the wait ends).
+        timed_out = true;
+        lk.unlock();
+        fail(fmt::format("rank {} waited {:.0f} s for its {} to be received: a receiver is stuck or issued "
+                         "different calls (--mpi-wait-timeout)",
+                         src, opt_.wait_timeout_s, what()));
+        lk.lock();
+        continue;
+      }
+      b.waiting = true;
+      b.fiber = fiber;
+      b.want = {~uint64_t{0}, -1};  // no message: release_ref wakes it
+      b.since = t0;
+      const uint32_t old = b.word.load(std::memory_order_acquire);
+      if (b.refs.load(std::memory_order_acquire) == 0) break;
       lk.unlock();
-      trident::fail(fmt::format("rank {}: {} (while waiting for {} from rank {})", dst, failure(), what, src));
+      sleep_on(b, fiber, old);
+      lk.lock();
+      b.waiting = false;
     }
+    b.waiting = false;
+  }
+  if (failed_.load()) trident::fail(fmt::format("rank {}: {} (after {})", src, failure(), what()));
+}
+
+Received Fabric::take(uint64_t ctx, int src, int dst, const Describe& what) {
+  Mailbox& b = box(dst);
+  const bool fiber = in_fiber();
+  std::unique_lock lk(b.m);
+  Queue& q = b.q[{ctx, src}];  // stays (unordered_map references are stable)
+  Clock::time_point t0{};
+  for (;;) {
+    if (failed_.load()) {  // checked first: after a failure no message is handed out (their senders may be gone)
+      lk.unlock();
+      trident::fail(fmt::format("rank {}: {} (while waiting for {} from rank {})", dst, failure(), what(), src));
+    }
+    if (Item* it = q.head) {
+      q.head = it->next;
+      if (!q.head) q.tail = nullptr;
+      Received r;
+      r.f_ = this;
+      r.sig = it->sig;
+      r.owned_ = std::move(it->owned);
+      r.ptr_ = it->owner ? it->ptr : r.owned_.data();
+      r.size_ = it->size;
+      r.owner_ = it->owner;
+      it->owner = nullptr;
+      it->next = b.free_items;
+      b.free_items = it;
+      return r;
+    }
+    if (t0 == Clock::time_point{}) t0 = Clock::now();
     if (seconds_since(t0) > opt_.wait_timeout_s) {
       lk.unlock();
       const std::string msg = fmt::format(
           "rank {} waited {:.0f} s for {} from rank {} on {}: that rank is stuck or issued different calls "
           "(--mpi-wait-timeout)",
-          dst, opt_.wait_timeout_s, what, src, describe_process(process_of(src)));
+          dst, opt_.wait_timeout_s, what(), src, describe_process(process_of(src)));
       fail(msg);
       trident::fail(msg);
     }
     b.waiting = true;
+    b.fiber = fiber;
     b.want = {ctx, src};
-    b.cv.wait_for(lk, std::chrono::milliseconds(50));
+    b.since = t0;
+    const uint32_t old = b.word.load(std::memory_order_acquire);
+    lk.unlock();
+    sleep_on(b, fiber, old);
+    lk.lock();
     b.waiting = false;
   }
 }
@@ -180,7 +441,11 @@ void Fabric::progress_main() {
     MPI_Request req;
     int tag;
     std::vector<char> buf;
+    bool done = false;
   };
+  std::vector<MPI_Request> reqs;  // scratch for MPI_Testsome
+  std::vector<int> idx;
+  std::vector<Arrival*> waiting;
   std::vector<std::deque<Arrival>> recvs(static_cast<size_t>(nproc_));  // per source, in match order
   Reassembler reassembly(WireLayout{nproc_, k_, proc_, chunk_});  // checks every chunk (mpi/wire.h)
   std::vector<Clock::time_point> heard(static_cast<size_t>(nproc_), Clock::now());
@@ -206,6 +471,15 @@ void Fabric::progress_main() {
     }
     for (Out& o : outs) {
       active = true;
+      if (o.wired) {  // one chunk, built by post()
+        inflight.push_back(Inflight{MPI_REQUEST_NULL, std::move(o.data), true});
+        Inflight& b = inflight.back();
+        if (mpi_failed(MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, process_of(o.dst),
+                                 kTagData, comm_, &b.req),
+                       "MPI_Isend"))
+          break;
+        continue;
+      }
       const uint64_t total = o.data.size();
       uint64_t off = 0;
       do {
@@ -234,15 +508,21 @@ void Fabric::progress_main() {
         MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, p, kTagAbort, comm_, &b.req);
       }
     }
-    // 3. completed sends
-    for (auto it = inflight.begin(); it != inflight.end();) {
-      int flag = 0;
-      if (mpi_failed(MPI_Test(&it->req, &flag, MPI_STATUS_IGNORE), "MPI_Test")) flag = 1;
-      if (flag) {
-        it = inflight.erase(it);
+    // 3. completed sends: one MPI_Testsome for all (each MPI test call runs the library's progress engine, which
+    // yields the core when oversubscribed: one call per request would yield hundreds of times per pass)
+    if (!inflight.empty()) {
+      reqs.clear();
+      for (auto& f : inflight) reqs.push_back(f.req);
+      idx.resize(reqs.size());
+      int done = 0;
+      if (mpi_failed(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &done, idx.data(), MPI_STATUSES_IGNORE),
+                     "MPI_Testsome"))
+        inflight.clear();
+      else if (done != MPI_UNDEFINED && done > 0) {
         active = true;
-      } else {
-        ++it;
+        size_t i = 0;
+        for (auto it = inflight.begin(); it != inflight.end(); ++i)
+          it = reqs[i] == MPI_REQUEST_NULL ? inflight.erase(it) : std::next(it);
       }
     }
     // 4. arrivals: matched with MPI_Improbe, received with MPI_Imrecv (never a blocking receive: a sender that dies
@@ -259,11 +539,28 @@ void Fabric::progress_main() {
       q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::vector<char>(static_cast<size_t>(bytes))});
       if (mpi_failed(MPI_Imrecv(q.back().buf.data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
     }
+    // completed receives (one MPI_Testsome), handled per source in match order
+    reqs.clear();
+    waiting.clear();
+    for (auto& q : recvs)
+      for (Arrival& a : q)
+        if (!a.done) reqs.push_back(a.req), waiting.push_back(&a);
+    if (!reqs.empty()) {
+      idx.resize(reqs.size());
+      int done = 0;
+      if (!mpi_failed(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &done, idx.data(), MPI_STATUSES_IGNORE),
+                      "MPI_Testsome") &&
+          done != MPI_UNDEFINED)
+        for (int i = 0; i < done; ++i) {
+          Arrival& a = *waiting[static_cast<size_t>(idx[static_cast<size_t>(i)])];
+          a.done = true;
+          a.req = MPI_REQUEST_NULL;
+        }
+    }
     for (int from = 0; from < nproc_; ++from) {
       auto& q = recvs[static_cast<size_t>(from)];
       while (!q.empty()) {
-        int flag = 0;
-        if (mpi_failed(MPI_Test(&q.front().req, &flag, MPI_STATUS_IGNORE), "MPI_Test") || !flag) break;
+        if (!q.front().done) break;
         active = true;
         heard[static_cast<size_t>(from)] = Clock::now();
         Arrival a = std::move(q.front());
@@ -273,8 +570,10 @@ void Fabric::progress_main() {
           set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(buf)), true);
         } else if (a.tag == kTagData) {
           try {
-            if (std::optional<Delivery> d = reassembly.take(from, buf))
-              deliver(d->ctx, d->src, d->dst, std::move(d->msg));
+            if (std::optional<Delivery> d = reassembly.take(from, buf)) {
+              const size_t n = d->msg.data.size();
+              deliver(d->ctx, d->src, d->dst, d->msg.sig, nullptr, n, std::move(d->msg.data), nullptr);
+            }
           } catch (const Error& e) {
             set_failure(e.what(), true);
           } catch (const std::bad_alloc&) {
@@ -291,7 +590,7 @@ void Fabric::progress_main() {
         }
       }
     }
-    // 5. heartbeats and liveness (until the final barrier completed)
+    // 5. heartbeats and liveness (until the final barrier completed), ranks past the wait limit
     if (mode == 2) {
       // failure end: give the notices up to a second, then leave (requests are abandoned with the process)
       if (stop_at == Clock::time_point::max()) stop_at = Clock::now() + std::chrono::seconds(1);
@@ -302,6 +601,7 @@ void Fabric::progress_main() {
     } else {
       if (seconds_since(last_hb) >= opt_.heartbeat_s) {
         last_hb = Clock::now();
+        wake_overdue();
         for (int p = 0; p < nproc_; ++p) {
           if (p == proc_) continue;
           inflight.push_back(Inflight{MPI_REQUEST_NULL, {}, false});

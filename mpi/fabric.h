@@ -1,7 +1,8 @@
 // The MPI transport under MpiCommunicator (docs/mpi.md): byte messages between emulated ranks that live in one or
 // several MPI processes.
 //
-// Layout: process p of P hosts the k = ranks_per_process consecutive global ranks [p*k, p*k + k), one thread each.
+// Layout: process p of P hosts the k = ranks_per_process consecutive global ranks [p*k, p*k + k), run by
+// run_ranks() as user-space fibers on a few worker threads (emulator/fiber.h, as the emulator runs its ranks).
 // A message is (context, source rank, destination rank, signature, bytes). Messages to a rank of the same process
 // go straight into its mailbox (memory); messages to another process are queued to this process's progress thread,
 // which alone calls MPI (MPI_THREAD_SERIALIZED is enough): it sends them with MPI_Isend in chunks of at most
@@ -9,13 +10,16 @@
 // the destination's mailbox. Mailboxes are FIFO per (context, source): with every rank issuing its calls on one
 // communicator in the same order, that is the matching rule (as MPI's non-overtaking rule).
 //
-// Sends are buffered (the bytes are copied when posted), receives wait. Nothing waits without a deadline:
+// Sends are buffered (the bytes are copied when posted), receives wait: a rank fiber parks on its mailbox's word
+// (no system call; its worker runs the next rank) until a message for what it waits for is delivered; a rank on
+// an ordinary thread sleeps on the same word (platform/wait.h). Nothing waits without a deadline:
 //  - the progress thread sends a heartbeat to every other process every heartbeat_s and fails the run when a
 //    process was silent for peer_timeout_s (it died, was stopped or is unreachable): every waiting rank throws an
 //    error naming the silent process's ranks;
 //  - a process that fails (a rank's error, a silent process, an MPI error) sends its error once to every other
 //    process, which fail at once with it (so one detection is enough, whatever the others saw);
-//  - a rank waiting longer than wait_timeout_s for one message fails naming what it waited for.
+//  - a rank waiting longer than wait_timeout_s for one message fails naming what it waited for (the progress
+//    thread looks at the waiting ranks every heartbeat and wakes the ones past the limit).
 // Every arriving message is checked before use (mpi/wire.h): a malformed one fails the run naming its process.
 #pragma once
 #include <atomic>
@@ -24,12 +28,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,7 +45,63 @@
 
 #include "mpi/wire.h"
 
+namespace trident::emu::fiber {
+class Scheduler;
+}
+
 namespace trident::mpi {
+
+class Fabric;
+
+// What a waiting rank waits for, in words: formatted only when an error names it (a receive does not pay for the
+// text). From a string literal, or from a callable returning std::string that outlives the call.
+class Describe {
+ public:
+  Describe(const char* text) : text_(text) {}  // NOLINT: implicit on purpose
+  template <class F>
+    requires std::is_invocable_r_v<std::string, const F&>
+  Describe(const F& f)  // NOLINT: implicit on purpose
+      : obj_(&f), call_([](const void* o) { return std::string((*static_cast<const F*>(o))()); }) {}
+  std::string operator()() const { return call_ ? call_(obj_) : std::string(text_); }
+
+ private:
+  const char* text_ = "";
+  const void* obj_ = nullptr;
+  std::string (*call_)(const void*) = nullptr;
+};
+
+// A message taken from a mailbox: the sender's signature and bytes, valid while this lives. The bytes are this
+// process's copy (a message from another process, or one posted with post()) or, for a message a rank of this
+// process posted with post_ref(), the sender's own buffer: releasing it (the destructor) tells the sender, which
+// keeps the buffer until every such message of it was released (Fabric::wait_refs).
+class Received {
+ public:
+  Received() = default;
+  Received(Received&& o) noexcept { *this = std::move(o); }
+  Received& operator=(Received&& o) noexcept;
+  ~Received() { release(); }
+  Received(const Received&) = delete;
+  Received& operator=(const Received&) = delete;
+  uint32_t sig = 0;
+  const char* data() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  friend class Fabric;
+  void release();
+  Fabric* f_ = nullptr;
+  const char* ptr_ = nullptr;
+  size_t size_ = 0;
+  std::vector<char> owned_;
+  void* owner_ = nullptr;  // the sending rank's mailbox (a post_ref message), else null
+};
+
+// How run_ranks executes this process's ranks.
+struct RankExecOptions {
+  bool fibers = true;            // false: one OS thread per rank
+  int workers = 0;               // fiber worker threads; 0: this machine's hardware threads / the processes on it
+  size_t stack_bytes = 1 << 20;  // per rank
+};
 
 struct FabricOptions {
   int ranks_per_process = 1;
@@ -47,6 +109,9 @@ struct FabricOptions {
   double peer_timeout_s = 6.0;    // a process silent this long is reported dead
   double wait_timeout_s = 600.0;  // one receive waiting longer fails (a rank stuck in compute, a lost message)
   size_t chunk_bytes = 0;         // largest MPI message payload; 0: INT_MAX - 64 (tests use small values)
+  // Exact sums through the i64 lowering (parallel/exact_lowering.h) even where every process holds the
+  // accumulators in the same format (then they are merged natively, as the emulator merges them).
+  bool lower_exact_sum = false;
 };
 
 // The MPI side of this process. MPI must be initialised (MpiSession) before and finalised after.
@@ -57,6 +122,7 @@ class Fabric {
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
+  const FabricOptions& options() const { return opt_; }
   int process() const { return proc_; }
   int processes() const { return nproc_; }
   int ranks_per_process() const { return k_; }
@@ -64,11 +130,29 @@ class Fabric {
   int first_rank() const { return proc_ * k_; }
   int process_of(int g) const { return g / k_; }
   std::string describe_process(int p) const;  // "process 3 (ranks 24..31)"
+  // Processes of this job on this machine (MPI_COMM_TYPE_SHARED), for sizing the fiber workers.
+  int local_processes() const { return local_procs_; }
+  // True when exact sums are merged natively: not asked to lower them, and every process reported the same
+  // accumulator format (ExactAcc<float> / <double>: size, limbs, digit bits, byte order) at startup.
+  bool native_exact_sum() const { return native_exact_; }
+
+  // Runs fn(g) for every rank g of this process and returns when all returned: as fibers on
+  // opt.workers worker threads (rank first_rank() + i on worker i % workers), or one thread each. fn must not
+  // throw (a rank catches its errors and calls fail()); a rank that cannot start fails the run.
+  void run_ranks(const std::function<void(int g)>& fn, const RankExecOptions& opt = {});
 
   // Posts `bytes` from src (a rank of this process) to dst; returns at once (the bytes are copied).
   void post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes);
+  // As post, but a destination in this process reads the bytes from `data` itself (no copy): src must keep them
+  // unchanged until wait_refs(src) returned. Other destinations get a copy, as with post.
+  void post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes);
+  // Waits until every post_ref message of src was released by its receiver. Throws trident::Error when the run
+  // failed (after the wait: no receiver reads src's buffers any more) or src waited longer than wait_timeout_s.
+  void wait_refs(int src, const Describe& what);
+  // The same wait without the error (a rank leaving a collective by an exception).
+  void drain_refs(int src) noexcept;
   // The next message on (ctx, src) for dst (a rank of this process); throws trident::Error on failure/timeout.
-  Msg take(uint64_t ctx, int src, int dst, const std::string& what);
+  Received take(uint64_t ctx, int src, int dst, const Describe& what);
 
   // This process failed with `msg` (a rank threw): wakes every waiter here and tells the other processes.
   void fail(const std::string& msg);
@@ -80,31 +164,72 @@ class Fabric {
   // Error end: flushes this process's failure notice (at most ~1 s) and stops the progress thread.
   void stop_after_failure();
 
+  // Messages (and their payload bytes) this process's ranks sent to ranks of other processes, over MPI.
+  int64_t remote_messages() const { return remote_msgs_.load(); }
+  int64_t remote_bytes() const { return remote_bytes_.load(); }
+
   // Peak resident set of this process (VmHWM), bytes.
   static int64_t peak_rss();
 
  private:
+  struct KeyHash {
+    size_t operator()(const std::pair<uint64_t, int>& k) const {
+      return static_cast<size_t>((k.first ^ (static_cast<uint64_t>(static_cast<uint32_t>(k.second)) << 1)) *
+                                 0x9E3779B97F4A7C15ull);
+    }
+  };
+  struct Item {  // a queued message (Received's fields); recycled through the destination's free list
+    Item* next = nullptr;
+    uint32_t sig = 0;
+    const char* ptr = nullptr;
+    size_t size = 0;
+    std::vector<char> owned;
+    void* owner = nullptr;
+  };
+  struct Queue {
+    Item* head = nullptr;
+    Item* tail = nullptr;
+  };
   struct Mailbox {
     std::mutex m;
-    std::condition_variable cv;
-    std::map<std::pair<uint64_t, int>, std::deque<Msg>> q;
-    // What the rank's thread waits for: deliver() wakes it only for that (a collective over n ranks would
-    // otherwise wake its receivers n times). Another waiter would still see its message within the 50 ms poll.
+    Item* free_items = nullptr;
+    std::atomic<int64_t> refs{0};  // this rank's post_ref messages not yet released
+    // The rank sleeps on `word` (a fiber parks on it, a thread futex-waits on it); a wake bumps it under m.
+    std::atomic<uint32_t> word{0};
+    // FIFO per (context, source); emptied queues stay (a rank talks to the same peers every step).
+    std::unordered_map<std::pair<uint64_t, int>, Queue, KeyHash> q;
+    ~Mailbox();
+    // What the rank waits for: deliver() wakes it only for that (a collective over n ranks would otherwise wake
+    // its receivers n times). fiber: it sleeps as a fiber (wake through the scheduler); since: when it started.
     bool waiting = false;
+    bool fiber = false;
     std::pair<uint64_t, int> want{};
+    std::chrono::steady_clock::time_point since{};
   };
   struct Out {
     uint64_t ctx;
     int src, dst;
     uint32_t sig;
-    std::vector<char> data;
+    std::vector<char> data;  // the payload, or (wired) the one chunk to send: header and payload
+    bool wired = false;
   };
-  void deliver(uint64_t ctx, int src, int dst, Msg&& m);
+  friend class Received;
+  Mailbox& box(int g) { return *boxes_[static_cast<size_t>(g - first_rank())]; }
+  // Queues a message for dst (a rank of this process); after a failure it is dropped (and released) instead.
+  void deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size, std::vector<char>&& owned,
+               void* owner);
+  void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
+  bool in_fiber() const;
+  void sleep_on(Mailbox& b, bool fiber, uint32_t old);
+  void wake_locked(Mailbox& b);  // under b.m: bumps the word, wakes the sleeper
+  void wake_overdue();           // the progress thread: wakes ranks waiting past wait_timeout_s
   void progress_main();
   void set_failure(const std::string& msg, bool tell_others);
 
   FabricOptions opt_;
-  int proc_ = 0, nproc_ = 1, k_ = 1;
+  int proc_ = 0, nproc_ = 1, k_ = 1, local_procs_ = 1;
+  bool native_exact_ = false;
+  std::atomic<emu::fiber::Scheduler*> sched_{nullptr};  // while run_ranks runs fibers
   size_t chunk_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD: our messages only
   std::vector<std::unique_ptr<Mailbox>> boxes_;  // per local rank
@@ -113,6 +238,7 @@ class Fabric {
   std::condition_variable out_cv_;
   std::deque<Out> outq_;
 
+  std::atomic<int64_t> remote_msgs_{0}, remote_bytes_{0};
   std::atomic<bool> failed_{false};
   mutable std::mutex fail_m_;
   std::string failure_;

@@ -2,7 +2,6 @@
 #include "mpi/run.h"
 
 #include <omp.h>
-#include <pthread.h>
 
 #include <chrono>
 #include <cmath>
@@ -39,7 +38,7 @@ struct Writer {
   }
 };
 struct Reader {
-  const std::vector<char>& b;
+  const Received& b;
   size_t at = 0;
   template <class X>
   X pod() {
@@ -89,7 +88,7 @@ std::vector<char> pack(const RankOut& r) {
   return std::move(w.b);
 }
 
-RankOut unpack(const std::vector<char>& b) {
+RankOut unpack(const Received& b) {
   Reader r{b};
   RankOut o;
   o.steps.resize(r.pod<uint64_t>());
@@ -141,15 +140,6 @@ size_t or_tensors(std::vector<md::ParamSet<T>>& v, const char* src) {
     }
   return at;
 }
-
-struct Thread {
-  pthread_t t{};
-  std::function<void()> fn;
-  static void* main(void* p) {
-    static_cast<Thread*>(p)->fn();
-    return nullptr;
-  }
-};
 
 }  // namespace
 
@@ -250,7 +240,9 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       if (armed) Session::mark_failed();
     }
   } fail_guard;
-  auto fabric_owner = std::make_unique<Fabric>(opt);  // freed before MPI_Finalize
+  FabricOptions fo = opt;
+  fo.lower_exact_sum = fo.lower_exact_sum || spec.lower_exact_sum;  // --lower-exact-sum: the i64 lowering
+  auto fabric_owner = std::make_unique<Fabric>(fo);  // freed before MPI_Finalize
   Fabric& fabric = *fabric_owner;
   const int W = fabric.world();
   if (spec.mesh.world() != W) {
@@ -282,7 +274,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   std::mutex err_m;
   std::string first_error;
   const auto t0 = std::chrono::steady_clock::now();
-  auto rank_main = [&](int g) {
+  const std::function<void(int)> rank_main = [&](int g) {
     try {
       omp_set_num_threads(1);  // ranks are the parallelism
       RankTrace trace;
@@ -328,28 +320,10 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     }
   };
 
-  std::vector<Thread> threads(static_cast<size_t>(k));
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 2 << 20);
-  int started = 0;
-  for (int i = 0; i < k; ++i) {
-    const int g = fabric.first_rank() + i;
-    threads[static_cast<size_t>(i)].fn = [&, g] { rank_main(g); };
-    if (pthread_create(&threads[static_cast<size_t>(i)].t, &attr, &Thread::main, &threads[static_cast<size_t>(i)]) !=
-        0) {
-      const std::string msg = fmt::format("rank {}: could not start its thread ({} of {} in this process)", g, i, k);
-      {
-        std::lock_guard lk(err_m);
-        if (first_error.empty()) first_error = msg;
-      }
-      fabric.fail(msg);
-      break;
-    }
-    ++started;
-  }
-  pthread_attr_destroy(&attr);
-  for (int i = 0; i < started; ++i) pthread_join(threads[static_cast<size_t>(i)].t, nullptr);
+  RankExecOptions ro;  // ranks as fibers on the worker threads, as the emulator runs them
+  ro.fibers = spec.exec == emu::RankExec::fibers;
+  ro.workers = spec.workers;
+  fabric.run_ranks(rank_main, ro);
 
   MpiRunResult<T> r;
   r.processes = fabric.processes();
@@ -357,8 +331,11 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   r.root = fabric.process() == 0;
   try {
     if (!first_error.empty()) fail(first_error);
+    if (fabric.failed()) fail(fabric.failure());  // a rank that could not start
     Writer w;
     w.pod<int64_t>(Fabric::peak_rss());
+    w.pod<int64_t>(fabric.remote_messages() + (r.root ? 0 : 1));  // this tensor message included
+    w.pod<int64_t>(fabric.remote_bytes());
     append_tensors(w.b, grads);
     append_tensors(w.b, params);
     if (!r.root) {
@@ -367,21 +344,26 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       emu::EmulateResult<T>& res = r.res;
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::vector<RankOut> outs;
-      for (int g = 0; g < W; ++g) outs.push_back(unpack(fabric.take(kResultCtx, g, 0, "its results").data));
+      for (int g = 0; g < W; ++g) outs.push_back(unpack(fabric.take(kResultCtx, g, 0, "its results")));
       r.process_rss.push_back(Fabric::peak_rss());
       if (spec.keep_tensors) {
         res.grads = std::move(grads);
         res.params = std::move(params);
       }
-      const size_t want = sizeof(int64_t) + tensor_bytes(res.grads) + tensor_bytes(res.params);
+      constexpr size_t kHead = 3 * sizeof(int64_t);  // rss, remote messages, remote bytes
+      const size_t want = kHead + tensor_bytes(res.grads) + tensor_bytes(res.params);
+      r.remote_messages = fabric.remote_messages();
+      r.remote_bytes = fabric.remote_bytes();
       for (int p = 1; p < fabric.processes(); ++p) {
-        const Msg m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
-        TD_CHECK_EQ(m.data.size(), want, "mpi: tensor message of process {}", p);
-        int64_t rss = 0;
-        std::memcpy(&rss, m.data.data(), sizeof rss);
-        r.process_rss.push_back(rss);
-        const size_t at = sizeof rss + or_tensors(res.grads, m.data.data() + sizeof rss);
-        or_tensors(res.params, m.data.data() + at);
+        const Received m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
+        TD_CHECK_EQ(m.size(), want, "mpi: tensor message of process {}", p);
+        int64_t head[3] = {};
+        std::memcpy(head, m.data(), sizeof head);
+        r.process_rss.push_back(head[0]);
+        r.remote_messages += head[1];
+        r.remote_bytes += head[2] + static_cast<int64_t>(m.size());
+        const size_t at = kHead + or_tensors(res.grads, m.data() + kHead);
+        or_tensors(res.params, m.data() + at);
       }
       res.steps.resize(static_cast<size_t>(steps));
       for (int64_t s = 0; s < steps; ++s) {

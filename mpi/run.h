@@ -1,5 +1,7 @@
 // `trident emulate --backend mpi`: the distributed step (parallel/step.h) on MPI processes, each running
-// ranks_per_process emulated ranks as threads with an eager EmuDevice and an MpiCommunicator (docs/mpi.md).
+// ranks_per_process emulated ranks as fibers on a few worker threads (spec.exec, spec.workers: as the emulator
+// runs its ranks) with an eager EmuDevice and an MpiCommunicator (docs/mpi.md). Exact sums are merged natively
+// unless spec.lower_exact_sum (or FabricOptions::lower_exact_sum) asks for the i64 lowering.
 // Every process calls run_mpi with the same spec; process 0 gets the gathered result (losses, per-rank peak memory (step buffers and device),
 // collective tables, phases and, with keep_tensors, the assembled gradients and parameters), which
 // emu::check_reference compares bit for bit with the single-rank reference like an emulated run.
@@ -21,6 +23,9 @@ struct MpiRunResult {
   int ranks_per_process = 1;
   emu::EmulateResult<T> res;         // root only
   std::vector<int64_t> process_rss;  // root only: peak resident set per process (VmHWM), bytes
+  // root only: messages and payload bytes between processes (over MPI), summed over processes; the results and
+  // tensors gathered to process 0 after the steps included
+  int64_t remote_messages = 0, remote_bytes = 0;
 };
 
 // MPI for this process (MPI_THREAD_SERIALIZED: the fabric's progress thread is the only caller while a run is on).

@@ -1,9 +1,10 @@
 // MpiCommunicator against the emulator's communicator, bitwise, under mpirun: every process runs the same table
 // of calls (every collective, in place and out of place, every dtype and reduce op, counts 0/1/5/1031, random
-// floats with NaNs and signed zeros, exact_sum through the i64 lowering, all_to_allv with random counts, grouped
-// send/recv, split) once on its MPI ranks and once on an emulated world of the same size (emu::spawn, exact sums
-// lowered onto i64 like the MPI backend's), and compares every output byte of its own ranks. Run with TRIDENT_TEST_RPP=k ranks per process and
-// TRIDENT_TEST_CHUNK=b (MPI message chunk bytes, so large messages split).
+// floats with NaNs and signed zeros, exact_sum, all_to_allv with random counts, grouped send/recv, split) once on
+// its MPI ranks (fibers, Fabric::run_ranks) and once on an emulated world of the same size (emu::spawn, exact sums
+// merged natively, or lowered onto i64 on both sides with TRIDENT_TEST_LOWER), and compares every output byte of
+// its own ranks. Run with TRIDENT_TEST_RPP=k ranks per process and TRIDENT_TEST_CHUNK=b (MPI message chunk bytes,
+// so large messages split).
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -148,22 +149,17 @@ void run_table(Communicator& c, std::vector<std::vector<char>>& out) {
 
 // Runs fn(g) on a thread per local rank of this process; returns the first error.
 std::string on_local_ranks(const std::function<void(int)>& fn) {
-  const int k = g_fabric->ranks_per_process();
-  std::vector<std::thread> ts;
   std::mutex m;
   std::string err;
-  for (int i = 0; i < k; ++i)
-    ts.emplace_back([&, i] {
-      const int g = g_fabric->first_rank() + i;
-      try {
-        fn(g);
-      } catch (const std::exception& e) {
-        std::lock_guard lk(m);
-        if (err.empty()) err = e.what();
-        g_fabric->fail(e.what());
-      }
-    });
-  for (auto& t : ts) t.join();
+  g_fabric->run_ranks([&](int g) {  // the ranks as fibers, as run_mpi runs them
+    try {
+      fn(g);
+    } catch (const std::exception& e) {
+      std::lock_guard lk(m);
+      if (err.empty()) err = e.what();
+      g_fabric->fail(e.what());
+    }
+  });
   return err;
 }
 
@@ -171,7 +167,9 @@ TEST(MpiComm, TableBitwiseEqualsEmulator) {
   const int W = g_fabric->world(), k = g_fabric->ranks_per_process(), first = g_fabric->first_rank();
   std::vector<std::vector<std::vector<char>>> want(static_cast<size_t>(W)), got(static_cast<size_t>(k));
   emu::SpawnOptions so;
-  so.lower_exact_sum = true;  // the MPI backend lowers exact sums onto i64 (canonical accumulator bytes)
+  so.lower_exact_sum = g_fabric->options().lower_exact_sum;  // native merge or i64 lowering, as the MPI ranks
+  // Every process of this test shares the accumulator format: the merge is native unless asked to lower.
+  ASSERT_EQ(g_fabric->native_exact_sum(), !g_fabric->options().lower_exact_sum);
   emu::spawn(
       W, [&](emu::RankContext& ctx) { run_table(ctx.world(), want[static_cast<size_t>(ctx.rank())]); }, so);
   const std::string err = on_local_ranks([&](int g) {
@@ -226,6 +224,7 @@ int main(int argc, char** argv) {
     trident::mpi::FabricOptions fo;
     if (const char* s = std::getenv("TRIDENT_TEST_RPP")) fo.ranks_per_process = std::atoi(s);
     if (const char* s = std::getenv("TRIDENT_TEST_CHUNK")) fo.chunk_bytes = static_cast<size_t>(std::atoll(s));
+    fo.lower_exact_sum = std::getenv("TRIDENT_TEST_LOWER") != nullptr;
     fo.wait_timeout_s = 60;
     trident::mpi::Fabric f(fo);
     trident::g_fabric = &f;
