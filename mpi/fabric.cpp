@@ -7,6 +7,8 @@
 #include <fstream>
 #include <list>
 
+#include <sys/mman.h>
+
 #include "emulator/fiber.h"
 #include "platform/memory_info.h"
 #include "platform/wait.h"
@@ -46,6 +48,45 @@ AccFormat acc_format() {
 
 }  // namespace
 
+namespace {
+constexpr size_t kIdleBlocks = 16;  // idle pool blocks kept mapped (their touched pages stay resident)
+std::mutex g_pool_m;
+void* g_pool[kIdleBlocks];  // idle kWireBlock mappings
+size_t g_idle = 0;
+}  // namespace
+
+void* wire_pages(size_t bytes) {
+  if (bytes <= kWireBlock) {
+    {
+      std::lock_guard lk(g_pool_m);
+      if (g_idle > 0) return g_pool[--g_idle];
+    }
+    bytes = kWireBlock;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void free_wire_pages(void* p, size_t bytes) noexcept {
+  if (bytes <= kWireBlock) {
+    {
+      std::lock_guard lk(g_pool_m);
+      if (g_idle < kIdleBlocks) {
+        g_pool[g_idle++] = p;
+        return;
+      }
+    }
+    bytes = kWireBlock;
+  }
+  munmap(p, bytes);
+}
+
+void trim_wire_pages() noexcept {
+  std::lock_guard lk(g_pool_m);
+  for (; g_idle > 0; --g_idle) munmap(g_pool[g_idle - 1], kWireBlock);
+}
+
 std::string Fabric::describe_process(int p) const {
   if (k_ == 1) return fmt::format("rank {} (process {})", p, p);
   return fmt::format("ranks {}..{} (process {})", p * k_, p * k_ + k_ - 1, p);
@@ -60,7 +101,7 @@ Fabric::Fabric(const FabricOptions& opt) : opt_(opt) {
   MPI_Comm_size(comm_, &nproc_);
   chunk_ = opt_.chunk_bytes > 0 ? opt_.chunk_bytes : static_cast<size_t>(INT_MAX) - 64;
   TD_CHECK(chunk_ + sizeof(Header) <= static_cast<size_t>(INT_MAX), "mpi: chunk of {} bytes exceeds INT_MAX", chunk_);
-  bundle_cap_ = std::min(chunk_ + sizeof(Header), size_t{4} << 20);
+  bundle_cap_ = std::min(chunk_ + sizeof(Header), kWireBlock);
   out_.resize(static_cast<size_t>(nproc_));
   for (int i = 0; i < k_; ++i) boxes_.push_back(std::make_unique<Mailbox>());
   // Every process started, with its accumulator format: an all-gather with a deadline (a process that never
@@ -95,6 +136,7 @@ Fabric::~Fabric() {
     progress_.join();
   }
   if (comm_ != MPI_COMM_NULL && !failed_.load()) MPI_Comm_free(&comm_);
+  trim_wire_pages();
 }
 
 std::string Fabric::failure() const {
@@ -248,7 +290,7 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
 void Fabric::fail(const std::string& msg) { set_failure(msg, true); }
 
 void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
-                     std::shared_ptr<const std::vector<char>> keep, void* owner) {
+                     std::shared_ptr<const void> keep, void* owner) {
   Mailbox& b = box(dst);
   {
     std::lock_guard lk(b.m);
@@ -296,9 +338,9 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
       if (bundles.empty() || (!bundles.back().empty() && bundles.back().size() + rec > bundle_cap_)) {
         bundles.emplace_back();
         mpi_msgs_.fetch_add(1, std::memory_order_relaxed);
-        bundles.back().reserve(std::max(rec, std::min(bundle_cap_, size_t{64} << 10)));
+        bundles.back().reserve(std::max(rec, bundle_cap_));  // address space: pages are touched as it fills
       }
-      std::vector<char>& b = bundles.back();
+      WireBytes& b = bundles.back();
       const Header h{ctx, src, dst, sig, static_cast<uint32_t>(n), bytes, off};
       const char* hp = reinterpret_cast<const char*>(&h);
       b.insert(b.end(), hp, hp + sizeof h);
@@ -448,21 +490,21 @@ int64_t Fabric::peak_rss() { return platform::peak_rss_bytes(); }
 void Fabric::progress_main() {
   struct Inflight {
     MPI_Request req;
-    std::vector<char> buf;
+    WireBytes buf;
     bool data;  // a data chunk (shutdown waits for these), else a heartbeat or abort notice
   };
   std::list<Inflight> inflight;
   struct Arrival {
     MPI_Request req;
     int tag;
-    std::shared_ptr<std::vector<char>> buf;  // shared with the messages delivered as views of it
+    std::shared_ptr<WireBytes> buf;  // shared with the messages delivered as views of it
     bool done = false;
   };
   std::vector<MPI_Request> reqs;  // scratch for MPI_Testsome
   std::vector<int> idx;
   std::vector<Arrival*> waiting;
   std::vector<std::deque<Arrival>> recvs(static_cast<size_t>(nproc_));  // per source, in match order
-  std::vector<std::vector<std::vector<char>>> outs(static_cast<size_t>(nproc_));  // bundles taken from out_
+  std::vector<std::vector<WireBytes>> outs(static_cast<size_t>(nproc_));  // bundles taken from out_
   Reassembler reassembly(WireLayout{nproc_, k_, proc_, chunk_});  // checks every chunk (mpi/wire.h)
   std::vector<Clock::time_point> heard(static_cast<size_t>(nproc_), Clock::now());
   auto last_hb = Clock::now() - std::chrono::hours(1);
@@ -486,7 +528,7 @@ void Fabric::progress_main() {
       out_pending_ = false;
     }
     for (size_t to = 0; to < outs.size(); ++to) {
-      for (std::vector<char>& bundle : outs[to]) {
+      for (WireBytes& bundle : outs[to]) {
         active = true;
         inflight.push_back(Inflight{MPI_REQUEST_NULL, std::move(bundle), true});
         Inflight& f = inflight.back();
@@ -503,7 +545,7 @@ void Fabric::progress_main() {
       const std::string msg = failure();
       for (int p = 0; p < nproc_; ++p) {
         if (p == proc_) continue;
-        inflight.push_back(Inflight{MPI_REQUEST_NULL, std::vector<char>(msg.begin(), msg.end()), false});
+        inflight.push_back(Inflight{MPI_REQUEST_NULL, WireBytes(msg.begin(), msg.end()), false});
         Inflight& b = inflight.back();
         MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, p, kTagAbort, comm_, &b.req);
       }
@@ -536,7 +578,7 @@ void Fabric::progress_main() {
       int bytes = 0;
       if (MPI_Get_count(&st, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < 0) bytes = 0;  // MPI_UNDEFINED: none
       auto& q = recvs[static_cast<size_t>(st.MPI_SOURCE)];
-      q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::make_shared<std::vector<char>>(static_cast<size_t>(bytes))});
+      q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::make_shared<WireBytes>(static_cast<size_t>(bytes))});
       if (mpi_failed(MPI_Imrecv(q.back().buf->data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
     }
     // completed receives (one MPI_Testsome), handled per source in match order
@@ -565,9 +607,9 @@ void Fabric::progress_main() {
         heard[static_cast<size_t>(from)] = Clock::now();
         Arrival a = std::move(q.front());
         q.pop_front();
-        const std::vector<char>& buf = *a.buf;
+        const WireBytes& buf = *a.buf;
         if (a.tag == kTagAbort) {
-          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(buf)), true);
+          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(std::vector<char>(buf.begin(), buf.end()))), true);
         } else if (a.tag == kTagData) {
           try {
             reassembly.take_bundle(from, buf.data(), buf.size(), [&](Delivery&& d) {

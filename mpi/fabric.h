@@ -54,6 +54,44 @@ namespace trident::mpi {
 
 class Fabric;
 
+// Memory for the buffers of messages between processes (bundles, arrivals). From 64 KiB up to 4 MiB a buffer is a
+// block of a process-wide pool: 4 MiB mappings (mmap) reused from one message to the next, so the large,
+// short-lived buffers of a step neither fragment malloc's heaps (whose peak would then grow past what is live) nor
+// pay a page fault per page and an unmap per message; a block's pages are touched only as bytes are written, and
+// idle blocks beyond a few are unmapped. Larger buffers are mappings of their own. resize() leaves new bytes
+// uninitialised (MPI or a copy fills them).
+constexpr size_t kWirePagesFrom = size_t{64} << 10;
+constexpr size_t kWireBlock = size_t{4} << 20;
+void* wire_pages(size_t bytes);  // throws std::bad_alloc when nothing can be mapped
+void free_wire_pages(void* p, size_t bytes) noexcept;
+void trim_wire_pages() noexcept;  // unmaps every idle block (the end of a run)
+template <class T>
+struct WireAlloc {
+  using value_type = T;
+  WireAlloc() = default;
+  template <class U>
+  WireAlloc(const WireAlloc<U>&) noexcept {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes >= kWirePagesFrom) return static_cast<T*>(wire_pages(bytes));
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    const size_t bytes = n * sizeof(T);
+    if (bytes >= kWirePagesFrom) free_wire_pages(p, bytes);
+    else std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  void construct(U* p) noexcept {}  // default-initialised: no zero fill
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+  template <class U>
+  bool operator==(const WireAlloc<U>&) const noexcept { return true; }
+};
+using WireBytes = std::vector<char, WireAlloc<char>>;
+
 // What a waiting rank waits for, in words: formatted only when an error names it (a receive does not pay for the
 // text). From a string literal, or from a callable returning std::string that outlives the call.
 class Describe {
@@ -93,7 +131,7 @@ class Received {
   Fabric* f_ = nullptr;
   const char* ptr_ = nullptr;
   size_t size_ = 0;
-  std::shared_ptr<const std::vector<char>> keep_;  // the bytes' buffer (a copy, or the bundle that carried them)
+  std::shared_ptr<const void> keep_;  // the bytes' buffer (a copy, or the bundle that carried them)
   void* owner_ = nullptr;  // the sending rank's mailbox (a post_ref message), else null
 };
 
@@ -187,7 +225,7 @@ class Fabric {
     uint32_t sig = 0;
     const char* ptr = nullptr;
     size_t size = 0;
-    std::shared_ptr<const std::vector<char>> keep;
+    std::shared_ptr<const void> keep;
     void* owner = nullptr;
   };
   struct Queue {
@@ -214,7 +252,7 @@ class Fabric {
   Mailbox& box(int g) { return *boxes_[static_cast<size_t>(g - first_rank())]; }
   // Queues a message for dst (a rank of this process); after a failure it is dropped (and released) instead.
   void deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
-               std::shared_ptr<const std::vector<char>> keep, void* owner);
+               std::shared_ptr<const void> keep, void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
   bool in_fiber() const;
   void sleep_on(Mailbox& b, bool fiber, uint32_t old);
@@ -228,7 +266,7 @@ class Fabric {
   bool native_exact_ = false;
   std::atomic<emu::fiber::Scheduler*> sched_{nullptr};  // while run_ranks runs fibers
   size_t chunk_ = 0;
-  size_t bundle_cap_ = 0;  // a bundle grows to at most this (chunk_ + header, at most 4 MiB) unless it is one chunk
+  size_t bundle_cap_ = 0;  // a bundle grows to at most this (chunk_ + header, at most kWireBlock) unless one chunk
   MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD: our messages only
   std::vector<std::unique_ptr<Mailbox>> boxes_;  // per local rank
 
@@ -236,7 +274,7 @@ class Fabric {
   // takes them all on each pass. out_pending_: some bundle is queued (a post into an empty queue wakes the thread).
   std::mutex out_m_;
   std::condition_variable out_cv_;
-  std::vector<std::vector<std::vector<char>>> out_;
+  std::vector<std::vector<WireBytes>> out_;
   bool out_pending_ = false;
 
   std::atomic<int64_t> remote_msgs_{0}, remote_bytes_{0}, mpi_msgs_{0};
