@@ -338,9 +338,13 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
       if (bundles.empty() || (!bundles.back().empty() && bundles.back().size() + rec > bundle_cap_)) {
         bundles.emplace_back();
         mpi_msgs_.fetch_add(1, std::memory_order_relaxed);
-        bundles.back().reserve(std::max(rec, bundle_cap_));  // address space: pages are touched as it fills
       }
       WireBytes& b = bundles.back();
+      // Small bundles stay on malloc's heap (32 KiB); past that, one pool block for the rest of the bundle (its
+      // address space: pages are touched as it fills), so a bundle is copied at most once, at 32 KiB.
+      constexpr size_t kSmallBundle = size_t{32} << 10;
+      if (const size_t want = b.size() + rec; want > b.capacity())
+        b.reserve(std::max(want, want <= kSmallBundle ? std::min(kSmallBundle, bundle_cap_) : bundle_cap_));
       const Header h{ctx, src, dst, sig, static_cast<uint32_t>(n), bytes, off};
       const char* hp = reinterpret_cast<const char*>(&h);
       b.insert(b.end(), hp, hp + sizeof h);
