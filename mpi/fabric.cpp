@@ -7,6 +7,8 @@
 #include <fstream>
 #include <list>
 
+#include <sys/mman.h>
+
 #include "emulator/fiber.h"
 #include "platform/memory_info.h"
 #include "platform/wait.h"
@@ -46,6 +48,45 @@ AccFormat acc_format() {
 
 }  // namespace
 
+namespace {
+constexpr size_t kIdleBlocks = 16;  // idle pool blocks kept mapped (their touched pages stay resident)
+std::mutex g_pool_m;
+void* g_pool[kIdleBlocks];  // idle kWireBlock mappings
+size_t g_idle = 0;
+}  // namespace
+
+void* wire_pages(size_t bytes) {
+  if (bytes <= kWireBlock) {
+    {
+      std::lock_guard lk(g_pool_m);
+      if (g_idle > 0) return g_pool[--g_idle];
+    }
+    bytes = kWireBlock;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void free_wire_pages(void* p, size_t bytes) noexcept {
+  if (bytes <= kWireBlock) {
+    {
+      std::lock_guard lk(g_pool_m);
+      if (g_idle < kIdleBlocks) {
+        g_pool[g_idle++] = p;
+        return;
+      }
+    }
+    bytes = kWireBlock;
+  }
+  munmap(p, bytes);
+}
+
+void trim_wire_pages() noexcept {
+  std::lock_guard lk(g_pool_m);
+  for (; g_idle > 0; --g_idle) munmap(g_pool[g_idle - 1], kWireBlock);
+}
+
 std::string Fabric::describe_process(int p) const {
   if (k_ == 1) return fmt::format("rank {} (process {})", p, p);
   return fmt::format("ranks {}..{} (process {})", p * k_, p * k_ + k_ - 1, p);
@@ -60,6 +101,8 @@ Fabric::Fabric(const FabricOptions& opt) : opt_(opt) {
   MPI_Comm_size(comm_, &nproc_);
   chunk_ = opt_.chunk_bytes > 0 ? opt_.chunk_bytes : static_cast<size_t>(INT_MAX) - 64;
   TD_CHECK(chunk_ + sizeof(Header) <= static_cast<size_t>(INT_MAX), "mpi: chunk of {} bytes exceeds INT_MAX", chunk_);
+  bundle_cap_ = std::min(chunk_ + sizeof(Header), kWireBlock);
+  out_.resize(static_cast<size_t>(nproc_));
   for (int i = 0; i < k_; ++i) boxes_.push_back(std::make_unique<Mailbox>());
   // Every process started, with its accumulator format: an all-gather with a deadline (a process that never
   // arrives is named by its absence).
@@ -93,6 +136,7 @@ Fabric::~Fabric() {
     progress_.join();
   }
   if (comm_ != MPI_COMM_NULL && !failed_.load()) MPI_Comm_free(&comm_);
+  trim_wire_pages();
 }
 
 std::string Fabric::failure() const {
@@ -118,7 +162,7 @@ void Fabric::set_failure(const std::string& msg, bool tell_others) {
         while (Item* it = q.head) {
           q.head = it->next;
           if (it->owner) owners.push_back(it->owner);
-          it->owned = {};
+          it->keep.reset();
           it->owner = nullptr;
           it->next = b->free_items;
           b->free_items = it;
@@ -151,7 +195,7 @@ Received& Received::operator=(Received&& o) noexcept {
     f_ = o.f_;
     ptr_ = o.ptr_;
     size_ = o.size_;
-    owned_ = std::move(o.owned_);
+    keep_ = std::move(o.keep_);
     owner_ = o.owner_;
     o.owner_ = nullptr;
     o.ptr_ = nullptr;
@@ -246,7 +290,7 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
 void Fabric::fail(const std::string& msg) { set_failure(msg, true); }
 
 void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
-                     std::vector<char>&& owned, void* owner) {
+                     std::shared_ptr<const void> keep, void* owner) {
   Mailbox& b = box(dst);
   {
     std::lock_guard lk(b.m);
@@ -256,8 +300,8 @@ void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* p
       else it = new Item;
       it->next = nullptr;
       it->sig = sig;
-      it->owned = std::move(owned);
-      it->ptr = owner ? ptr : it->owned.data();
+      it->keep = std::move(keep);
+      it->ptr = ptr;
       it->size = size;
       it->owner = owner;
       Queue& q = b.q[{ctx, src}];
@@ -275,25 +319,42 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
   if (failed_.load()) trident::fail(fmt::format("rank {}: {}", src, failure()));
   const char* p = static_cast<const char*>(data);
   if (process_of(dst) == proc_) {
-    deliver(ctx, src, dst, sig, nullptr, bytes, std::vector<char>(p, p + bytes), nullptr);
+    auto copy = std::make_shared<const std::vector<char>>(p, p + bytes);
+    const char* at = copy->data();
+    deliver(ctx, src, dst, sig, at, bytes, std::move(copy), nullptr);
     return;
   }
   remote_msgs_.fetch_add(1, std::memory_order_relaxed);
   remote_bytes_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-  Out o{ctx, src, dst, sig, {}, bytes <= chunk_};
-  if (o.wired) {  // one chunk: the MPI message itself, copied once
-    const Header h{ctx, src, dst, sig, 0, bytes, 0};
-    o.data.resize(sizeof h + bytes);
-    std::memcpy(o.data.data(), &h, sizeof h);
-    if (bytes) std::memcpy(o.data.data() + sizeof h, p, bytes);
-  } else {
-    o.data.assign(p, p + bytes);
-  }
+  // Appended to the open bundle for dst's process, chunk by chunk (the only copy before MPI).
+  bool wake = false;
   {
     std::lock_guard lk(out_m_);
-    outq_.push_back(std::move(o));
+    auto& bundles = out_[static_cast<size_t>(process_of(dst))];
+    uint64_t off = 0;
+    do {
+      const uint64_t n = std::min<uint64_t>(chunk_, bytes - off);
+      const size_t rec = sizeof(Header) + n;
+      if (bundles.empty() || (!bundles.back().empty() && bundles.back().size() + rec > bundle_cap_)) {
+        bundles.emplace_back();
+        mpi_msgs_.fetch_add(1, std::memory_order_relaxed);
+      }
+      WireBytes& b = bundles.back();
+      // Small bundles stay on malloc's heap (32 KiB); past that, one pool block for the rest of the bundle (its
+      // address space: pages are touched as it fills), so a bundle is copied at most once, at 32 KiB.
+      constexpr size_t kSmallBundle = size_t{32} << 10;
+      if (const size_t want = b.size() + rec; want > b.capacity())
+        b.reserve(std::max(want, want <= kSmallBundle ? std::min(kSmallBundle, bundle_cap_) : bundle_cap_));
+      const Header h{ctx, src, dst, sig, static_cast<uint32_t>(n), bytes, off};
+      const char* hp = reinterpret_cast<const char*>(&h);
+      b.insert(b.end(), hp, hp + sizeof h);
+      b.insert(b.end(), p + off, p + off + n);
+      off += n;
+    } while (off < bytes);
+    wake = !out_pending_;
+    out_pending_ = true;
   }
-  out_cv_.notify_all();
+  if (wake) out_cv_.notify_one();
 }
 
 void Fabric::post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {
@@ -302,7 +363,7 @@ void Fabric::post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* 
   if (failed_.load()) trident::fail(fmt::format("rank {}: {}", src, failure()));
   Mailbox& own = box(src);
   own.refs.fetch_add(1, std::memory_order_relaxed);
-  deliver(ctx, src, dst, sig, static_cast<const char*>(data), bytes, {}, &own);
+  deliver(ctx, src, dst, sig, static_cast<const char*>(data), bytes, nullptr, &own);
 }
 
 void Fabric::drain_refs(int src) noexcept {
@@ -377,8 +438,8 @@ Received Fabric::take(uint64_t ctx, int src, int dst, const Describe& what) {
       Received r;
       r.f_ = this;
       r.sig = it->sig;
-      r.owned_ = std::move(it->owned);
-      r.ptr_ = it->owner ? it->ptr : r.owned_.data();
+      r.keep_ = std::move(it->keep);
+      r.ptr_ = it->ptr;
       r.size_ = it->size;
       r.owner_ = it->owner;
       it->owner = nullptr;
@@ -433,20 +494,21 @@ int64_t Fabric::peak_rss() { return platform::peak_rss_bytes(); }
 void Fabric::progress_main() {
   struct Inflight {
     MPI_Request req;
-    std::vector<char> buf;
+    WireBytes buf;
     bool data;  // a data chunk (shutdown waits for these), else a heartbeat or abort notice
   };
   std::list<Inflight> inflight;
   struct Arrival {
     MPI_Request req;
     int tag;
-    std::vector<char> buf;
+    std::shared_ptr<WireBytes> buf;  // shared with the messages delivered as views of it
     bool done = false;
   };
   std::vector<MPI_Request> reqs;  // scratch for MPI_Testsome
   std::vector<int> idx;
   std::vector<Arrival*> waiting;
   std::vector<std::deque<Arrival>> recvs(static_cast<size_t>(nproc_));  // per source, in match order
+  std::vector<std::vector<WireBytes>> outs(static_cast<size_t>(nproc_));  // bundles taken from out_
   Reassembler reassembly(WireLayout{nproc_, k_, proc_, chunk_});  // checks every chunk (mpi/wire.h)
   std::vector<Clock::time_point> heard(static_cast<size_t>(nproc_), Clock::now());
   auto last_hb = Clock::now() - std::chrono::hours(1);
@@ -463,39 +525,23 @@ void Fabric::progress_main() {
   for (;;) {
     bool active = false;
     const int mode = mode_.load();
-    // 1. queued sends, in order, chunked
-    std::deque<Out> outs;
+    // 1. queued bundles, per destination process in posting order: one MPI message each
     {
       std::lock_guard lk(out_m_);
-      outs.swap(outq_);
+      if (out_pending_) outs.swap(out_);
+      out_pending_ = false;
     }
-    for (Out& o : outs) {
-      active = true;
-      if (o.wired) {  // one chunk, built by post()
-        inflight.push_back(Inflight{MPI_REQUEST_NULL, std::move(o.data), true});
-        Inflight& b = inflight.back();
-        if (mpi_failed(MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, process_of(o.dst),
-                                 kTagData, comm_, &b.req),
+    for (size_t to = 0; to < outs.size(); ++to) {
+      for (WireBytes& bundle : outs[to]) {
+        active = true;
+        inflight.push_back(Inflight{MPI_REQUEST_NULL, std::move(bundle), true});
+        Inflight& f = inflight.back();
+        if (mpi_failed(MPI_Isend(f.buf.data(), static_cast<int>(f.buf.size()), MPI_BYTE, static_cast<int>(to),
+                                 kTagData, comm_, &f.req),
                        "MPI_Isend"))
           break;
-        continue;
       }
-      const uint64_t total = o.data.size();
-      uint64_t off = 0;
-      do {
-        const uint64_t n = std::min<uint64_t>(chunk_, total - off);
-        Header h{o.ctx, o.src, o.dst, o.sig, 0, total, off};
-        Inflight f{MPI_REQUEST_NULL, std::vector<char>(sizeof(Header) + n), true};
-        std::memcpy(f.buf.data(), &h, sizeof h);
-        if (n) std::memcpy(f.buf.data() + sizeof h, o.data.data() + off, n);
-        inflight.push_back(std::move(f));
-        Inflight& b = inflight.back();
-        if (mpi_failed(MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, process_of(o.dst),
-                                 kTagData, comm_, &b.req),
-                       "MPI_Isend"))
-          break;
-        off += n;
-      } while (off < total);
+      outs[to].clear();
     }
     // 2. failure notices to the other processes (once)
     if (failed_.load() && tell_others_ && !aborts_sent) {
@@ -503,7 +549,7 @@ void Fabric::progress_main() {
       const std::string msg = failure();
       for (int p = 0; p < nproc_; ++p) {
         if (p == proc_) continue;
-        inflight.push_back(Inflight{MPI_REQUEST_NULL, std::vector<char>(msg.begin(), msg.end()), false});
+        inflight.push_back(Inflight{MPI_REQUEST_NULL, WireBytes(msg.begin(), msg.end()), false});
         Inflight& b = inflight.back();
         MPI_Isend(b.buf.data(), static_cast<int>(b.buf.size()), MPI_BYTE, p, kTagAbort, comm_, &b.req);
       }
@@ -536,8 +582,8 @@ void Fabric::progress_main() {
       int bytes = 0;
       if (MPI_Get_count(&st, MPI_BYTE, &bytes) != MPI_SUCCESS || bytes < 0) bytes = 0;  // MPI_UNDEFINED: none
       auto& q = recvs[static_cast<size_t>(st.MPI_SOURCE)];
-      q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::vector<char>(static_cast<size_t>(bytes))});
-      if (mpi_failed(MPI_Imrecv(q.back().buf.data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
+      q.push_back(Arrival{MPI_REQUEST_NULL, st.MPI_TAG, std::make_shared<WireBytes>(static_cast<size_t>(bytes))});
+      if (mpi_failed(MPI_Imrecv(q.back().buf->data(), bytes, MPI_BYTE, &mh, &q.back().req), "MPI_Imrecv")) break;
     }
     // completed receives (one MPI_Testsome), handled per source in match order
     reqs.clear();
@@ -565,15 +611,21 @@ void Fabric::progress_main() {
         heard[static_cast<size_t>(from)] = Clock::now();
         Arrival a = std::move(q.front());
         q.pop_front();
-        const std::vector<char>& buf = a.buf;
+        const WireBytes& buf = *a.buf;
         if (a.tag == kTagAbort) {
-          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(buf)), true);
+          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(std::vector<char>(buf.begin(), buf.end()))), true);
         } else if (a.tag == kTagData) {
           try {
-            if (std::optional<Delivery> d = reassembly.take(from, buf)) {
-              const size_t n = d->msg.data.size();
-              deliver(d->ctx, d->src, d->dst, d->msg.sig, nullptr, n, std::move(d->msg.data), nullptr);
-            }
+            reassembly.take_bundle(from, buf.data(), buf.size(), [&](Delivery&& d) {
+              if (d.in_place) {
+                deliver(d.ctx, d.src, d.dst, d.msg.sig, d.view, d.view_size, a.buf, nullptr);
+              } else {
+                auto whole = std::make_shared<const std::vector<char>>(std::move(d.msg.data));
+                const char* at = whole->data();
+                const size_t n = whole->size();
+                deliver(d.ctx, d.src, d.dst, d.msg.sig, at, n, std::move(whole), nullptr);
+              }
+            });
           } catch (const Error& e) {
             set_failure(e.what(), true);
           } catch (const std::bad_alloc&) {
@@ -624,7 +676,7 @@ void Fabric::progress_main() {
         bool data_pending = false;
         for (const auto& f : inflight) data_pending |= f.data;
         std::lock_guard lk(out_m_);
-        data_pending |= !outq_.empty();
+        data_pending |= out_pending_;
         if (!barrier_posted && !data_pending) {
           mpi_failed(MPI_Ibarrier(comm_, &barrier), "MPI_Ibarrier");
           barrier_posted = true;
@@ -650,7 +702,7 @@ void Fabric::progress_main() {
       backoff = std::chrono::microseconds(20);
     } else {
       std::unique_lock lk(out_m_);
-      if (outq_.empty() && mode_.load() == mode) out_cv_.wait_for(lk, backoff);
+      if (!out_pending_ && mode_.load() == mode) out_cv_.wait_for(lk, backoff);
       backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
     }
   }

@@ -5,9 +5,10 @@
 // run_ranks() as user-space fibers on a few worker threads (emulator/fiber.h, as the emulator runs its ranks).
 // A message is (context, source rank, destination rank, signature, bytes). Messages to a rank of the same process
 // go straight into its mailbox (memory); messages to another process are queued to this process's progress thread,
-// which alone calls MPI (MPI_THREAD_SERIALIZED is enough): it sends them with MPI_Isend in chunks of at most
-// chunk_bytes (counts above INT_MAX split), receives with MPI_Improbe/MPI_Mrecv, reassembles and delivers them to
-// the destination's mailbox. Mailboxes are FIFO per (context, source): with every rank issuing its calls on one
+// which alone calls MPI (MPI_THREAD_SERIALIZED is enough): a message is cut in chunks of at most chunk_bytes
+// (counts above INT_MAX split) appended to a bundle for its destination process, and every bundle queued since the
+// last pass goes out as one MPI message (MPI_Isend); arrivals are received with MPI_Improbe/MPI_Imrecv, split,
+// reassembled and delivered to the destination's mailbox (a message whole in one chunk as a view of the bundle). Mailboxes are FIFO per (context, source): with every rank issuing its calls on one
 // communicator in the same order, that is the matching rule (as MPI's non-overtaking rule).
 //
 // Sends are buffered (the bytes are copied when posted), receives wait: a rank fiber parks on its mailbox's word
@@ -53,6 +54,44 @@ namespace trident::mpi {
 
 class Fabric;
 
+// Memory for the buffers of messages between processes (bundles, arrivals). From 64 KiB up to 4 MiB a buffer is a
+// block of a process-wide pool: 4 MiB mappings (mmap) reused from one message to the next, so the large,
+// short-lived buffers of a step neither fragment malloc's heaps (whose peak would then grow past what is live) nor
+// pay a page fault per page and an unmap per message; a block's pages are touched only as bytes are written, and
+// idle blocks beyond a few are unmapped. Larger buffers are mappings of their own. resize() leaves new bytes
+// uninitialised (MPI or a copy fills them).
+constexpr size_t kWirePagesFrom = size_t{64} << 10;
+constexpr size_t kWireBlock = size_t{4} << 20;
+void* wire_pages(size_t bytes);  // throws std::bad_alloc when nothing can be mapped
+void free_wire_pages(void* p, size_t bytes) noexcept;
+void trim_wire_pages() noexcept;  // unmaps every idle block (the end of a run)
+template <class T>
+struct WireAlloc {
+  using value_type = T;
+  WireAlloc() = default;
+  template <class U>
+  WireAlloc(const WireAlloc<U>&) noexcept {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes >= kWirePagesFrom) return static_cast<T*>(wire_pages(bytes));
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    const size_t bytes = n * sizeof(T);
+    if (bytes >= kWirePagesFrom) free_wire_pages(p, bytes);
+    else std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  void construct(U* p) noexcept {}  // default-initialised: no zero fill
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+  template <class U>
+  bool operator==(const WireAlloc<U>&) const noexcept { return true; }
+};
+using WireBytes = std::vector<char, WireAlloc<char>>;
+
 // What a waiting rank waits for, in words: formatted only when an error names it (a receive does not pay for the
 // text). From a string literal, or from a callable returning std::string that outlives the call.
 class Describe {
@@ -92,7 +131,7 @@ class Received {
   Fabric* f_ = nullptr;
   const char* ptr_ = nullptr;
   size_t size_ = 0;
-  std::vector<char> owned_;
+  std::shared_ptr<const void> keep_;  // the bytes' buffer (a copy, or the bundle that carried them)
   void* owner_ = nullptr;  // the sending rank's mailbox (a post_ref message), else null
 };
 
@@ -167,6 +206,9 @@ class Fabric {
   // Messages (and their payload bytes) this process's ranks sent to ranks of other processes, over MPI.
   int64_t remote_messages() const { return remote_msgs_.load(); }
   int64_t remote_bytes() const { return remote_bytes_.load(); }
+  // The MPI data messages (bundles) that carried them: the messages posted for one process between two passes of
+  // the progress thread travel as one.
+  int64_t mpi_messages() const { return mpi_msgs_.load(); }
 
   // Peak resident set of this process (VmHWM), bytes.
   static int64_t peak_rss();
@@ -183,7 +225,7 @@ class Fabric {
     uint32_t sig = 0;
     const char* ptr = nullptr;
     size_t size = 0;
-    std::vector<char> owned;
+    std::shared_ptr<const void> keep;
     void* owner = nullptr;
   };
   struct Queue {
@@ -206,18 +248,11 @@ class Fabric {
     std::pair<uint64_t, int> want{};
     std::chrono::steady_clock::time_point since{};
   };
-  struct Out {
-    uint64_t ctx;
-    int src, dst;
-    uint32_t sig;
-    std::vector<char> data;  // the payload, or (wired) the one chunk to send: header and payload
-    bool wired = false;
-  };
   friend class Received;
   Mailbox& box(int g) { return *boxes_[static_cast<size_t>(g - first_rank())]; }
   // Queues a message for dst (a rank of this process); after a failure it is dropped (and released) instead.
-  void deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size, std::vector<char>&& owned,
-               void* owner);
+  void deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
+               std::shared_ptr<const void> keep, void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
   bool in_fiber() const;
   void sleep_on(Mailbox& b, bool fiber, uint32_t old);
@@ -231,14 +266,18 @@ class Fabric {
   bool native_exact_ = false;
   std::atomic<emu::fiber::Scheduler*> sched_{nullptr};  // while run_ranks runs fibers
   size_t chunk_ = 0;
+  size_t bundle_cap_ = 0;  // a bundle grows to at most this (chunk_ + header, at most kWireBlock) unless one chunk
   MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD: our messages only
   std::vector<std::unique_ptr<Mailbox>> boxes_;  // per local rank
 
+  // Bundles to send, per destination process, in posting order (the last one still filling); the progress thread
+  // takes them all on each pass. out_pending_: some bundle is queued (a post into an empty queue wakes the thread).
   std::mutex out_m_;
   std::condition_variable out_cv_;
-  std::deque<Out> outq_;
+  std::vector<std::vector<WireBytes>> out_;
+  bool out_pending_ = false;
 
-  std::atomic<int64_t> remote_msgs_{0}, remote_bytes_{0};
+  std::atomic<int64_t> remote_msgs_{0}, remote_bytes_{0}, mpi_msgs_{0};
   std::atomic<bool> failed_{false};
   mutable std::mutex fail_m_;
   std::string failure_;

@@ -336,6 +336,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     w.pod<int64_t>(Fabric::peak_rss());
     w.pod<int64_t>(fabric.remote_messages() + (r.root ? 0 : 1));  // this tensor message included
     w.pod<int64_t>(fabric.remote_bytes());
+    w.pod<int64_t>(fabric.mpi_messages() + (r.root ? 0 : 1));  // the bundle of this tensor message included
     append_tensors(w.b, grads);
     append_tensors(w.b, params);
     if (!r.root) {
@@ -350,18 +351,20 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
         res.grads = std::move(grads);
         res.params = std::move(params);
       }
-      constexpr size_t kHead = 3 * sizeof(int64_t);  // rss, remote messages, remote bytes
+      constexpr size_t kHead = 4 * sizeof(int64_t);  // rss, remote messages, remote bytes, MPI messages
       const size_t want = kHead + tensor_bytes(res.grads) + tensor_bytes(res.params);
       r.remote_messages = fabric.remote_messages();
       r.remote_bytes = fabric.remote_bytes();
+      r.mpi_messages = fabric.mpi_messages();
       for (int p = 1; p < fabric.processes(); ++p) {
         const Received m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
         TD_CHECK_EQ(m.size(), want, "mpi: tensor message of process {}", p);
-        int64_t head[3] = {};
+        int64_t head[4] = {};
         std::memcpy(head, m.data(), sizeof head);
         r.process_rss.push_back(head[0]);
         r.remote_messages += head[1];
         r.remote_bytes += head[2] + static_cast<int64_t>(m.size());
+        r.mpi_messages += head[3];
         const size_t at = kHead + or_tensors(res.grads, m.data() + kHead);
         or_tensors(res.params, m.data() + at);
       }

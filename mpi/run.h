@@ -26,6 +26,8 @@ struct MpiRunResult {
   // root only: messages and payload bytes between processes (over MPI), summed over processes; the results and
   // tensors gathered to process 0 after the steps included
   int64_t remote_messages = 0, remote_bytes = 0;
+  // root only: the MPI messages (bundles) that carried them, summed over processes
+  int64_t mpi_messages = 0;
 };
 
 // MPI for this process (MPI_THREAD_SERIALIZED: the fabric's progress thread is the only caller while a run is on).
