@@ -341,8 +341,9 @@ int run(const Opts& o, emu::EmulateSpec spec) {
     for (int64_t b : mr.process_rss) mx = std::max(mx, b), sum += b;
     std::printf("peak RSS per process: max %s, all %d processes %s\n", mib(mx).c_str(), mr.processes,
                 mib(sum).c_str());
-    std::printf("between processes (MPI): %lld messages, %s\n", static_cast<long long>(mr.remote_messages),
-                mib(mr.remote_bytes).c_str());
+    std::printf("between processes (MPI): %lld messages, %s, in %lld MPI messages\n",
+                static_cast<long long>(mr.remote_messages), mib(mr.remote_bytes).c_str(),
+                static_cast<long long>(mr.mpi_messages));
     return report<T>(o, spec, mr.res, info);
 #else
     fail("--backend mpi: this trident was built without MPI (install libopenmpi-dev and openmpi-bin, reconfigure)");
