@@ -184,13 +184,20 @@ void MpiCommunicator::collective(const CollArgs& a, loc_t loc) {
   }
 }
 
-void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
+// Runs body, which may post_ref this rank's buffers; on an exception, the ranks of this process that read them in
+// place are done with them before the exception leaves (the buffers may not outlive it).
+template <class F>
+void MpiCommunicator::draining(const F& body) {
   try {
-    collective(a, loc);
+    body();
   } catch (...) {
-    f_.drain_refs(global_rank(me_));  // the other ranks of this process stop reading this rank's buffers first
+    f_.drain_refs(global_rank(me_));
     throw;
   }
+}
+
+void MpiCommunicator::do_collective(const CollArgs& a, Stream, loc_t loc) {
+  draining([&] { collective(a, loc); });
   wait_sent(sig_of(a.op, a.dtype), loc);
 }
 
@@ -222,15 +229,12 @@ void MpiCommunicator::do_group_end(loc_t) {
   ops.swap(group_);
   // Every send first (the receivers in this process read the buffers in place), then every receive in issue
   // order, then the wait until this process's receivers have read the sent buffers.
-  try {
+  draining([&] {
     for (const Pending& p : ops)
       if (p.send) put_ref(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes);
     for (const Pending& p : ops)
       if (!p.send) get(p.peer, sig_of(CollOp::send, p.t), p.buf, p.bytes, p.loc);
-  } catch (...) {
-    f_.drain_refs(global_rank(me_));
-    throw;
-  }
+  });
   if (!ops.empty()) wait_sent(sig_of(CollOp::send, ops.front().t), ops.front().loc);
 }
 
@@ -238,12 +242,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, std:
   const int n = size();
   const int32_t mine[2] = {color, key};
   std::vector<int32_t> all(2 * static_cast<size_t>(n));
-  try {
-    all_gather_impl(mine, all.data(), sizeof mine, sig_of(CollOp::split, DataType::i32), loc);
-  } catch (...) {
-    f_.drain_refs(global_rank(me_));
-    throw;
-  }
+  draining([&] { all_gather_impl(mine, all.data(), sizeof mine, sig_of(CollOp::split, DataType::i32), loc); });
   wait_sent(sig_of(CollOp::split, DataType::i32), loc);
   const uint64_t seq = splits_++;
   if (color < 0) return nullptr;

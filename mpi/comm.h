@@ -56,6 +56,8 @@ class MpiCommunicator final : public Communicator {
   void put_ref(int peer, uint32_t sig, const void* data, size_t bytes);  // read in place in this process
   // Waits until this process's receivers released every put_ref message of this rank (the end of a call).
   void wait_sent(uint32_t sig, loc_t loc);
+  template <class F>
+  void draining(const F& body);  // body; on an exception, drain_refs before it leaves
   void collective(const CollArgs& a, loc_t loc);
   // Receives exactly `bytes` from peer into dst (or returns the message when dst is null), checking the signature.
   Received get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc);

@@ -46,9 +46,6 @@ AccFormat acc_format() {
                    sizeof(ExactAcc<double>), ExactAcc<double>::kLimbs, ExactAcc<double>::kDigit, first, 0};
 }
 
-}  // namespace
-
-namespace {
 constexpr size_t kIdleBlocks = 16;  // idle pool blocks kept mapped (their touched pages stay resident)
 std::mutex g_pool_m;
 void* g_pool[kIdleBlocks];  // idle kWireBlock mappings
@@ -366,13 +363,25 @@ void Fabric::post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* 
   deliver(ctx, src, dst, sig, static_cast<const char*>(data), bytes, nullptr, &own);
 }
 
-void Fabric::drain_refs(int src) noexcept {
+// Waits until every post_ref message of src was released. With `what`, a wait past wait_timeout_s fails the run
+// (which drops the queued messages, so the wait then ends); without, it waits as long as it takes (noexcept).
+void Fabric::await_refs(int src, const Describe* what) {
   Mailbox& b = box(src);
   if (b.refs.load(std::memory_order_acquire) == 0) return;
   const bool fiber = in_fiber();
   std::unique_lock lk(b.m);
   const auto t0 = Clock::now();
+  bool timed_out = false;
   while (b.refs.load(std::memory_order_acquire) != 0) {
+    if (what && !timed_out && seconds_since(t0) > opt_.wait_timeout_s) {
+      timed_out = true;
+      lk.unlock();
+      fail(fmt::format("rank {} waited {:.0f} s for its {} to be received: a receiver is stuck or issued "
+                       "different calls (--mpi-wait-timeout)",
+                       src, opt_.wait_timeout_s, (*what)()));
+      lk.lock();
+      continue;
+    }
     b.waiting = true;
     b.fiber = fiber;
     b.want = {~uint64_t{0}, -1};  // no message: release_ref wakes it
@@ -387,37 +396,10 @@ void Fabric::drain_refs(int src) noexcept {
   b.waiting = false;
 }
 
+void Fabric::drain_refs(int src) noexcept { await_refs(src, nullptr); }
+
 void Fabric::wait_refs(int src, const Describe& what) {
-  Mailbox& b = box(src);
-  if (b.refs.load(std::memory_order_acquire) != 0) {
-    const bool fiber = in_fiber();
-    std::unique_lock lk(b.m);
-    const auto t0 = Clock::now();
-    bool timed_out = false;
-    while (b.refs.load(std::memory_order_acquire) != 0) {
-      if (!timed_out && seconds_since(t0) > opt_.wait_timeout_s) {
-        // A receiver never took the message: fail the run (the queued messages are dropped, so the wait ends).
-        timed_out = true;
-        lk.unlock();
-        fail(fmt::format("rank {} waited {:.0f} s for its {} to be received: a receiver is stuck or issued "
-                         "different calls (--mpi-wait-timeout)",
-                         src, opt_.wait_timeout_s, what()));
-        lk.lock();
-        continue;
-      }
-      b.waiting = true;
-      b.fiber = fiber;
-      b.want = {~uint64_t{0}, -1};  // no message: release_ref wakes it
-      b.since = t0;
-      const uint32_t old = b.word.load(std::memory_order_acquire);
-      if (b.refs.load(std::memory_order_acquire) == 0) break;
-      lk.unlock();
-      sleep_on(b, fiber, old);
-      lk.lock();
-      b.waiting = false;
-    }
-    b.waiting = false;
-  }
+  await_refs(src, &what);
   if (failed_.load()) trident::fail(fmt::format("rank {}: {} (after {})", src, failure(), what()));
 }
 
@@ -613,7 +595,7 @@ void Fabric::progress_main() {
         q.pop_front();
         const WireBytes& buf = *a.buf;
         if (a.tag == kTagAbort) {
-          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(std::vector<char>(buf.begin(), buf.end()))), true);
+          set_failure(fmt::format("{} failed: {}", describe_process(from), notice_text(buf)), true);
         } else if (a.tag == kTagData) {
           try {
             reassembly.take_bundle(from, buf.data(), buf.size(), [&](Delivery&& d) {

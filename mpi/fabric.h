@@ -255,6 +255,7 @@ class Fabric {
                std::shared_ptr<const void> keep, void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
   bool in_fiber() const;
+  void await_refs(int src, const Describe* what);  // wait_refs (what: the timeout and its error) / drain_refs
   void sleep_on(Mailbox& b, bool fiber, uint32_t old);
   void wake_locked(Mailbox& b);  // under b.m: bumps the word, wakes the sleeper
   void wake_overdue();           // the progress thread: wakes ranks waiting past wait_timeout_s

@@ -94,7 +94,7 @@ std::optional<Delivery> Reassembler::take_chunk(int from, const ChunkHeader& h, 
   return d;
 }
 
-std::string notice_text(const std::vector<char>& buf) {
+std::string notice_text(std::span<const char> buf) {
   constexpr size_t kMax = 4096;
   std::string s;
   for (size_t i = 0; i < buf.size() && i < kMax; ++i) {

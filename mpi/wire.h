@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -100,6 +101,6 @@ class Reassembler {
 
 // The text of another process's failure notice, as printed: at most 4,096 bytes, control characters (other than
 // newline and tab) shown as '?', so a corrupt notice cannot flood or garble the terminal.
-std::string notice_text(const std::vector<char>& buf);
+std::string notice_text(std::span<const char> buf);
 
 }  // namespace trident::mpi
