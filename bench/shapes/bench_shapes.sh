@@ -7,7 +7,7 @@
 # mesh (planner/examples/kimi_k2_nvl72_1m.toml), after the documented dtype conversions (docs/emulator.md section
 # 9.4). A benchmark, not a test: it prints; it fails only when the run fails or a device peak exceeds the estimate.
 #
-# Usage: bench/shapes/bench_shapes.sh [TRIDENT]   (default build/release/trident; about 10 minutes, 16 GB)
+# Usage: bench/shapes/bench_shapes.sh [TRIDENT]   (default build/release/trident; about 4-8 minutes, 13.6 GiB)
 #        SHAPES_SCALE=small bench/shapes/bench_shapes.sh   (the same model on 128 ranks, 16 K context: seconds;
 #        no planner comparison, which is for the 1 M layout)
 #        SHAPES_WRITE=1 bench/shapes/bench_shapes.sh   (also puts the output in docs/seeds.md, between the
