@@ -162,7 +162,7 @@ class Replay {
         out_.spans[static_cast<size_t>(r)][s].resize(rt[s].entries.size());
         for (const TraceEntry& e : rt[s].entries)
           if (is_comm(e.kind)) {
-            comm_names_.emplace(e.comm_id, e.comm);
+            comm_names_.try_emplace(e.comm_id, e.comm);  // no string built for a known id
             auto& m = comms_[e.comm_id].members;
             if (m.empty() || m.back() != r) m.push_back(r);
           }
