@@ -12,6 +12,8 @@
 // the float GEMM.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace trident {
 
@@ -32,5 +34,19 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
 template <class T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_ks, const T* B,
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate);
+
+// Which copy of the kernel runs (reference/gemm_kernel.h). Every copy gives the same bits; they differ in how many
+// output elements advance per instruction. baseline: the build's own ISA (SSE2 on x86-64, NEON on arm64);
+// avx2 / avx512: x86-64 builds with GCC or Clang, where the CPU has them. The default is the widest the CPU
+// runs; the environment variable TRIDENT_GEMM_ISA (auto, baseline, avx2, avx512) overrides it, read once. A value
+// that names no kernel this CPU runs makes every gemm / gemm_serial / gemm_isa call outside an OpenMP parallel
+// region throw trident::Error (inside one, the default kernel runs until the next call outside).
+enum class GemmIsa { baseline, avx2, avx512 };
+GemmIsa gemm_isa();
+void set_gemm_isa(GemmIsa isa);              // throws where the CPU or the build lacks it (tests, benchmarks)
+bool gemm_isa_supported(GemmIsa isa);
+const char* gemm_isa_name(GemmIsa isa);
+bool parse_gemm_isa(std::string_view name, GemmIsa* out);  // "baseline", "avx2", "avx512"
+std::string gemm_isa_list();                 // the kernels this CPU and build run, e.g. "baseline, avx2, avx512"
 
 }  // namespace trident

@@ -5,11 +5,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "reference/bf16.h"
+#include "reference/check.h"
 #include "reference/gemm.h"
 #include "reference/tolerances.h"
 
@@ -154,6 +157,82 @@ TYPED_TEST(GemmTest, SerialAccumulateContinuesTheSum) {
   std::vector<T> viaT(M * N);
   gemm_serial<T>(M, N, K, At.data(), 1, M, B.data(), N, false, viaT.data(), N, false);
   EXPECT_TRUE(same_bits(whole, viaT));
+}
+
+// Every kernel copy this CPU runs (baseline, AVX2, AVX-512F: reference/gemm_kernel.h) gives the documented order's
+// bits, special values included (NaN, +-Inf, -0, subnormal products, overflow), through gemm and gemm_serial.
+TYPED_TEST(GemmTest, EveryKernelMatchesDocumentedOrderBitwise) {
+  using T = TypeParam;
+  const GemmIsa saved = gemm_isa();
+  const uint64_t seed = 4242;
+  int kernels = 0;
+  for (GemmIsa isa : {GemmIsa::baseline, GemmIsa::avx2, GemmIsa::avx512}) {
+    if (!gemm_isa_supported(isa)) {
+      std::printf("kernel %s: not run by this CPU or build\n", gemm_isa_name(isa));
+      continue;
+    }
+    set_gemm_isa(isa);
+    ASSERT_EQ(gemm_isa(), isa);
+    ++kernels;
+    std::mt19937_64 rng(seed);
+    const int64_t Ms[] = {1, 5, 6, 7, 13, 97, 130};
+    const int64_t Ns[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 130, 257};
+    const int64_t Ks[] = {0, 1, 255, 256, 257, 600};
+    for (int64_t M : Ms)
+      for (int64_t N : Ns)
+        for (int64_t K : Ks)
+          for (bool tb : {false, true}) {
+            if (M * N * K > 2000000) continue;
+            const Shape s{M, N, K, tb};
+            const int64_t lda = K + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+            auto A = random_matrix<T>(M * lda, rng);
+            auto B = random_matrix<T>((tb ? N : K) * ldb + 1, rng);
+            // Special values in a few places: each poisons or saturates its own row / column only.
+            const T specials[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                                  -std::numeric_limits<T>::infinity(), T(-0.0),
+                                  std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::max(),
+                                  std::numeric_limits<T>::min()};
+            for (const T x : specials) {
+              if (!A.empty()) A[rng() % A.size()] = x;
+              B[rng() % B.size()] = x;
+            }
+            const T guard = T(-12345.5);
+            std::vector<T> C(static_cast<size_t>(M * ldc + 1), guard), R(C.size(), guard);
+            gemm<T>(M, N, K, A.data(), lda, B.data(), ldb, tb, C.data(), ldc);
+            naive_gemm<T>(M, N, K, A.data(), lda, B.data(), ldb, tb, R.data(), ldc);
+            ASSERT_TRUE(same_bits(C, R)) << "repro: seed=" << seed << " kernel=" << gemm_isa_name(isa) << " "
+                                         << s.repro();
+            // gemm_serial in two K pieces (accumulate) is the same chain.
+            if (K >= 2) {
+              std::vector<T> S(C.size(), guard);
+              const int64_t K1 = K / 2;
+              gemm_serial<T>(M, N, K1, A.data(), lda, 1, B.data(), ldb, tb, S.data(), ldc, false);
+              gemm_serial<T>(M, N, K - K1, A.data() + K1, lda, 1, B.data() + (tb ? K1 : K1 * ldb), ldb, tb, S.data(),
+                             ldc, true);
+              ASSERT_TRUE(same_bits(S, R)) << "repro: seed=" << seed << " kernel=" << gemm_isa_name(isa)
+                                           << " gemm_serial split at " << K1 << " " << s.repro();
+            }
+          }
+  }
+  set_gemm_isa(saved);
+  EXPECT_GE(kernels, 1);
+}
+
+TEST(GemmIsa, NamesAndErrors) {
+  GemmIsa isa{};
+  EXPECT_TRUE(parse_gemm_isa("avx2", &isa));
+  EXPECT_EQ(isa, GemmIsa::avx2);
+  EXPECT_TRUE(parse_gemm_isa("baseline", &isa));
+  EXPECT_EQ(isa, GemmIsa::baseline);
+  EXPECT_FALSE(parse_gemm_isa("avx", &isa));
+  EXPECT_FALSE(parse_gemm_isa("", &isa));
+  EXPECT_TRUE(gemm_isa_supported(GemmIsa::baseline));
+  EXPECT_NE(gemm_isa_list().find("baseline"), std::string::npos);
+  for (GemmIsa i : {GemmIsa::avx2, GemmIsa::avx512}) {
+    if (!gemm_isa_supported(i)) {
+      EXPECT_THROW(set_gemm_isa(i), Error) << gemm_isa_name(i);
+    }
+  }
 }
 
 // bf16 policy: operands rounded RNE to bf16, products exact in fp32, fp32 in-order accumulation.
