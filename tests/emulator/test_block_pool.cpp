@@ -112,8 +112,8 @@ TEST(BlockPool, RandomWorkloadMatchesAModel) {
   std::map<uintptr_t, std::pair<size_t, uint8_t>> live;  // start -> (bytes, fill)
   int64_t used = 0;
   for (int op = 0; op < 20000; ++op) {
-    if (live.empty() || rng() % 3 != 0) {
-      const size_t n = rng() % 8 == 0 ? rng() % (size_t{3} << 20) : rng() % 5000;
+    if (live.size() < 300 || rng() % 2 == 0) {  // about 300 blocks live, 1 in 16 a large one
+      const size_t n = rng() % 16 == 0 ? rng() % (size_t{1} << 20) : rng() % 5000;
       auto* p = static_cast<uint8_t*>(pool.allocate(n));
       ASSERT_NE(p, nullptr);
       const auto a = reinterpret_cast<uintptr_t>(p);
