@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "reference/bf16.h"
+#include "reference/profile.h"
 
 namespace trident {
 namespace {
@@ -196,6 +197,7 @@ T* thread_pack(size_t n) {
 template <class T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_ks, const T* B,
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   using Bl = Blocking<T>;
   if (M <= 0 || N <= 0) return;
   T* pack = thread_pack<T>(static_cast<size_t>(Bl::KC) * (Bl::NC + Bl::NR));
@@ -207,6 +209,7 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b, T* C,
           int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   using Bl = Blocking<T>;
   if (M <= 0 || N <= 0) return;
   const int64_t tm = (M + Bl::MC - 1) / Bl::MC, tn = (N + Bl::NC - 1) / Bl::NC;
@@ -225,6 +228,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
 
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                bool trans_b, float* C, int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
   const int64_t br = trans_b ? N : K, bc = trans_b ? K : N;  // rows / columns of B as stored
   std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(br * bc));
