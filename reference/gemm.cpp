@@ -14,6 +14,7 @@
 
 #include "reference/bf16.h"
 #include "reference/check.h"
+#include "reference/profile.h"
 
 #if defined(__AVX__)
 #define TRIDENT_GEMM_VEC_BYTES 32
@@ -177,6 +178,7 @@ void set_gemm_isa(GemmIsa isa) {
 template <class T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_ks, const T* B,
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
   check_env();
   const TileFn<T> tile = tile_fn<T>();
@@ -188,6 +190,7 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b, T* C,
           int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
   check_env();
   const TileFn<T> tile = tile_fn<T>();
@@ -206,6 +209,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
 
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                bool trans_b, float* C, int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
   const int64_t br = trans_b ? N : K, bc = trans_b ? K : N;  // rows / columns of B as stored
   std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(br * bc));
