@@ -28,6 +28,7 @@
 
 #include "bench/bench_child.h"
 #include "platform/process.h"
+#include "reference/gemm.h"
 #include "reference/model/flops.h"
 #include "reference/model/train.h"
 #include "reference/profile.h"
@@ -230,13 +231,13 @@ int main(int argc, char** argv) {
   const StepFlops f = step_flops(c, rc);
   const double params = static_cast<double>(c.param_count());
   std::printf("bench_small: one reference training step of `small` (%.0f parameters), %lld x %lld tokens, fp32, "
-              "%s; %d OpenMP threads, %u hardware threads, load %.2f\n",
+              "%s; %d OpenMP threads, %u hardware threads, load %.2f; reference GEMM kernel %s\n",
               params, static_cast<long long>(seqs), static_cast<long long>(seq_len),
               recompute ? "full recompute" : "stored activations", omp_get_max_threads(),
               std::thread::hardware_concurrency(), [] {
                 double l[1] = {0};
                 return getloadavg(l, 1) == 1 ? l[0] : -1.0;
-              }());
+              }(), gemm_isa_name(gemm_isa()));
   std::printf("FLOPs per step (reference/model/flops.h): executed %.2f G = forward %.2f + backward %.2f + recompute "
               "%.2f (attention core %.2f of the forward); model FLOPs %.2f G\n",
               f.executed() / 1e9, f.forward / 1e9, f.backward / 1e9, f.recompute / 1e9, f.attn_core_forward / 1e9,
@@ -247,6 +248,35 @@ int main(int argc, char** argv) {
               static_cast<long long>(N), static_cast<long long>(4 * c.d_model), static_cast<long long>(c.d_model),
               omp_get_max_threads(), eigen.wall, eigen.cpu);
   const std::filesystem::path self = platform::executable_path();
+  // Eigen built for the wide ISAs the reference's GEMM kernels use (reference/gemm_kernel.h), where this CPU runs them:
+  // separate programs (bench/model/eigen_gemm.cpp), as Eigen's templates for two ISAs must not share a binary.
+  struct Wide {
+    const char* name;
+    const char* what;
+    GemmIsa needs;
+    Rate r;
+  };
+  Wide wide[] = {{"avx2", "AVX2 without FMA (two roundings, as the reference)", GemmIsa::avx2, {}},
+                 {"avx512_fma", "AVX-512F with FMA (Eigen's only AVX-512 build; the reference may not fuse)",
+                  GemmIsa::avx512, {}}};
+  for (Wide& w : wide) {
+    if (!gemm_isa_supported(w.needs)) continue;
+    const std::string exe = (self.parent_path() / (std::string("bench_eigen_gemm_") + w.name)).string();
+    const std::string cmd = exe + " " + std::to_string(N) + " " + std::to_string(4 * c.d_model) + " " +
+                            std::to_string(c.d_model) + " 2>/dev/null";
+    if (FILE* pf = std::filesystem::exists(exe) ? popen(cmd.c_str(), "r") : nullptr) {
+      if (std::fscanf(pf, "%lf %lf", &w.r.wall, &w.r.cpu) != 2) w.r = {};
+      pclose(pf);
+    }
+    if (w.r.cpu > 0)
+      std::printf("Eigen fp32 GEMM built for %s: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n", w.what, w.r.wall,
+                  w.r.cpu);
+    else
+      std::printf("(no %s: the comparison with Eigen built for %s is skipped)\n", exe.c_str(), w.name);
+  }
+  // The children's idle OpenMP threads sleep, as under `trident` (cli/main.cpp), unless the caller chose otherwise:
+  // a spinning thread's CPU time would count against the step.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   const std::string plain_exe = (self.parent_path() / "bench_small_plain").string();
   if (plain && !std::filesystem::exists(plain_exe)) {
     std::printf("(no %s: the plain row is skipped; build the bench_small_plain target)\n", plain_exe.c_str());
@@ -290,6 +320,14 @@ int main(int argc, char** argv) {
   std::printf("targets: the last step's GFLOP per CPU-second >= 0.30 x Eigen's (the wall-clock ratio is the same on an "
               "idle machine; under other load the CPU-time ratio is the stable one); peak RSS <= 32 B per parameter "
               "plus activations (fp32 weights, gradients and AdamW moments: 16 B)\n");
+  for (const Wide& w : wide) {
+    if (w.r.cpu <= 0) continue;
+    std::printf("against Eigen built for %s (%.1f GFLOP per CPU-second): the exact step at %.3f", w.name, w.r.cpu,
+                f.executed() / outs[0].cpu[outs[0].steps - 1] / 1e9 / w.r.cpu);
+    if (plain)
+      std::printf(", the plain step at %.3f", f.executed() / outs[1].cpu[outs[1].steps - 1] / 1e9 / w.r.cpu);
+    std::printf("\n");
+  }
   print_profile(outs, plain ? 2 : 1, eigen.cpu, f.executed());
   return 0;
 }
