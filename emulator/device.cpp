@@ -113,7 +113,7 @@ void EmuDevice::raise_pending() {
 }
 
 // ---- the hazard checker -------------------------------------------------------------------------------------------
-void EmuDevice::check(int agent, std::string_view name, const Accesses& acc, loc_t loc) {
+void EmuDevice::check(int agent, std::string_view name, std::span<const Access> acc, loc_t loc) {
   const Clock& vc = clock(agent);
   const int64_t epoch = vc[static_cast<size_t>(agent)];
   for (Access a : acc) {
@@ -308,7 +308,7 @@ void EmuDevice::synchronize(Stream s, loc_t loc) {
   raise_pending();
 }
 
-void EmuDevice::before_comm(Stream s, std::string_view name, const Accesses& acc, loc_t loc) {
+void EmuDevice::before_comm(Stream s, std::string_view name, std::span<const Access> acc, loc_t loc) {
   check_stream(s, loc);
   raise_pending();
   if (checking_) {
@@ -363,7 +363,8 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
   mem_.peak = std::max(mem_.peak, mem_.cur);
   if (checking_) {
     tick(s.id + 1);
-    check(s.id + 1, "allocate", {Access{p, bytes, true}}, loc);
+    const Access a{p, bytes, true};
+    check(s.id + 1, "allocate", {&a, 1}, loc);
   }
   trace_memory(s, TraceEntry::Kind::alloc, bytes, loc);
   StreamQ& q = streams_[static_cast<size_t>(s.id)];
@@ -397,7 +398,8 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
   if (checking_) {
     try {
       tick(s.id + 1);
-      check(s.id + 1, "free", {Access{p, bytes, true}}, loc);
+      const Access a{p, bytes, true};
+      check(s.id + 1, "free", {&a, 1}, loc);
     } catch (const Error& e) {
       if (pending_error_.empty()) pending_error_ = e.what();
     }

@@ -21,6 +21,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -95,7 +96,7 @@ class EmuDevice final : public Device {
   void check_stream(Stream s, loc_t loc) const;
   // A communication call on s with these accesses is about to run on the host thread: checks them as an operation
   // of s, and (deferred) first runs everything issued to s before.
-  void before_comm(Stream s, std::string_view name, const Accesses& acc, loc_t loc);
+  void before_comm(Stream s, std::string_view name, std::span<const Access> acc, loc_t loc);
   // Appends a trace entry (stamped with the rank's issue order) when tracing.
   void push_trace(Stream s, TraceEntry&& t);
   bool tracing() const { return opt_.record_trace; }
@@ -143,7 +144,7 @@ class EmuDevice final : public Device {
   bool runnable(int stream) const;
   void step_stream(int stream);
   // Checks and records the accesses of one operation of `agent` (a stream + 1, or 0 for the host) at its clock.
-  void check(int agent, std::string_view name, const Accesses& acc, loc_t loc);
+  void check(int agent, std::string_view name, std::span<const Access> acc, loc_t loc);
   Clock& clock(int agent);
   void merge(Clock& into, const Clock& from);
   void tick(int agent);

@@ -115,12 +115,34 @@ struct RankState {
   // group_start() without its group_end(): per open communicator its description; a communicator destroyed with
   // its group open moves it to dropped_groups. Checked at the next call on any communicator and at rank exit.
   // Only the rank's own thread touches them (no lock).
-  std::map<const Communicator*, std::string> open_groups;
+  // Open groups are kept as (communicator, group, call site), ordered by communicator, and described only for a
+  // report (a group_start() costs no formatting and no allocation).
+  struct OpenGroup {
+    const Communicator* comm;
+    const Group* group;
+    const char* file;
+    unsigned line;
+    std::string describe() const;  // "group_start() at FILE:LINE on communicator ..."
+  };
+  std::vector<OpenGroup> open_groups;
   std::vector<std::string> dropped_groups;
+  OpenGroup* find_open_group(const Communicator* c) {
+    auto it = std::lower_bound(open_groups.begin(), open_groups.end(), c,
+                               [](const OpenGroup& o, const Communicator* k) { return std::less<>()(o.comm, k); });
+    return it != open_groups.end() && it->comm == c ? &*it : nullptr;
+  }
+  void add_open_group(const OpenGroup& o) {
+    auto it = std::lower_bound(open_groups.begin(), open_groups.end(), o.comm,
+                               [](const OpenGroup& x, const Communicator* k) { return std::less<>()(x.comm, k); });
+    open_groups.insert(it, o);
+  }
+  void erase_open_group(const Communicator* c) {
+    if (OpenGroup* o = find_open_group(c)) open_groups.erase(open_groups.begin() + (o - open_groups.data()));
+  }
   std::string open_group_error(const Communicator* except) const {
     std::vector<std::string> v = dropped_groups;
-    for (const auto& [c, d] : open_groups)
-      if (c != except) v.push_back(d);
+    for (const OpenGroup& o : open_groups)
+      if (o.comm != except) v.push_back(o.describe());
     if (v.empty()) return "";
     return fmt::format("{} has no group_end(){}", fmt::join(v, "; "),
                        v.size() > 1 ? fmt::format(" ({} open groups)", v.size()) : "");
@@ -187,6 +209,10 @@ struct Group {
   int size() const { return static_cast<int>(members.size()); }
   std::string label() const { return fmt::format("communicator '{}' (id {}, {})", name, id, describe_members(members)); }
 };
+
+std::string RankState::OpenGroup::describe() const {
+  return fmt::format("group_start() at {} on {}", where(file, line), group->label());
+}
 
 void Group::OpQueue::push(P2POp* op) {
   op->next = nullptr;
@@ -511,12 +537,12 @@ class EmuComm final : public Communicator {
     me_.live_comms.erase(this);
     try {
       accumulate_stats(me_.retired, *this);
-      if (auto it = me_.open_groups.find(this); it != me_.open_groups.end()) {
-        me_.dropped_groups.push_back(it->second + " (communicator destroyed)");
-        me_.open_groups.erase(it);
+      if (const RankState::OpenGroup* o = me_.find_open_group(this)) {
+        me_.dropped_groups.push_back(o->describe() + " (communicator destroyed)");
+        me_.erase_open_group(this);
       }
     } catch (...) {  // out of memory: the counters of this communicator are lost, nothing else
-      me_.open_groups.erase(this);
+      me_.erase_open_group(this);
     }
   }
   int rank() const override { return crank_; }
@@ -531,20 +557,24 @@ class EmuComm final : public Communicator {
     {  // the device ranges it reads and writes (checked against the rank's other streams; deferred: runs s first)
       const auto b = [](size_t x) { return static_cast<int64_t>(x); };
       const size_t one = a.count * es, all = n * one;
-      Accesses acc;
+      Access acc[2];
+      size_t na = 2;
       switch (a.op) {
-        case CollOp::all_gather: acc = {Access{a.send, b(one), false}, Access{a.recv, b(all), true}}; break;
-        case CollOp::reduce_scatter: acc = {Access{a.send, b(all), false}, Access{a.recv, b(one), true}}; break;
+        case CollOp::all_gather: acc[0] = Access{a.send, b(one), false}, acc[1] = Access{a.recv, b(all), true}; break;
+        case CollOp::reduce_scatter:
+          acc[0] = Access{a.send, b(all), false}, acc[1] = Access{a.recv, b(one), true};
+          break;
         case CollOp::broadcast:
         case CollOp::reduce: {
           const bool root = crank_ == a.root;
-          if (a.op == CollOp::reduce || root) acc.push_back(Access{a.send, b(one), false});
-          if (a.op == CollOp::broadcast || root) acc.push_back(Access{a.recv, b(one), true});
+          na = 0;
+          if (a.op == CollOp::reduce || root) acc[na++] = Access{a.send, b(one), false};
+          if (a.op == CollOp::broadcast || root) acc[na++] = Access{a.recv, b(one), true};
           break;
         }
-        default: acc = {Access{a.send, b(one), false}, Access{a.recv, b(one), true}}; break;
+        default: acc[0] = Access{a.send, b(one), false}, acc[1] = Access{a.recv, b(one), true}; break;
       }
-      dev_.before_comm(s, to_string(a.op), acc, loc);
+      dev_.before_comm(s, to_string(a.op), {acc, na}, loc);
     }
     // Test hook (SpawnOptions::drop_count, `trident fuzz`'s planted communicator): rank 1 contributes zeros.
     std::vector<char> dropped;
@@ -595,7 +625,7 @@ class EmuComm final : public Communicator {
   void do_group_start(loc_t loc) override {
     check_no_open_group(loc);
     if (depth_++ == 0) {
-      me_.open_groups[this] = fmt::format("group_start() at {} on {}", where(loc.file_name(), loc.line()), g_->label());
+      me_.add_open_group({this, g_.get(), loc.file_name(), loc.line()});
     }
   }
   void on_helper_done(CollOp op, size_t count, DataType t, size_t bytes, size_t recv_bytes, Stream s,
@@ -609,7 +639,7 @@ class EmuComm final : public Communicator {
     (void)loc;
     --depth_;
     if (depth_ == 0) {
-      me_.open_groups.erase(this);
+      me_.erase_open_group(this);
       run_p2p();
     }
   }
@@ -831,8 +861,8 @@ class EmuComm final : public Communicator {
   void post_p2p(bool is_send, const void* sbuf, void* rbuf, size_t count, DataType t, int peer, Stream s,
                 loc_t loc) {
     if (depth_ == 0) check_no_open_group(loc);
-    dev_.before_comm(s, is_send ? "send" : "recv",
-                     {Access{is_send ? sbuf : rbuf, static_cast<int64_t>(count * dtype_size(t)), !is_send}}, loc);
+    const Access acc{is_send ? sbuf : rbuf, static_cast<int64_t>(count * dtype_size(t)), !is_send};
+    dev_.before_comm(s, is_send ? "send" : "recv", {&acc, 1}, loc);
     if (send_seq_.empty()) send_seq_.assign(static_cast<size_t>(size()), 0), recv_seq_.assign(static_cast<size_t>(size()), 0);
     P2POp op;
     op.is_send = is_send;
@@ -853,10 +883,14 @@ class EmuComm final : public Communicator {
   // sender->receiver pair); the rank that completes a match copies; then wait until all own ops are done.
   void run_p2p() {
     if (pending_.empty()) return;
-    std::vector<P2POp> ops = std::move(pending_);  // addresses stay fixed from here on (no more growth)
-    std::vector<Stream> streams = std::move(streams_);
+    // The group's ops move to ops_ (addresses stay fixed from here on: no more growth); both vectors keep their
+    // capacity for the next group.
+    ops_.swap(pending_);
+    ops_streams_.swap(streams_);
     pending_.clear();
     streams_.clear();
+    std::vector<P2POp>& ops = ops_;
+    const std::vector<Stream>& streams = ops_streams_;
     Group& g = *g_;
     std::unique_lock lk(w_.mu);
     me_.last_desc = ops.front().desc;
@@ -869,7 +903,8 @@ class EmuComm final : public Communicator {
     me_.p2p_outstanding = static_cast<int>(ops.size());
     lk.unlock();
 
-    std::vector<std::pair<P2POp*, P2POp*>> to_copy;  // (send, recv) pairs this rank matched: it copies them
+    auto& to_copy = to_copy_;  // (send, recv) pairs this rank matched: it copies them
+    to_copy.clear();
     std::optional<std::string> mismatch;
     int other_failed = -1;
     {
@@ -905,7 +940,8 @@ class EmuComm final : public Communicator {
     for (auto& [sop, rop] : to_copy)
       if (sop->desc.count && !nodata) std::memcpy(rop->rbuf, sop->sbuf, sop->desc.count * dtype_size(sop->desc.dtype));
     lk.lock();
-    std::vector<RankState*> notify;
+    auto& notify = notify_;
+    notify.clear();
     for (auto& [sop, rop] : to_copy) {
       for (P2POp* o : {sop, rop}) {
         o->done = true;
@@ -994,6 +1030,11 @@ class EmuComm final : public Communicator {
   std::vector<const void*> srcs_;
   std::vector<P2POp> pending_;
   std::vector<Stream> streams_;
+  // run_p2p's working vectors (members so that their capacity is reused: an EP all_to_allv posts 2 x ep ops)
+  std::vector<P2POp> ops_;
+  std::vector<Stream> ops_streams_;
+  std::vector<std::pair<P2POp*, P2POp*>> to_copy_;
+  std::vector<RankState*> notify_;
   std::vector<uint64_t> send_seq_, recv_seq_;  // per peer
 };
 
