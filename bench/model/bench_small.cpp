@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bench/bench_child.h"
+#include "bench/model/eigen_rate.h"
 #include "platform/process.h"
 #include "reference/gemm.h"
 #include "reference/model/flops.h"
@@ -105,32 +106,8 @@ int child(int64_t steps, const RunConfig& rc, int fd) {
   return o.ok ? 0 : 1;
 }
 
-struct Rate {
-  double wall = 0, cpu = 0;  // GFLOP per wall-clock second and per process-CPU second
-};
-
-// Eigen's fp32 GEMM on the step's typical shape (tokens x d_model times d_model x 4 d_model), repeated for at
-// least 1 s.
-Rate eigen_gflops(int64_t M, int64_t N, int64_t K) {
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::setNbThreads(omp_get_max_threads());
-  RowMat a = RowMat::Random(M, K), b = RowMat::Random(K, N), c(M, N);
-  c.noalias() = a * b;  // warm-up
-  int64_t reps = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_s();
-  double s = 0;
-  do {
-    c.noalias() = a * b;
-    ++reps;
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (s < 1.0);
-  const double cs = cpu_s() - c0;
-  volatile float sink = c(0, 0);
-  (void)sink;
-  const double g = 2.0 * static_cast<double>(M) * N * K * static_cast<double>(reps) / 1e9;
-  return {g / s, g / cs};
-}
+using bench::eigen_gflops;
+using bench::Rate;
 
 // The op profiles of the runs' last steps: per op its exclusive CPU seconds, share of the step's CPU time, calls;
 // for gemm its GFLOP per CPU-second and that over Eigen's; with the plain run, exact - plain per op.

@@ -3,21 +3,10 @@
 // dispatches to (bench/model/CMakeLists.txt: -mavx2 without FMA, as the reference multiplies and adds; -mavx512f,
 // which Eigen accepts only with -mfma), as separate programs: Eigen's templates compiled for two ISAs must not meet
 // in one binary. bench_small runs those the CPU can.
-#include <omp.h>
-
-#include <Eigen/Dense>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 
-namespace {
-double cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-}  // namespace
+#include "bench/model/eigen_rate.h"
 
 int main(int argc, char** argv) {
   if (argc != 4) {
@@ -29,24 +18,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: M, N, K must be in [1, 65536]\n", argv[0]);
     return 2;
   }
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::setNbThreads(omp_get_max_threads());
-  RowMat a = RowMat::Random(M, K), b = RowMat::Random(K, N), c(M, N);
-  c.noalias() = a * b;  // warm-up
-  long reps = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_s();
-  double s = 0;
-  do {
-    c.noalias() = a * b;
-    ++reps;
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (s < 1.0);
-  const double cs = cpu_s() - c0;
-  volatile float sink = c(0, 0);
-  (void)sink;
-  const double g = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) *
-                   static_cast<double>(reps) / 1e9;
-  std::printf("%.4f %.4f\n", g / s, g / cs);
+  const trident::bench::Rate r = trident::bench::eigen_gflops(M, N, K);
+  std::printf("%.4f %.4f\n", r.wall, r.cpu);
   return 0;
 }
