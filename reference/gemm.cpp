@@ -107,8 +107,8 @@ void check_env() {
 }
 
 template <class T>
-TileFn<T> tile_fn() {
-  switch (current_isa()) {
+TileFn<T> tile_fn(GemmIsa isa) {
+  switch (isa) {
 #if TRIDENT_GEMM_DISPATCH
     case GemmIsa::avx2: return &gemm_isa_impl::avx2::gemm_tile<T>;
     case GemmIsa::avx512: return &gemm_isa_impl::avx512::gemm_tile<T>;
@@ -180,8 +180,7 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate) {
   prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
-  check_env();
-  const TileFn<T> tile = tile_fn<T>();
+  const TileFn<T> tile = tile_fn<T>(gemm_isa());
   T* pack = thread_pack<T>();
   for (int64_t n0 = 0; n0 < N; n0 += kNC<T>)
     tile(0, M, n0, std::min<int64_t>(kNC<T>, N - n0), K, A, a_rs, a_ks, B, ldb, trans_b, C, ldc, accumulate, pack);
@@ -192,8 +191,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
           int64_t ldc) {
   prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
-  check_env();
-  const TileFn<T> tile = tile_fn<T>();
+  const TileFn<T> tile = tile_fn<T>(gemm_isa());
   const int64_t tm = (M + kMC - 1) / kMC, tn = (N + kNC<T> - 1) / kNC<T>;
   const int64_t tiles = tm * tn;
   const bool par = tiles > 1 && M * N * std::max<int64_t>(K, 1) >= 32768;

@@ -55,11 +55,7 @@ struct Out {  // written by the child
   int64_t op_calls[prof::kOps] = {};
 };
 
-double cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using bench::process_cpu_s;
 
 RunConfig run_config(int64_t seqs, int64_t seq_len, bool recompute) {
   RunConfig rc;
@@ -81,9 +77,9 @@ int child(int64_t steps, const RunConfig& rc, int fd) {
       prof::reset();
       prof::enable(profile);
       const auto w0 = std::chrono::steady_clock::now();
-      const double c0 = cpu_s();
+      const double c0 = process_cpu_s();
       const StepStats st = tr.step(b);
-      o.cpu[k] = cpu_s() - c0;
+      o.cpu[k] = process_cpu_s() - c0;
       o.wall[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
       prof::enable(false);
       if (profile) {
