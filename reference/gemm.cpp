@@ -14,6 +14,7 @@
 
 #include "reference/bf16.h"
 #include "reference/check.h"
+#include "reference/profile.h"
 
 #if defined(__AVX__)
 #define TRIDENT_GEMM_VEC_BYTES 32
@@ -106,8 +107,8 @@ void check_env() {
 }
 
 template <class T>
-TileFn<T> tile_fn() {
-  switch (current_isa()) {
+TileFn<T> tile_fn(GemmIsa isa) {
+  switch (isa) {
 #if TRIDENT_GEMM_DISPATCH
     case GemmIsa::avx2: return &gemm_isa_impl::avx2::gemm_tile<T>;
     case GemmIsa::avx512: return &gemm_isa_impl::avx512::gemm_tile<T>;
@@ -177,9 +178,9 @@ void set_gemm_isa(GemmIsa isa) {
 template <class T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_ks, const T* B,
                  int64_t ldb, bool trans_b, T* C, int64_t ldc, bool accumulate) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
-  check_env();
-  const TileFn<T> tile = tile_fn<T>();
+  const TileFn<T> tile = tile_fn<T>(gemm_isa());
   T* pack = thread_pack<T>();
   for (int64_t n0 = 0; n0 < N; n0 += kNC<T>)
     tile(0, M, n0, std::min<int64_t>(kNC<T>, N - n0), K, A, a_rs, a_ks, B, ldb, trans_b, C, ldc, accumulate, pack);
@@ -188,9 +189,9 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 template <class T>
 void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b, T* C,
           int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
-  check_env();
-  const TileFn<T> tile = tile_fn<T>();
+  const TileFn<T> tile = tile_fn<T>(gemm_isa());
   const int64_t tm = (M + kMC - 1) / kMC, tn = (N + kNC<T> - 1) / kNC<T>;
   const int64_t tiles = tm * tn;
   const bool par = tiles > 1 && M * N * std::max<int64_t>(K, 1) >= 32768;
@@ -206,6 +207,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, 
 
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                bool trans_b, float* C, int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));
   if (M <= 0 || N <= 0) return;
   const int64_t br = trans_b ? N : K, bc = trans_b ? K : N;  // rows / columns of B as stored
   std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(br * bc));

@@ -1,9 +1,9 @@
 // One training step of the `tiny` preset (forward, backward, clip, AdamW, router bias), with full recompute
 // and with stored activations, per policy. Counters: ms per step, share of the step spent in the exact tile
-// reductions (weight/norm/embedding gradients, the attention key side incl. its rounding, loss sum) and in
-// rounding every gradient accumulator once (measured on a full GradAcc after the step: the Trainer's streaming
-// accumulators round inside the step, block by block). Not timed by the reduction timer: the linear-CE dW
-// tile reduction inside linear_ce_backward (owned by that primitive). No pass/fail on time.
+// reductions (weight/norm/embedding gradients, the attention key side incl. its rounding, loss sum: the op profile's
+// tile_reduce, reference/profile.h) and in rounding every gradient accumulator once (measured on a full GradAcc after
+// the step: the Trainer's streaming accumulators round inside the step, block by block). Not in tile_reduce: the
+// linear-CE dW tile reduction inside linear_ce_backward (owned by that primitive). No pass/fail on time.
 // All times are process CPU time (immune to other processes on a shared machine); run with OMP_NUM_THREADS=1
 // for numbers that are compute time (with more threads, OpenMP spin-waits count too).
 #include <benchmark/benchmark.h>
@@ -17,8 +17,8 @@
 #include <type_traits>
 
 #include "reference/model/model.h"
-#include "reference/model/ops.h"
 #include "reference/model/train.h"
+#include "reference/profile.h"
 
 using namespace trident;
 using namespace trident::model;
@@ -61,20 +61,20 @@ void BM_TrainStep(benchmark::State& st) {
     opt.recompute = recompute;
     model_forward_backward<T>(c, tr.params, b, opt, full);
     tr.step(b);  // warm-up
-    reduction_timer_enable(true);
+    prof::enable(true);
     for (auto _ : st) {
-      reduction_timer_reset();
+      prof::reset();
       const double t0 = cpu_s();
       tr.step(b);
       total += cpu_s() - t0;
-      red += reduction_timer_seconds();
+      red += prof::snapshot()[prof::Op::tile_reduce].seconds;
       // rounding every gradient once, on full accumulators of the same size
       const double f0 = cpu_s();
       full.finalize(tr.grads);
       fin += cpu_s() - f0;
       ++n;
     }
-    reduction_timer_enable(false);
+    prof::enable(false);
   };
   if (pol == Policy::fp64) {
     Trainer<double> tr(c, rc);

@@ -5,7 +5,10 @@
 //    Eigen's fp32 GEMM GFLOP/s on the same OpenMP threads (target >= 0.30);
 //  - peak RSS per parameter (target <= 32 B plus activations; the fp32 training state alone is 16 B);
 //  - exact vs plain sums: the same step linked against the plain-sum twins of the libraries (bench_small_plain,
-//    ExactAcc<T> a plain running sum; reference/plain_acc_impl.h), CPU time ratio (target <= 1.3).
+//    ExactAcc<T> a plain running sum; reference/plain_acc_impl.h), CPU time ratio (target <= 1.3);
+//  - where the last step's CPU time goes, per op, in both runs (the op profile, reference/profile.h: exclusive
+//    process CPU time, on for the last step only), the reference GEMM's own GFLOP per CPU-second against Eigen's,
+//    and what exact sums cost per op (exact - plain).
 // Each run is a child process (bench/bench_child.h), so its peak RSS and CPU time are its own.
 // Usage: bench_small [--steps N] [--seqs B] [--seq-len S] [--recompute] [--no-plain]
 #include <omp.h>
@@ -13,6 +16,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,9 +27,12 @@
 #include <vector>
 
 #include "bench/bench_child.h"
+#include "bench/model/eigen_rate.h"
 #include "platform/process.h"
+#include "reference/gemm.h"
 #include "reference/model/flops.h"
 #include "reference/model/train.h"
+#include "reference/profile.h"
 
 using namespace trident;
 using namespace trident::model;
@@ -42,13 +49,13 @@ struct Out {  // written by the child
   double loss_last = 0, norm_last = 0;
   int64_t steps = 0;
   int ok = 0;
+  // The op profile of the last step (reference/profile.h), per prof::Op.
+  double op_s[prof::kOps] = {};
+  int64_t op_flops[prof::kOps] = {};
+  int64_t op_calls[prof::kOps] = {};
 };
 
-double cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using bench::process_cpu_s;
 
 RunConfig run_config(int64_t seqs, int64_t seq_len, bool recompute) {
   RunConfig rc;
@@ -66,11 +73,23 @@ int child(int64_t steps, const RunConfig& rc, int fd) {
     Trainer<float> tr(c, rc);
     for (int64_t k = 0; k < steps; ++k) {
       const Batch b = synthetic_batch(c, rc, k);
+      const bool profile = k == steps - 1;  // the last step: the first also pays for first-touch page faults
+      prof::reset();
+      prof::enable(profile);
       const auto w0 = std::chrono::steady_clock::now();
-      const double c0 = cpu_s();
+      const double c0 = process_cpu_s();
       const StepStats st = tr.step(b);
-      o.cpu[k] = cpu_s() - c0;
+      o.cpu[k] = process_cpu_s() - c0;
       o.wall[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+      prof::enable(false);
+      if (profile) {
+        const prof::Profile p = prof::snapshot();
+        for (int i = 0; i < prof::kOps; ++i) {
+          o.op_s[i] = p.op[i].seconds;
+          o.op_flops[i] = p.op[i].flops;
+          o.op_calls[i] = p.op[i].calls;
+        }
+      }
       o.loss_last = st.loss;
       o.norm_last = st.grad_norm;
     }
@@ -83,31 +102,51 @@ int child(int64_t steps, const RunConfig& rc, int fd) {
   return o.ok ? 0 : 1;
 }
 
-struct Rate {
-  double wall = 0, cpu = 0;  // GFLOP per wall-clock second and per process-CPU second
-};
+using bench::eigen_gflops;
+using bench::Rate;
 
-// Eigen's fp32 GEMM on the step's typical shape (tokens x d_model times d_model x 4 d_model), repeated for at
-// least 1 s.
-Rate eigen_gflops(int64_t M, int64_t N, int64_t K) {
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::setNbThreads(omp_get_max_threads());
-  RowMat a = RowMat::Random(M, K), b = RowMat::Random(K, N), c(M, N);
-  c.noalias() = a * b;  // warm-up
-  int64_t reps = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_s();
-  double s = 0;
-  do {
-    c.noalias() = a * b;
-    ++reps;
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (s < 1.0);
-  const double cs = cpu_s() - c0;
-  volatile float sink = c(0, 0);
-  (void)sink;
-  const double g = 2.0 * static_cast<double>(M) * N * K * static_cast<double>(reps) / 1e9;
-  return {g / s, g / cs};
+// The op profiles of the runs' last steps: per op its exclusive CPU seconds, share of the step's CPU time, calls;
+// for gemm its GFLOP per CPU-second and that over Eigen's; with the plain run, exact - plain per op.
+void print_profile(const Out* outs, int runs, double eigen_cpu, double executed_flops) {
+  std::printf("per-op CPU time of the last step (op profile, reference/profile.h): exclusive, an op's seconds leave "
+              "out the ops nested in it; inside OpenMP parallel regions nothing is attributed (the team's CPU time "
+              "counts in the op around the region)\n");
+  std::printf("%-16s", "op");
+  for (int r = 0; r < runs; ++r)
+    std::printf(" | %5s CPU s %6s %7s %11s %7s", r ? "plain" : "exact", "share", "calls", "GFLOP/CPU-s", "/ Eigen");
+  if (runs == 2) std::printf(" | %15s", "exact - plain s");
+  std::printf("\n");
+  auto cells = [&](const Out& o, double s, int64_t calls, int64_t flops) {
+    const double step = o.cpu[o.steps - 1];
+    std::printf(" | %11.3f %5.1f%% %7lld", s, 100 * s / step, static_cast<long long>(calls));
+    if (flops > 0 && s > 0) {
+      const double g = static_cast<double>(flops) / s / 1e9;
+      std::printf(" %11.2f %7.3f", g, g / eigen_cpu);
+    } else {
+      std::printf(" %11s %7s", "", "");
+    }
+  };
+  auto diff = [](double a, double b) { return std::fabs(a - b) < 5e-4 ? 0.0 : a - b; };  // no "-0.000"
+  for (int i = 0; i < prof::kOps; ++i) {
+    std::printf("%-16s", prof::name(static_cast<prof::Op>(i)));
+    for (int r = 0; r < runs; ++r) cells(outs[r], outs[r].op_s[i], outs[r].op_calls[i], outs[r].op_flops[i]);
+    if (runs == 2) std::printf(" | %+15.3f", diff(outs[0].op_s[i], outs[1].op_s[i]));
+    std::printf("\n");
+  }
+  double sum[2] = {0, 0};
+  int64_t calls[2] = {0, 0};
+  for (int r = 0; r < runs; ++r)
+    for (int i = 0; i < prof::kOps; ++i) sum[r] += outs[r].op_s[i], calls[r] += outs[r].op_calls[i];
+  std::printf("%-16s", "sum of the ops");
+  for (int r = 0; r < runs; ++r) cells(outs[r], sum[r], calls[r], 0);
+  if (runs == 2) std::printf(" | %+15.3f", diff(sum[0], sum[1]));
+  std::printf("\n");
+  const int g = static_cast<int>(prof::Op::gemm);
+  std::printf("gemm counts %.2f of the step's %.2f executed GFLOP (the rest run inside linear CE, the tile reductions "
+              "and the attention core); shares are of the run's last-step CPU time (%.3f s exact",
+              static_cast<double>(outs[0].op_flops[g]) / 1e9, executed_flops / 1e9, outs[0].cpu[outs[0].steps - 1]);
+  if (runs == 2) std::printf(", %.3f s plain", outs[1].cpu[outs[1].steps - 1]);
+  std::printf(")\n");
 }
 
 }  // namespace
@@ -165,13 +204,13 @@ int main(int argc, char** argv) {
   const StepFlops f = step_flops(c, rc);
   const double params = static_cast<double>(c.param_count());
   std::printf("bench_small: one reference training step of `small` (%.0f parameters), %lld x %lld tokens, fp32, "
-              "%s; %d OpenMP threads, %u hardware threads, load %.2f\n",
+              "%s; %d OpenMP threads, %u hardware threads, load %.2f; reference GEMM kernel %s\n",
               params, static_cast<long long>(seqs), static_cast<long long>(seq_len),
               recompute ? "full recompute" : "stored activations", omp_get_max_threads(),
               std::thread::hardware_concurrency(), [] {
                 double l[1] = {0};
                 return getloadavg(l, 1) == 1 ? l[0] : -1.0;
-              }());
+              }(), gemm_isa_name(gemm_isa()));
   std::printf("FLOPs per step (reference/model/flops.h): executed %.2f G = forward %.2f + backward %.2f + recompute "
               "%.2f (attention core %.2f of the forward); model FLOPs %.2f G\n",
               f.executed() / 1e9, f.forward / 1e9, f.backward / 1e9, f.recompute / 1e9, f.attn_core_forward / 1e9,
@@ -182,6 +221,35 @@ int main(int argc, char** argv) {
               static_cast<long long>(N), static_cast<long long>(4 * c.d_model), static_cast<long long>(c.d_model),
               omp_get_max_threads(), eigen.wall, eigen.cpu);
   const std::filesystem::path self = platform::executable_path();
+  // Eigen built for the wide ISAs the reference's GEMM kernels use (reference/gemm_kernel.h), where this CPU runs them:
+  // separate programs (bench/model/eigen_gemm.cpp), as Eigen's templates for two ISAs must not share a binary.
+  struct Wide {
+    const char* name;
+    const char* what;
+    GemmIsa needs;
+    Rate r;
+  };
+  Wide wide[] = {{"avx2", "AVX2 without FMA (two roundings, as the reference)", GemmIsa::avx2, {}},
+                 {"avx512_fma", "AVX-512F with FMA (Eigen's only AVX-512 build; the reference may not fuse)",
+                  GemmIsa::avx512, {}}};
+  for (Wide& w : wide) {
+    if (!gemm_isa_supported(w.needs)) continue;
+    const std::string exe = (self.parent_path() / (std::string("bench_eigen_gemm_") + w.name)).string();
+    const std::string cmd = exe + " " + std::to_string(N) + " " + std::to_string(4 * c.d_model) + " " +
+                            std::to_string(c.d_model) + " 2>/dev/null";
+    if (FILE* pf = std::filesystem::exists(exe) ? popen(cmd.c_str(), "r") : nullptr) {
+      if (std::fscanf(pf, "%lf %lf", &w.r.wall, &w.r.cpu) != 2) w.r = {};
+      pclose(pf);
+    }
+    if (w.r.cpu > 0)
+      std::printf("Eigen fp32 GEMM built for %s: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n", w.what, w.r.wall,
+                  w.r.cpu);
+    else
+      std::printf("(no %s: the comparison with Eigen built for %s is skipped)\n", exe.c_str(), w.name);
+  }
+  // The children's idle OpenMP threads sleep, as under `trident` (cli/main.cpp), unless the caller chose otherwise:
+  // a spinning thread's CPU time would count against the step.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   const std::string plain_exe = (self.parent_path() / "bench_small_plain").string();
   if (plain && !std::filesystem::exists(plain_exe)) {
     std::printf("(no %s: the plain row is skipped; build the bench_small_plain target)\n", plain_exe.c_str());
@@ -193,8 +261,9 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-20s %-20s %9s %8s %11s %8s %9s %8s\n", "sums", "wall s per step", "CPU s per step",
               "GFLOP/s", "/ Eigen", "GFLOP/CPU-s", "/ Eigen", "RSS MiB", "B/param");
   double cpu_exact = 0, loss_exact = 0, norm_exact = 0;
+  Out outs[2];
   for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
-    Out o;
+    Out& o = outs[mode];
     bench::ChildUsage u;
     if (!bench::run_child(mode ? plain_exe : self.string(), args, o, u) || !o.ok) {
       std::printf("the %s run failed (see stderr)\n", mode ? "plain" : "exact");
@@ -224,5 +293,14 @@ int main(int argc, char** argv) {
   std::printf("targets: the last step's GFLOP per CPU-second >= 0.30 x Eigen's (the wall-clock ratio is the same on an "
               "idle machine; under other load the CPU-time ratio is the stable one); peak RSS <= 32 B per parameter "
               "plus activations (fp32 weights, gradients and AdamW moments: 16 B)\n");
+  for (const Wide& w : wide) {
+    if (w.r.cpu <= 0) continue;
+    std::printf("against Eigen built for %s (%.1f GFLOP per CPU-second): the exact step at %.3f", w.name, w.r.cpu,
+                f.executed() / outs[0].cpu[outs[0].steps - 1] / 1e9 / w.r.cpu);
+    if (plain)
+      std::printf(", the plain step at %.3f", f.executed() / outs[1].cpu[outs[1].steps - 1] / 1e9 / w.r.cpu);
+    std::printf("\n");
+  }
+  print_profile(outs, plain ? 2 : 1, eigen.cpu, f.executed());
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "reference/check.h"
+#include "reference/profile.h"
 
 namespace trident::model {
 
@@ -40,6 +41,7 @@ AdamWHyper AdamWHyper::from_json(const nlohmann::json& j) {
 
 template <class T>
 void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) {
+  prof::OpSection prof_section(prof::Op::grad_norm);
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<T, float>) {
       const double x = g[i];
@@ -66,6 +68,7 @@ template void grad_sq_acc<float>(const float*, int64_t, ExactAcc<double>&);
 template void grad_sq_acc<double>(const double*, int64_t, ExactAcc<double>&);
 
 double clip_coef(const ExactAcc<double>& sq, double max_grad_norm) {
+  prof::OpSection prof_section(prof::Op::grad_norm);
   if (!(max_grad_norm > 0)) return 1.0;
   const double s = sq.round();
   const double norm = std::sqrt(s);
@@ -77,6 +80,7 @@ double clip_coef(const ExactAcc<double>& sq, double max_grad_norm) {
 template <class T>
 void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const AdamWHyper& h, int64_t step, double clip,
                 bool decay) {
+  prof::OpSection prof_section(prof::Op::adamw);
   TD_CHECK_GE(step, int64_t(1), "adamw_step: step is 1-based");
   double p1 = 1.0, p2 = 1.0;
   for (int64_t s = 0; s < step; ++s) {  // beta^step by repeated multiplication (no libm pow)
@@ -109,6 +113,7 @@ void adamw_step(T* w, const T* g, T* m, T* v, int64_t n, const AdamWHyper& h, in
 namespace {
 template <class T>
 void bias_update(T* b, const int64_t* load, int64_t E, double gamma) {
+  prof::OpSection prof_section(prof::Op::adamw);
   TD_CHECK_GT(E, int64_t(0), "router_bias_update: E");
   if (gamma == 0) return;
   int64_t total = 0;

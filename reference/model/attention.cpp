@@ -7,6 +7,7 @@
 #include "reference/bf16.h"
 #include "reference/check.h"
 #include "reference/dmath.h"
+#include "reference/profile.h"
 
 namespace trident::model {
 
@@ -121,6 +122,7 @@ void check_queries(const int64_t* qpos, const int64_t* qdoc, int64_t Nq, int64_t
 template <class T>
 void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                   const T* kv, int64_t S, T* o, T* stats) {
+  prof::OpSection prof_section(prof::Op::attn_core_fwd);
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
   check_queries(qpos, qdoc, Nq, S);
@@ -193,6 +195,7 @@ template <class T>
 void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                    const T* kv, int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs,
                    T* dq, KeySide<T> ks) {
+  prof::OpSection prof_section(prof::Op::attn_core_bwd);
   ExactAcc<T>* const dkv = ks.dkv;
   const int64_t* const krow = ks.dkv ? ks.krow : nullptr;
   const int64_t nt = static_cast<int64_t>(qsegs.size()) - 1;
@@ -266,7 +269,7 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
     }
     }
     // Key side: per key, in-tile partial over (row, head) in order, then one exact add per element.
-    ReductionSection timer;
+    prof::OpSection key_side(prof::Op::tile_reduce);
 #pragma omp parallel if (par)
     {
     std::vector<T> part(static_cast<size_t>(P));  // per thread, zeroed per key
@@ -386,6 +389,7 @@ void dsa_check_selection(const CoreDims& cd, const int32_t* sel, const int64_t* 
 template <class T>
 void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                 const T* kv, int64_t S, int32_t* sel) {
+  prof::OpSection prof_section(prof::Op::attn_core_fwd);
   check_dsa(cd, "dsa_select");
   check_queries(qpos, qdoc, Nq, S);
   const int64_t Iw = cd.Hi * cd.Di + cd.Hi;
@@ -432,6 +436,7 @@ void dsa_select(Policy pol, const CoreDims& cd, const T* iq, const int64_t* qpos
 template <class T>
 void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
                       const T* kv, int64_t S, const int32_t* sel, T* o, T* stats, T* ikl) {
+  prof::OpSection prof_section(prof::Op::attn_core_fwd);
   check_dsa(cd, "dsa_core_forward");
   check_queries(qpos, nullptr, Nq, S);
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, K = cd.topk;
@@ -494,6 +499,7 @@ template <class T>
 void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, const int64_t* qpos, int64_t Nq,
                        const T* kv, int64_t S, const int32_t* sel, const T* o, const T* stats, const T* dO, T iscale,
                        std::span<const int64_t> qsegs, T* dq, T* diq, ExactAcc<T>* dkv) {
+  prof::OpSection prof_section(prof::Op::attn_core_bwd);
   check_dsa(cd, "dsa_core_backward");
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G, K = cd.topk, Hi = cd.Hi, Di = cd.Di;
   const int64_t Iw = Hi * Di + Hi;
@@ -582,7 +588,7 @@ void dsa_core_backward(Policy pol, const CoreDims& cd, const T* q, const T* iq, 
         slot[static_cast<size_t>((r - r0) * (k1 - k0) + sel[r * K + i] - k0)] = static_cast<int32_t>(i);
         used[static_cast<size_t>(sel[r * K + i] - k0)] = 1;
       }
-    ReductionSection timer;
+    prof::OpSection key_side(prof::Op::tile_reduce);
 #pragma omp parallel if (nr * H * K * (Dq + Dv) >= (int64_t{1} << 17))
     {
     std::vector<T> part(static_cast<size_t>(P));
@@ -695,6 +701,7 @@ void attn_acts_size(const Config& cfg, int64_t N, AttnActs<T>& A) {
 
 template <class T>
 void dsa_index_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, int64_t N, const AttnBufs<T>& A) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, Hi = cfg.index_heads, Di = cfg.index_dim, Iw = cfg.index_q_width();
   const int64_t P = cfg.payload_dim(), ikey = cfg.kv_lora_rank + cfg.rope_dim;
   mm<T>(pol, N, Hi * Di, d, a, d, W.wiq, Hi * Di, false, A.iq, Iw);
@@ -705,6 +712,7 @@ void dsa_index_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T
 template <class T>
 void dsa_index_wgrad(Policy pol, const Config& cfg, const AttnG<T>& G, const T* a, int64_t N, const T* diq,
                      const T* dpayload, std::span<const int64_t> segs) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   (void)N;
   const int64_t d = cfg.d_model, Hi = cfg.index_heads, Di = cfg.index_dim, Iw = cfg.index_q_width();
   const int64_t P = cfg.payload_dim(), ikey = cfg.kv_lora_rank + cfg.rope_dim;
@@ -717,6 +725,7 @@ void dsa_index_wgrad(Policy pol, const Config& cfg, const AttnG<T>& G, const T* 
 template <class T>
 void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const int64_t* pos, int64_t N,
                       const RopeTable<T>& rope, const AttnBufs<T>& A) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   std::fill_n(A.payload, N * P, T(0));
   if (cfg.attn == AttnKind::gqa) {
@@ -750,6 +759,7 @@ void attn_qkv_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T*
 
 template <class T>
 void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t N, const AttnBufs<T>& A, T* y) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads;
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim;
@@ -766,6 +776,7 @@ void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t 
 template <class T>
 void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
                        const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads;
   if (cfg.attn == AttnKind::gqa) {
     const int64_t Dh = cfg.head_dim;
@@ -788,6 +799,7 @@ template <class T>
 void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
                        const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
                        const T* dpayload, std::span<const int64_t> segs, T* da) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   std::vector<T> tmp(static_cast<size_t>(N * d));
   if (cfg.attn == AttnKind::gqa) {
@@ -840,6 +852,7 @@ void check_run(const TokenRows& rows, const TokenRows::Run& run) {
 template <class T>
 void attention_forward(Policy pol, const Config& cfg, const AttnW<T>& W, const T* a, const TokenRows& rows,
                        const RopeTable<T>& rope, AttnActs<T>& acts, T* y) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t N = rows.n;
   const CoreDims cd = CoreDims::from(cfg);
   attn_acts_size<T>(cfg, N, acts);
@@ -878,6 +891,7 @@ template <class T>
 void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
                         const TokenRows& rows, const RopeTable<T>& rope, const AttnActs<T>& acts, const T* dy,
                         T* da) {
+  prof::OpSection prof_section(prof::Op::attn_other);
   const AttnBufs<T> A = acts.bufs();
   const int64_t N = rows.n;
   const CoreDims cd = CoreDims::from(cfg);
@@ -906,7 +920,7 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
                                 A.payload + b * cd.P, S, A.o + b * cd.H * cd.Dv, A.stats + b * cd.H * 2,
                                 dO.data() + b * cd.H * cd.Dv, qsegs, dqc.data() + b * cd.H * cd.Dq, acc.data());
     {
-      ReductionSection timer;
+      prof::OpSection rounding(prof::Op::tile_reduce);
       exact_round<T>(acc.data(), dpay.data() + run.begin * cd.P, S * cd.P);  // the single rounding of the key side
     }
   }

@@ -21,6 +21,7 @@
 #include "reference/check.h"
 #include "reference/dmath.h"
 #include "reference/gemm.h"
+#include "reference/profile.h"
 #include "reference/tile_reduce.h"
 
 namespace trident::model {
@@ -231,6 +232,7 @@ int64_t count_valid_targets(const int32_t* targets, int64_t N) {
 template <class T>
 void linear_ce_forward(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V,
                        int64_t vocab_chunk, Policy policy, int64_t token_chunk, T* token_loss, T* lse) {
+  prof::OpSection prof_section(prof::Op::lce_fwd);
   check_common<T>("linear_ce_forward", N, d, V, vocab_chunk, policy, token_chunk);
   check_targets("linear_ce_forward", targets, N, V);
   if (N == 0) return;
@@ -275,6 +277,7 @@ void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets
                              int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                              std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
                              ExactAcc<T>* dW_acc) {
+  prof::OpSection prof_section(prof::Op::lce_bwd);
   check_common<T>("linear_ce_backward", N, d, V, vocab_chunk, policy, token_chunk);
   TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
            "linear_ce_backward: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", j_begin, j_end, V);
@@ -343,6 +346,7 @@ template <class T>
 void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V,
                      int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                      std::span<const int64_t> segs, T* token_loss, T* lse, T* dhidden, ExactAcc<T>* dW_acc) {
+  prof::OpSection prof_section(prof::Op::lce_bwd);  // forward and backward in one pass
   check_common<T>("linear_ce_fused", N, d, V, vocab_chunk, policy, token_chunk);
   check_targets("linear_ce_fused", targets, N, V);
   check_segs("linear_ce_fused", segs, N);

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "reference/check.h"
+#include "reference/profile.h"
 #include "reference/model/linear_ce.h"
 #include "reference/model/rows.h"
 
@@ -182,6 +183,7 @@ class ExpertSlicesOf final : public ExpertGradBlocks<T> {
 template <class T>
 ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& batch, const StepOptions& opt,
                      GradAcc<T>* grads) {
+  prof::OpSection prof_section(prof::Op::other);  // the time outside the ops' sections
   check_policy<T>(cfg);
   validate_batch(cfg, batch);
   const Policy pol = cfg.policy;

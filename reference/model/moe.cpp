@@ -3,11 +3,13 @@
 #include <algorithm>
 
 #include "reference/check.h"
+#include "reference/profile.h"
 #include "reference/model/rows.h"
 
 namespace trident::model {
 
 std::vector<ExpertRows> route_rows(const int32_t* sel, int64_t N, int64_t K, int64_t E, std::span<const int64_t> segs) {
+  prof::OpSection prof_section(prof::Op::moe_dispatch);
   std::vector<ExpertRows> out(static_cast<size_t>(E));
   for (auto& x : out) x.segs.push_back(0);
   TD_CHECK(!segs.empty() && segs.front() == 0 && segs.back() == N, "route_rows: segments must cover [0, {})", N);
@@ -63,6 +65,7 @@ void expert_backward_wgrad(Policy pol, const Config& cfg, const MoeG<T>& G, int6
 template <class T>
 void moe_forward(Policy pol, const Config& cfg, const MoeW<T>& W, const T* a, int64_t N,
                  std::span<const int64_t> segs, MoeActs<T>& A, T* out) {
+  prof::OpSection prof_section(prof::Op::moe_dispatch);  // what its nested ops (router, experts, combine) leave
   const int64_t d = cfg.d_model, E = cfg.experts, K = cfg.top_k, Fs = cfg.shared_ffn;
   A.logits.assign(static_cast<size_t>(N * E), T(0));
   A.scores.assign(static_cast<size_t>(N * E), T(0));
@@ -84,7 +87,10 @@ void moe_forward(Policy pol, const Config& cfg, const MoeW<T>& W, const T* a, in
     expert_forward<T>(pol, cfg, W, e, n, X);
     scatter_rows<T>(A.yk.data(), X.y.data(), slots_of(R, K), d);
   }
-  moe_combine_forward<T>(out, A.gates.data(), A.yk.data(), N, d, K);  // selected experts ascending
+  {
+    prof::OpSection combine(prof::Op::moe_combine);
+    moe_combine_forward<T>(out, A.gates.data(), A.yk.data(), N, d, K);  // selected experts ascending
+  }
   if (Fs > 0) {
     A.sug.assign(static_cast<size_t>(N * Fs), T(0));
     A.suu.assign(static_cast<size_t>(N * Fs), T(0));
@@ -98,6 +104,7 @@ void moe_forward(Policy pol, const Config& cfg, const MoeW<T>& W, const T* a, in
 template <class T>
 void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>& G, const T* a, int64_t N,
                   std::span<const int64_t> segs, const MoeActs<T>& A, const T* dout, T* da) {
+  prof::OpSection prof_section(prof::Op::moe_dispatch);  // what its nested ops (router, experts, combine) leave
   const int64_t d = cfg.d_model, E = cfg.experts, K = cfg.top_k, Fs = cfg.shared_ffn, F = cfg.expert_ffn;
   std::vector<T> dgates(static_cast<size_t>(N * K), T(0)), dxk(static_cast<size_t>(N * K * d), T(0));
   for (int64_t e = 0; e < E; ++e) {
@@ -107,7 +114,10 @@ void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>
     std::vector<T> dy(static_cast<size_t>(n * d)), dug(static_cast<size_t>(n * F)), duu(static_cast<size_t>(n * F));
     std::vector<T> dx(static_cast<size_t>(n * d));
     const std::vector<int64_t> tk = slots_of(R, K);
-    moe_combine_backward<T>(dout, A.gates.data(), A.yk.data(), tk.data(), n, d, K, dgates.data(), dy.data());
+    {
+      prof::OpSection combine(prof::Op::moe_combine);
+      moe_combine_backward<T>(dout, A.gates.data(), A.yk.data(), tk.data(), n, d, K, dgates.data(), dy.data());
+    }
     expert_backward_dgrad<T>(pol, cfg, W, e, n, X, dy.data(), dug.data(), duu.data(), dx.data());
     const auto dr = G.experts ? G.experts->direct(e) : typename ExpertGradBlocks<T>::Direct{};
     if (dr.wg) {  // expert e's gradients rounded where they are formed (same bits)
@@ -126,7 +136,10 @@ void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>
     }
     scatter_rows<T>(dxk.data(), dx.data(), tk, d);
   }
-  moe_dx_sum<T>(da, dxk.data(), N, d, K);
+  {
+    prof::OpSection combine(prof::Op::moe_combine);
+    moe_dx_sum<T>(da, dxk.data(), N, d, K);
+  }
   std::vector<T> tmp(static_cast<size_t>(N * d));
   if (Fs > 0) {
     std::vector<T> dug(static_cast<size_t>(N * Fs)), duu(static_cast<size_t>(N * Fs));

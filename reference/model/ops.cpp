@@ -1,9 +1,6 @@
 #include "reference/model/ops.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <ctime>
 #include <cmath>
 #include <type_traits>
 
@@ -11,6 +8,7 @@
 #include "reference/check.h"
 #include "reference/dmath.h"
 #include "reference/gemm.h"
+#include "reference/profile.h"
 #include "reference/tile_reduce.h"
 
 namespace trident::model {
@@ -54,32 +52,6 @@ std::vector<int64_t> TokenRows::segs_in(int64_t begin, int64_t end) const {
   return out;
 }
 
-// ---- reduction timer ----------------------------------------------------------------------------------------
-namespace {
-std::atomic<bool> g_timer_on{false};
-std::atomic<long long> g_timer_ns{0};
-// Per thread: emulated ranks may run concurrently. Ranks that are fibers sharing a worker thread switch only at
-// communicator calls, and no section contains one, so a section always opens and closes on one rank.
-thread_local int g_timer_depth = 0;
-long long now_ns() {  // process CPU time: immune to other processes' load (run the bench single-threaded)
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-}  // namespace
-void reduction_timer_enable(bool on) { g_timer_on = on; }
-double reduction_timer_seconds() { return static_cast<double>(g_timer_ns.load()) * 1e-9; }
-void reduction_timer_reset() { g_timer_ns = 0; }
-ReductionSection::ReductionSection() : t0(-1) {
-  if (!g_timer_on) return;
-  t0 = g_timer_depth++ == 0 ? now_ns() : -2;  // nested sections count once
-}
-ReductionSection::~ReductionSection() {
-  if (t0 == -1) return;
-  if (t0 >= 0) g_timer_ns += now_ns() - t0;
-  --g_timer_depth;
-}
-
 // ---- GEMM helpers -------------------------------------------------------------------------------------------
 namespace {
 // Copy a (rows, cols) strided block into a contiguous buffer, rounding to bf16.
@@ -111,6 +83,7 @@ void with_wgrad_operands(Policy pol, const T* X, int64_t ldx, const T* dY, int64
 template <class T>
 void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
         T* C, int64_t ldc) {
+  prof::OpSection prof_section(prof::Op::gemm, prof::gemm_flops(M, N, K));  // bf16: its operand copies too
   if (M <= 0 || N <= 0) return;
   if constexpr (std::is_same_v<T, float>) {
     if (pol == Policy::bf16) {
@@ -135,7 +108,7 @@ template <class T>
 void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                      std::span<const int64_t> segs, ExactAcc<T>* acc, int64_t ld_acc) {
   if (K <= 0 || M <= 0 || segs.empty() || segs.back() == segs.front()) return;
-  ReductionSection timer;
+  prof::OpSection prof_section(prof::Op::tile_reduce);
   with_wgrad_operands<T>(pol, X, ldx, dY, ldy, K, M, segs, [&](const T* x, int64_t lx, const T* dy, int64_t ly) {
     tile_wgrad_acc<T>(x, lx, dy, ly, K, M, segs, acc, ld_acc);
   });
@@ -149,7 +122,7 @@ void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, 
     std::fill_n(dW, K * M, T(0));
     return;
   }
-  ReductionSection timer;
+  prof::OpSection prof_section(prof::Op::tile_reduce);
   with_wgrad_operands<T>(pol, X, ldx, dY, ldy, K, M, segs, [&](const T* x, int64_t lx, const T* dy, int64_t ly) {
     tile_wgrad<T>(x, lx, dy, ly, K, M, segs, dW);
   });
@@ -158,13 +131,14 @@ void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, 
 template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc) {
   if (J <= 0 || segs.empty() || segs.back() == segs.front()) return;
-  ReductionSection timer;
+  prof::OpSection prof_section(prof::Op::tile_reduce);
   tile_sum_acc<T>(x, J, segs, acc);
 }
 
 // ---- embedding ----------------------------------------------------------------------------------------------
 template <class T>
 void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V) {
+  prof::OpSection prof_section(prof::Op::embedding);
   for (int64_t r = 0; r < N; ++r) {
     const int32_t id = tokens[r];
     if (id < 0 || id >= V) fail(fmt::format("token id {} at row {} is out of range [0, {})", id, r, V));
@@ -175,7 +149,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N,
 template <class T>
 void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                         std::span<const int64_t> segs) {
-  ReductionSection timer;
+  prof::OpSection prof_section(prof::Op::tile_reduce);
   std::vector<int32_t> ids;
   std::vector<T> part;
   for (size_t t = 0; t + 1 < segs.size(); ++t) {
@@ -205,6 +179,7 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
 template <class T>
 void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y, int64_t ldy,
                      T* rinv) {
+  prof::OpSection prof_section(prof::Op::rmsnorm);
   const T e = static_cast<T>(eps);
   const T dd = static_cast<T>(d);
   for (int64_t r = 0; r < N; ++r) {
@@ -221,6 +196,7 @@ void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, 
 template <class T>
 void rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int64_t ldx, const T* rinv, const T* g, int64_t N,
                       int64_t d, std::span<const int64_t> segs, T* dx, int64_t lddx, ExactAcc<T>* dg) {
+  prof::OpSection prof_section(prof::Op::rmsnorm);
   const T dd = static_cast<T>(d);
   std::vector<T> prod(dg ? static_cast<size_t>(N * d) : 0);  // (N,d) dy*xhat, the per-token gain terms
   std::vector<T> dxh(static_cast<size_t>(d)), xh(static_cast<size_t>(d));
@@ -245,6 +221,7 @@ void rmsnorm_backward(const T* dy, int64_t lddy, const T* x, int64_t ldx, const 
 // ---- RoPE ---------------------------------------------------------------------------------------------------
 template <class T>
 RopeTable<T> rope_table(int64_t max_pos, int64_t D, double theta) {
+  prof::OpSection prof_section(prof::Op::rope);
   TD_CHECK(D > 0 && D % 2 == 0, "rope_table: width must be even and > 0 (got {})", D);
   RopeTable<T> t;
   t.D = D;
@@ -266,6 +243,7 @@ RopeTable<T> rope_table(int64_t max_pos, int64_t D, double theta) {
 template <class T>
 void rope_forward(T* x, int64_t ldx, int64_t n_heads, int64_t head_stride, const int64_t* pos, int64_t N,
                   const RopeTable<T>& tab) {
+  prof::OpSection prof_section(prof::Op::rope);
   const int64_t h = tab.D / 2;
   for (int64_t r = 0; r < N; ++r) {
     TD_CHECK(pos[r] >= 0 && pos[r] < tab.max_pos, "rope: position {} outside the table [0, {})", pos[r], tab.max_pos);
@@ -285,6 +263,7 @@ void rope_forward(T* x, int64_t ldx, int64_t n_heads, int64_t head_stride, const
 template <class T>
 void rope_backward(T* dx, int64_t ldx, int64_t n_heads, int64_t head_stride, const int64_t* pos, int64_t N,
                    const RopeTable<T>& tab) {
+  prof::OpSection prof_section(prof::Op::rope);
   const int64_t h = tab.D / 2;
   for (int64_t r = 0; r < N; ++r) {
     TD_CHECK(pos[r] >= 0 && pos[r] < tab.max_pos, "rope: position {} outside the table [0, {})", pos[r], tab.max_pos);
@@ -305,6 +284,7 @@ void rope_backward(T* dx, int64_t ldx, int64_t n_heads, int64_t head_stride, con
 template <class T>
 void swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* wd, int64_t N, int64_t d, int64_t F,
                     T* ug, T* uu, T* h, T* y) {
+  prof::OpSection prof_section(prof::Op::swiglu);
   if (N == 0) return;
   mm<T>(pol, N, F, d, x, d, wg, F, false, ug, F);
   mm<T>(pol, N, F, d, x, d, wu, F, false, uu, F);
@@ -315,6 +295,7 @@ void swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* w
 template <class T>
 void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, const T* wd, const T* ug, const T* uu,
                            int64_t N, int64_t d, int64_t F, T* dug, T* duu, T* dx) {
+  prof::OpSection prof_section(prof::Op::swiglu);
   if (N == 0) return;
   std::vector<T> dh(static_cast<size_t>(N * F)), t2(static_cast<size_t>(N * d));
   mm<T>(pol, N, F, d, dy, d, wd, d, true, dh.data(), F);
@@ -349,6 +330,7 @@ void swiglu_backward_wgrad_round(Policy pol, const T* x, const T* h, const T* dy
 template <class T>
 void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t N, int64_t d, int64_t E, int64_t K,
                     double alpha, T* logits, T* scores, int32_t* sel, T* gates) {
+  prof::OpSection prof_section(prof::Op::moe_router);
   if (N == 0) return;
   mm<T>(pol, N, E, d, a, d, wr, E, false, logits, E);
   const T al = static_cast<T>(alpha);
@@ -380,6 +362,7 @@ void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t 
 template <class T>
 void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64_t N, int64_t E, int64_t K,
                      double alpha, T* dlogits) {
+  prof::OpSection prof_section(prof::Op::moe_router);
   const T al = static_cast<T>(alpha);
   for (int64_t r = 0; r < N; ++r) {
     const T* s = scores + r * E;

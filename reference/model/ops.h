@@ -11,6 +11,8 @@
 //    tile_wgrad_acc or the same scheme written out); accumulators are never rounded here.
 //  - bf16 policy: every GEMM operand (both of them, including weight-gradient GEMMs) is rounded with
 //    round_bf16 first; accumulation fp32. Norms, rope, softmax, activations: fp32.
+//  - Each op function is an op-profile section (reference/profile.h: gemm for mm, tile_reduce for the tile sums,
+//    ...): it only reads the clock, and only when the profile is on.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -62,17 +64,6 @@ void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, 
 // acc (J) += sum over rows of x (rows, J) (tile partials, exact merge).
 template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);
-
-// Accumulated process CPU time spent in cross-token (tile) reductions, for the benchmark. Off by default.
-void reduction_timer_enable(bool on);
-double reduction_timer_seconds();
-void reduction_timer_reset();
-// RAII section that adds its duration to the reduction timer when enabled.
-struct ReductionSection {
-  ReductionSection();
-  ~ReductionSection();
-  long long t0;
-};
 
 // ---- embedding ---------------------------------------------------------------------------------------
 // out (N,d) = embed[tokens[r]]; throws on a token id outside [0, V).

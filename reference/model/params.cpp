@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "reference/check.h"
+#include "reference/profile.h"
 
 namespace trident::model {
 
@@ -212,6 +213,7 @@ bool GradAcc<T>::is_open(size_t p) const {
 
 template <class T>
 void GradAcc<T>::clear() {
+  prof::OpSection prof_section(prof::Op::grad_finalize);
   if (!streaming_) {
     for (auto& a : acc) std::fill(a.begin(), a.end(), ExactAcc<T>());
     return;
@@ -267,6 +269,7 @@ void GradAcc<T>::open_slices(const std::vector<Slice>& slices) {
 template <class T>
 void GradAcc<T>::close() {
   if (!streaming_) return;
+  prof::OpSection prof_section(prof::Op::grad_finalize);
   TD_CHECK(!blocks_.empty(), "GradAcc::close: no open block");
   TD_CHECK(sink != nullptr, "GradAcc::close: no sink ParamSet set (streaming accumulators)");
   auto& arena = arenas_[blocks_.size() - 1];
@@ -302,6 +305,7 @@ std::vector<T*> GradAcc<T>::direct(const std::vector<Slice>& slices) {
 
 template <class T>
 void GradAcc<T>::finalize(ParamSet<T>& grads) const {
+  prof::OpSection prof_section(prof::Op::grad_finalize);
   TD_CHECK_EQ(grads.size(), numel_.size(), "GradAcc::finalize: layout mismatch");
   for (size_t p = 0; p < numel_.size(); ++p) {
     if (numel_[p] == 0) {

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "reference/check.h"
+#include "reference/profile.h"
 #include "reference/model/linear_ce.h"
 
 namespace trident::model {
@@ -107,6 +108,7 @@ Trainer<T>::Trainer(const Config& c, const RunConfig& r) : cfg(c), run(r) {
 
 template <class T>
 StepStats Trainer<T>::step(const Batch& batch) {
+  prof::OpSection prof_section(prof::Op::other);  // the step's time outside its ops' sections
   StepOptions opt;
   opt.token_chunk = run.token_chunk;
   opt.recompute = run.recompute;
@@ -164,6 +166,7 @@ StepStats Trainer<T>::step(const Batch& batch) {
   }
   // Finite gradients can still make the update overflow (a huge --lr): one pass over the parameters and moments
   // stops the run at the step that stored a non-finite value, naming it (read only: the bits are untouched).
+  prof::OpSection check_section(prof::Op::finite_check);
   for (size_t p = 0; p < params.size(); ++p) {
     const std::pair<const ParamSet<T>*, const char*> sets[3] = {{&params, "params"}, {&m, "exp_avg"}, {&v, "exp_avg_sq"}};
     for (const auto& [set, group] : sets) {
