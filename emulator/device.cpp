@@ -21,13 +21,14 @@ const char* base_name(const char* path) {
 }
 }  // namespace
 
-EmuDevice::EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt)
+EmuDevice::EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt, BlockPool* pool)
     : rank_(rank),
       trace_(trace),
       opt_(opt),
       deferred_(opt.mode == DeviceMode::deferred),
       checking_(opt.check_hazards || opt.mode == DeviceMode::deferred),
-      rng_(opt.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank)) {
+      rng_(opt.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank)),
+      pool_(opt.memory || opt.shapes_only ? nullptr : pool) {
   TD_CHECK(!opt.shapes_only || opt.mode == DeviceMode::eager,
            "rank {}: a shapes-only device runs nothing, so it has no deferred mode (use eager, with --check-hazards to "
            "check the streams)",
@@ -49,18 +50,20 @@ EmuDevice::~EmuDevice() {
     }
   }
   if (opt_.shapes_only) return;  // nothing was allocated
-  for (auto& [p, bytes] : sizes_) raw_release(reinterpret_cast<void*>(p));
-  for (void* p : unreleased_) raw_release(p);
+  for (auto& [p, bytes] : sizes_) raw_release(reinterpret_cast<void*>(p), bytes);
+  for (auto& [p, bytes] : unreleased_) raw_release(p, bytes);
 }
 
-void* EmuDevice::raw_allocate(size_t n) const {
+void* EmuDevice::raw_allocate(size_t n) {
   if (opt_.memory) return opt_.memory->allocate(n);
+  if (pool_) return pool_->allocate(n);
   return ::operator new(n, std::nothrow);
 }
 
-void EmuDevice::raw_release(void* p) const noexcept {
+void EmuDevice::raw_release(void* p, int64_t bytes) noexcept {
   if (opt_.shapes_only) return;
   if (opt_.memory) opt_.memory->release(p);
+  else if (pool_) pool_->release(p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
   else ::operator delete(p);
 }
 
@@ -411,15 +414,15 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
     StreamQ& q = streams_[static_cast<size_t>(s.id)];
     ++q.issued;
     ++q.done;
-    raw_release(p);
+    raw_release(p, bytes);
     mem_.cur -= bytes;
     return;
   }
-  unreleased_.insert(p);  // deferred: the bytes are released when the free runs
+  unreleased_.emplace(p, bytes);  // deferred: the bytes are released when the free runs
   issue(s, Op{Op::Kind::run,
               [this, p, bytes] {
                 unreleased_.erase(p);
-                raw_release(p);
+                raw_release(p, bytes);
                 mem_.cur -= bytes;
               },
               -1, 0});

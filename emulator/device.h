@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "emulator/block_pool.h"
 #include "emulator/trace_hash.h"
 #include "parallel/device.h"
 #include "parallel/trace.h"
@@ -67,7 +68,9 @@ struct DeviceOptions {
 
 class EmuDevice final : public Device {
  public:
-  EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt);
+  // pool: where host device memory comes from (the rank's worker's pool, emulator/block_pool.h; nullptr: the host's
+  // allocator). Not used with opt.memory or shapes_only. Must outlive the device.
+  EmuDevice(int rank, RankTrace& trace, const DeviceOptions& opt, BlockPool* pool = nullptr);
   ~EmuDevice() override;
 
   Stream compute_stream() override { return Stream{0}; }
@@ -137,8 +140,9 @@ class EmuDevice final : public Device {
   };
 
   void free_impl(void* p, Stream s, loc_t loc);
-  void* raw_allocate(size_t n) const;  // from opt_.memory, or the host; nullptr when out of memory
-  void raw_release(void* p) const noexcept;
+  // From opt_.memory (one call per allocation), the pool, or the host's allocator; nullptr when out of memory.
+  void* raw_allocate(size_t n);
+  void raw_release(void* p, int64_t bytes) noexcept;
   void issue(Stream s, Op&& op);  // eager: runs it now; deferred: queues it
   void run_until(int stream, int64_t count);
   bool runnable(int stream) const;
@@ -169,12 +173,13 @@ class EmuDevice final : public Device {
   // than the allocation itself. allocs_ (address-ordered, with the access records) is kept only while checking.
   std::unordered_map<uintptr_t, int64_t> sizes_;
   std::map<uintptr_t, Alloc> allocs_;
-  std::set<void*> unreleased_;  // freed, the free not run yet (deferred)
+  std::map<void*, int64_t> unreleased_;  // freed, the free not run yet (deferred): bytes
   DeviceMemory mem_;
   std::mt19937_64 rng_;
   std::string pending_error_;  // a hazard found in free() (which cannot throw)
   int64_t issue_ = 0;
   uintptr_t next_addr_ = 0;  // shapes only: the next unused address of this rank's range
+  BlockPool* pool_ = nullptr;
 };
 
 }  // namespace trident::emu

@@ -275,6 +275,9 @@ struct World {
   // RankExec::fibers: ranks wait by parking their fiber. Made before the first fiber is added and kept as long as
   // the world (the watchdog thread may wake fibers until it is joined).
   std::unique_ptr<fiber::Scheduler> sched;
+  // Fibers: the device memory of each worker's ranks (emulator/block_pool.h); empty with rank threads (the host's
+  // allocator). Destroyed after every rank's device.
+  std::vector<std::unique_ptr<BlockPool>> pools;
   // Sleeping on a word until it changes, and waking the sleepers: platform/wait.h (the kernel's futex on Linux)
   // for rank threads, the fiber scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers
   // too).
@@ -1044,7 +1047,8 @@ class EmuComm final : public Communicator {
 RankContext::RankContext(World& w, RankState& r) : w_(w), r_(r) {
   DeviceOptions o = w.opts.device;
   o.record_trace = w.opts.record_trace;
-  auto dev = std::make_unique<EmuDevice>(r.rank, r.trace, o);
+  BlockPool* pool = w.pools.empty() ? nullptr : w.pools[static_cast<size_t>(r.rank) % w.pools.size()].get();
+  auto dev = std::make_unique<EmuDevice>(r.rank, r.trace, o, pool);
   auto* d = dev.get();
   dev_ = std::move(dev);
   world_ = std::make_unique<EmuComm>(w, r, *d, w.world_group, r.rank);
@@ -1088,6 +1092,20 @@ struct ThreadArg {
 // Made before any rank runs: reporting them allocates nothing.
 const std::string kOutOfMemory = "out of memory (std::bad_alloc) in the rank's host code";
 const std::string kUnknownException = "unknown exception (not derived from std::exception)";
+
+// Device memory from the workers' pools (emulator/block_pool.h), except under AddressSanitizer: there every device
+// buffer is its own heap allocation, so that an access past its end or after its free is reported.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kDevicePools = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kDevicePools = false;
+#else
+constexpr bool kDevicePools = true;
+#endif
+#else
+constexpr bool kDevicePools = true;
+#endif
 
 // The rank's thread (RankExec::threads); fibers find theirs through the scheduler's current argument.
 thread_local RankState* t_rank = nullptr;
@@ -1160,6 +1178,8 @@ void run_fibers(World& w, std::vector<ThreadArg>& args, const SpawnOptions& opts
   if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers = std::min(workers, world_size);
   w.sched = std::make_unique<fiber::Scheduler>(workers, static_cast<size_t>(world_size));
+  if (kDevicePools)
+    for (int k = 0; k < workers; ++k) w.pools.push_back(std::make_unique<BlockPool>());  // rank i: worker i % workers
   const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
   for (int i = 0; i < world_size; ++i) {
     const std::string err = w.sched->add(i % workers, stack, run_rank, &args[static_cast<size_t>(i)]);

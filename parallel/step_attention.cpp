@@ -220,6 +220,10 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
   reduce_grads(out_g, ph);
   core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), diq.data(), ph);  // key-side accumulators given back inside
+  // The gathered KV and dO are used up: freed before the projections' gradient accumulators are taken (the step's
+  // peak) rather than at the layer's retire.
+  st.kv.reset(CS);
+  dO.reset(CS);
   std::vector<size_t> qkv_g = gqa ? names(i, {"attn.wq", "attn.wk", "attn.wv"})
                                   : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
   if (cfg.dsa())

@@ -325,6 +325,11 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
       if (X.n() > 0) owned.push_back({el, X.x.data(), X.h.data(), X.dy.data(), X.dug.data(), X.duu.data(), X.segs});
     }
   swiglu_wgrad(nm("experts."), F, ph, owned);
+  // The owner-side rows are used up: freed now rather than at the layer's retire, so that they are not live under the
+  // layer's attention backward (the step's peak). Every comm-stream use is ordered before (the last combine wait).
+  for (EpChunk& C : st.chunks)
+    for (ExBlock& X : C.ex)
+      for (Buf<T>* b : {&X.x, &X.ug, &X.uu, &X.h, &X.y, &X.dy, &X.dug, &X.duu, &X.dx}) b->reset(CS);
   // da = +0, += expert dx (selected e ascending), += shared dx, += router dx (as moe_backward)
   K.moe_dx_sum(da, dxk.data(), N, d, Kt, CS);
   Buf<T> tmp = zeros(N * d, CS);
@@ -335,6 +340,7 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
     swiglu_wgrad(nm("shared."), Fs, ph,
                  {{0, st.a2.data(), st.sh.data(), dout, dug.data(), duu.data(), rows.segs}});
     K.residual_forward(da, da, tmp.data(), N * d, CS);
+    for (Buf<T>* b : {&st.sug, &st.suu, &st.sh, &st.sy}) b->reset(CS);  // used up (as the expert rows above)
   }
   Buf<T> dlogits = zeros(N * E, CS);
   K.router_backward(dgates.data(), st.scores.data(), st.sel.data(), N, E, Kt, cfg.routed_scale, dlogits.data(), CS);
@@ -344,6 +350,8 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
   reduce_grads(rg, ph);
   K.mm(pol, N, d, E, dlogits.data(), E, W(nm("router")), E, true, tmp.data(), d, CS);
   K.residual_forward(da, da, tmp.data(), N * d, CS);
+  for (Buf<T>* b : {&st.logits, &st.scores, &st.gates, &st.yk}) b->reset(CS);  // the router's, used up
+  st.sel.reset(CS);
 }
 
 #define TD_STEP_EP(T)                                                                                              \

@@ -72,9 +72,9 @@ struct StepImpl {
   std::vector<Buf<T>> full;                       // gathered (padded) parameters by ps index; empty when freed
   std::vector<bool> gathered;                     // per unit
   std::vector<Event> ev_gather;                   // per unit
-  // Gradient accumulators live in one per-rank arena of ExactAcc (grown between groups, never freed): a group of
-  // tensors whose gradients complete together is carved from it, reduced, and the arena is reused by the next
-  // group (groups never overlap), so the big full-shape accumulators cost no allocation per use.
+  // Gradient accumulators live in one per-rank arena of ExactAcc (grown between groups, freed after the backward): a
+  // group of tensors whose gradients complete together is carved from it, reduced, and the arena is reused by the
+  // next group (groups never overlap), so the big full-shape accumulators cost no allocation per use.
   struct AccView {
     Acc* p = nullptr;
     size_t n = 0;

@@ -320,6 +320,10 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   at(StepProgress::Stage::embedding);
   reduce_embed_slices("bwd.embed", dx.data());
   mem.sub(3 * dx.bytes() + xsave[0].bytes());
+  // The accumulator arena is given back until the next backward: kept, its full size would be live from the start
+  // of the next backward on, under the last layer's MoE buffers, where the step does not need it yet.
+  mem.sub(arena.bytes());
+  arena.reset(CS);
 
   for (size_t j = 0; j < ps.size(); ++j)  // every trainable tensor reduced exactly once
     TD_CHECK_EQ(reduced[j], ps[j].trainable ? 1 : 0, "gradient reductions of {}", sh.init->info[j].name);
