@@ -1,19 +1,23 @@
 // Tile reductions: the documented definition (in-order fp partials per tile, exact sum, one rounding) checked
 // against an independent oracle (naive partials + MPFR exact sum); any partition of the tiles over 1..64 parts,
 // each accumulated separately and merged exactly (also through the wire format), gives the single-part bits;
-// thread invariance; error bound vs fp64.
+// thread invariance; error bound vs fp64; every instruction-set copy of the loops gives the same bytes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <mpfr.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "reference/check.h"
+#include "reference/gemm.h"
 #include "reference/tile_reduce.h"
 #include "reference/tolerances.h"
 
@@ -330,6 +334,70 @@ TEST(TileReduce, EdgeCases) {
   EXPECT_THROW(uniform_segments(10, 0), Error);
   EXPECT_EQ(uniform_segments(10, 4), (std::vector<int64_t>{0, 4, 8, 10}));
   EXPECT_EQ(uniform_segments(0, 4), (std::vector<int64_t>{0}));
+}
+
+// The loops are compiled once per instruction set (reference/tile_reduce_kernel.h) and follow the GEMM's choice:
+// every copy the CPU runs must give the baseline copy's bytes, accumulators included, on data that takes both the
+// grouped double adds and the partial-by-partial path (exponents 2^-60..2^60 in one element's partials), special
+// values, empty tiles and blocks cut at odd sizes.
+template <class T>
+void expect_copies_agree(uint64_t seed) {
+  const GemmIsa saved = gemm_isa();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_int_distribution<int> wide(-60, 60), narrow(-4, 4);
+  const int64_t N = 300, K = 53, M = 141;  // blocks of 48 x 128 cut at odd sizes
+  auto fill = [&](int64_t n, bool spread) {
+    std::vector<T> v(static_cast<size_t>(n));
+    for (auto& x : v) x = static_cast<T>(std::ldexp(nd(rng), spread ? wide(rng) : narrow(rng)));
+    return v;
+  };
+  std::vector<T> X = fill(N * K, false), dY = fill(N * M, false), xs = fill(N * M, false);
+  for (int64_t r = 0; r < N; r += 7) dY[static_cast<size_t>(r * M + r % M)] = fill(1, true)[0];  // spread elements
+  for (int64_t i = 0; i < 40; ++i) xs[rng() % xs.size()] = fill(1, true)[0];
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                        -std::numeric_limits<T>::infinity(), T(-0.0), std::numeric_limits<T>::denorm_min(),
+                        std::numeric_limits<T>::max()};
+  for (const T v : specials) X[rng() % X.size()] = v, xs[rng() % xs.size()] = v;
+  const std::vector<int64_t> segs = random_segments(N, 9, rng);  // up to 9 rows, empty tiles included
+  struct Out {
+    std::vector<T> dw;
+    std::vector<ExactAcc<T>> wacc, sacc;
+  };
+  auto run = [&]() {
+    Out o;
+    o.dw.assign(static_cast<size_t>(K * (M + 3)), T(-7));
+    tile_wgrad<T>(X.data(), K, dY.data(), M, K, M, segs, o.dw.data(), M + 3);
+    o.wacc.assign(static_cast<size_t>(K * M), ExactAcc<T>());
+    tile_wgrad_acc<T>(X.data(), K, dY.data(), M, K, M, segs, o.wacc.data());
+    o.sacc.assign(static_cast<size_t>(M), ExactAcc<T>());
+    tile_sum_acc<T>(xs.data(), M, segs, o.sacc.data());
+    return o;
+  };
+  set_gemm_isa(GemmIsa::baseline);
+  const Out want = run();
+  for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512}) {
+    if (!gemm_isa_supported(isa)) {
+      std::printf("copy %s: not run by this CPU or build\n", gemm_isa_name(isa));
+      continue;
+    }
+    set_gemm_isa(isa);
+    const Out got = run();
+    const std::string repro = fmt::format("repro: seed={} copy={}", seed, gemm_isa_name(isa));
+    EXPECT_EQ(std::memcmp(got.dw.data(), want.dw.data(), want.dw.size() * sizeof(T)), 0) << "tile_wgrad " << repro;
+    EXPECT_EQ(std::memcmp(got.wacc.data(), want.wacc.data(), want.wacc.size() * sizeof(ExactAcc<T>)), 0)
+        << "tile_wgrad_acc " << repro;
+    EXPECT_EQ(std::memcmp(got.sacc.data(), want.sacc.data(), want.sacc.size() * sizeof(ExactAcc<T>)), 0)
+        << "tile_sum_acc " << repro;
+  }
+  set_gemm_isa(saved);
+}
+
+TEST(TileReduce, EveryInstructionSetCopyGivesTheSameBytes) {
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    expect_copies_agree<float>(seed);
+    expect_copies_agree<double>(seed);
+  }
 }
 
 }  // namespace
