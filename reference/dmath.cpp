@@ -15,15 +15,38 @@
 // inside its own namespace, with both defined as __device__: the same source gives the device dm:: functions.
 #ifndef TD_DM
 #define TD_DM
+#define TRIDENT_DM_HOST 1  // this is the host build: the array forms (exp_n) are defined at the end
 #endif
 #ifndef TD_DM_TABLE
 #define TD_DM_TABLE
+#endif
+// exp's fast-stage polynomial loop unrolled on the host (GCC leaves it rolled at -O2; exp_n runs it on vectors); the
+// same operations in the same order.
+#if defined(TRIDENT_DM_HOST) && defined(__GNUC__) && !defined(__clang__)
+#define TD_DM_UNROLL _Pragma("GCC unroll 16")
+#else
+#define TD_DM_UNROLL
+#endif
+// exp_n's vector form of exp_fast_reduced inlined into each instruction set's copy (never called across them).
+#ifdef TRIDENT_DM_HOST
+#define TD_DM_FORCE_INLINE __attribute__((always_inline))
+#if defined(__GNUC__)
+// Its 64-byte vector return would change the ABI between instruction sets if it were ever called; it never is.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+#else
+#define TD_DM_FORCE_INLINE
 #endif
 
 #include <bit>
 #include <cmath>  // std::sqrt only (correctly rounded IEEE operation)
 #include <cstdint>
 #include <limits>
+
+#ifdef TRIDENT_DM_HOST
+#include <cstring>
+#include "reference/gemm.h"  // gemm_isa(): exp_n follows the GEMM's instruction set
+#endif
 
 namespace trident::dm {
 namespace {
@@ -691,17 +714,27 @@ TD_DM inline bool float_rounding_safe(double d) {
   return dist > 256 || dist < -256;
 }
 
+// exp_fast without its last step: exp(x) = y * 2^kd, returns y and sets kd (an integer, as a double). D is double, or
+// on the host a GCC vector of doubles (exp_n): the same operations per lane.
+template <class D>
+TD_DM TD_DM_FORCE_INLINE inline D exp_fast_reduced(D x, D& kd) {
+  const D t = x * kInvLn2;
+  kd = (t + 0x1.8p52) - 0x1.8p52;  // nearest_int(t)
+  const D r = (x - kd * kLn2_0) - kd * kLn2_1;  // first difference exact; |r| <= 0.3466
+  D p = D{} + kInvFact[13];  // kInvFact[13] (in D's shape)
+  TD_DM_UNROLL
+  for (int n = 12; n >= 2; --n) p = p * r + kInvFact[n];  // truncation < 2^-57
+  return 1.0 + (r + (r * r) * p);
+}
+
 }  // namespace
 
 // Stage 1 (plain double); domains and error bounds in reference/dmath_detail.h.
 namespace detail {
 
 TD_DM double exp_fast(double x) {  // relative error < 2^-51
-  const double kd = nearest_int(x * kInvLn2);
-  const double r = (x - kd * kLn2_0) - kd * kLn2_1;  // first difference exact; |r| <= 0.3466
-  double p = kInvFact[13];
-  for (int n = 12; n >= 2; --n) p = p * r + kInvFact[n];  // truncation < 2^-57
-  const double y = 1.0 + (r + (r * r) * p);
+  double kd;
+  const double y = exp_fast_reduced(x, kd);
   return y * pow2(static_cast<int>(kd));
 }
 
@@ -821,5 +854,86 @@ TD_DM float rsqrt(float xf) {
   }
   return static_cast<float>(rsqrt_impl<Rnd::kOdd>(x));
 }
+
+#ifdef TRIDENT_DM_HOST
+// ------------------------------------------------------------------------------------------------------------
+// Array forms (host only). exp_n: per block of 64 elements, the fast stage of exp(float) for every element at once
+// (SIMD across elements; each element the same operations as exp_fast, whose last step, the exact scaling by 2^kd,
+// takes the power of two from kd's bits instead of pow2's branch: the same double for every kd of the domain), then
+// exp() itself for each element the fast stage does not settle (outside the domain, or too near a rounding
+// boundary). So every element gets exp()'s bits. Compiled for the baseline ISA and, on x86-64, for AVX2 and
+// AVX-512F (target attributes, no FMA: -ffp-contract=off), following the GEMM's choice (gemm_isa()). GCC only (its
+// vector extensions); other compilers call exp() per element.
+namespace {
+
+#if defined(__GNUC__) && !defined(__clang__)
+[[gnu::always_inline]] inline void exp_n_body(const float* x, float* y, int64_t n) {
+  // 8 lanes of GCC vectors: the compiler maps them onto the target's registers (4 SSE2, 2 AVX2 or 1 AVX-512
+  // register); every lane is one element's own computation.
+  typedef double VD __attribute__((vector_size(64)));
+  typedef int64_t VI __attribute__((vector_size(64)));
+  typedef float VF __attribute__((vector_size(32)));
+  constexpr int64_t kB = 64, kL = 8;
+  float in[kB], out[kB];
+  int64_t settled[kB];
+  for (int64_t b0 = 0; b0 < n; b0 += kB) {
+    const int64_t len = n - b0 < kB ? n - b0 : kB;
+    for (int64_t i = 0; i < len; ++i) in[i] = x[b0 + i];  // y may be x
+    for (int64_t i = len; i < (len + kL - 1) / kL * kL; ++i) in[i] = 0.0f;
+    for (int64_t i = 0; i < len; i += kL) {
+      VF xf;
+      std::memcpy(&xf, in + i, sizeof xf);
+      const VD v = __builtin_convertvector(xf, VD);
+      const VI dom = (v > -104.0) & (v < 89.0);
+      // Outside the domain (NaN too) the lane runs the fast stage on a clamped value; its result is not used.
+      const VD lo = v < -104.0 ? VD{} - 104.0 : v;
+      const VD vs = lo > 89.0 ? VD{} + 89.0 : lo;
+      VD kd;
+      const VD r = exp_fast_reduced(vs, kd);
+      // 2^kd: kd + 1.5 * 2^52 holds kd in its low mantissa bits; + 1023 and << 52 leave the biased exponent.
+      const VD d = r * (VD)((((VI)(kd + 0x1.8p52)) + 1023) << 52);
+      // float_rounding_safe(d), lane by lane: |d| >= 2^-126 and the 29 bits a float drops more than 256 away
+      // from the midpoint pattern.
+      const VI db = (VI)d;
+      const VI normal = (VD)(db & INT64_MAX) >= 0x1p-126;
+      const VI dist = (db & ((int64_t{1} << 29) - 1)) - (int64_t{1} << 28);
+      const VI ok = dom & normal & ((dist > 256) | (dist < -256));
+      const VF f = __builtin_convertvector(d, VF);
+      std::memcpy(out + i, &f, sizeof f);
+      std::memcpy(settled + i, &ok, sizeof ok);
+    }
+    for (int64_t i = 0; i < len; ++i) y[b0 + i] = settled[i] ? out[i] : exp(in[i]);
+  }
+}
+#else  // other compilers: element by element
+inline void exp_n_body(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = exp(x[i]);
+}
+#endif
+
+void exp_n_baseline(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TRIDENT_DM_DISPATCH 1
+[[gnu::target("avx2")]] void exp_n_avx2(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
+[[gnu::target("avx512f")]] void exp_n_avx512(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
+#endif
+
+}  // namespace
+
+void exp_n(const float* x, float* y, int64_t n) {
+#ifdef TRIDENT_DM_DISPATCH
+  switch (gemm_isa()) {
+    case GemmIsa::avx512: return exp_n_avx512(x, y, n);
+    case GemmIsa::avx2: return exp_n_avx2(x, y, n);
+    case GemmIsa::baseline: break;
+  }
+#endif
+  exp_n_baseline(x, y, n);
+}
+
+void exp_n(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = exp(x[i]);
+}
+#endif  // TRIDENT_DM_HOST
 
 }  // namespace trident::dm

@@ -5,6 +5,7 @@
 // ("Elementary functions") and checked against MPFR by tests/dmath. Special values follow C99 Annex F
 // (exp(-inf)=+0, log(+-0)=-inf, log(<0)=NaN, tanh(+-inf)=+-1, NaN in -> NaN out ...).
 #pragma once
+#include <cstdint>
 
 namespace trident::dm {
 
@@ -27,5 +28,10 @@ double rsqrt(double x);
 double sin(double x);     // for RoPE tables: angles are computed and tabulated in fp64; any finite x
 double cos(double x);
 double pow(double base, double e);  // exp(e * log(base)) in double-double; Annex F specials; theta^(-2i/D)
+
+// Array forms (host): y[i] = exp(x[i]) for i < n, the same bits as the scalar function; y may be x. The float form
+// evaluates the fast stage for many elements at once (SIMD), which is where the attention core's softmax spends.
+void exp_n(const float* x, float* y, int64_t n);
+void exp_n(const double* x, double* y, int64_t n);
 
 }  // namespace trident::dm

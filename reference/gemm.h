@@ -40,7 +40,8 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int6
 // avx2 / avx512: x86-64 builds with GCC or Clang, where the CPU has them. The default is the widest the CPU
 // runs; the environment variable TRIDENT_GEMM_ISA (auto, baseline, avx2, avx512) overrides it, read once. A value
 // that names no kernel this CPU runs makes every gemm / gemm_serial / gemm_isa call outside an OpenMP parallel
-// region throw trident::Error (inside one, the default kernel runs until the next call outside).
+// region throw trident::Error (inside one, the default kernel runs until the next call outside). The tile
+// reductions (reference/tile_reduce.h) and dm::exp_n run their copy for the same instruction set.
 enum class GemmIsa { baseline, avx2, avx512 };
 GemmIsa gemm_isa();
 void set_gemm_isa(GemmIsa isa);              // throws where the CPU or the build lacks it (tests, benchmarks)

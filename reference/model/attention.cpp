@@ -147,11 +147,10 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
         s[j] = s[j] * sc;
         if (j == j0 || s[j] > m) m = s[j];
       }
+      for (int64_t j = j0; j < np; ++j) s[j] = s[j] - m;
+      dm::exp_n(s.data() + j0, s.data() + j0, np - j0);  // exp's bits, many elements at once
       T l = T(0);
-      for (int64_t j = j0; j < np; ++j) {
-        s[j] = dm::exp(s[j] - m);
-        l = l + s[j];
-      }
+      for (int64_t j = j0; j < np; ++j) l = l + s[j];
       T* oh = o + (r * H + h) * Dv;
       for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
       for (int64_t j = j0; j < np; ++j) {
@@ -252,9 +251,10 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
         T* dd = dsbuf.data() + ((r - r0) * H + h) * nk;
         dots_t(sv.data() + j0, qh, kT.data() + g * Dq * S + j0, Dq, S, np - j0);
         dots_t(dpv.data() + j0, dohr, vT.data() + g * Dv * S + j0, Dv, S, np - j0);
+        for (int64_t j = j0; j < np; ++j) sv[j] = sv[j] * sc - m;  // two roundings, as s = sv * sc; s - m
+        dm::exp_n(sv.data() + j0, sv.data() + j0, np - j0);
         for (int64_t j = j0; j < np; ++j) {
-          const T s = sv[j] * sc;
-          const T p = dm::exp(s - m) / l;
+          const T p = sv[j] / l;
           const T dp = dpv[j];
           pp[j] = op1(pol, p);
           dd[j] = op1(pol, (p * (dp - D)) * sc);
@@ -371,11 +371,10 @@ T index_softmax(int64_t n, const T* I, T* eI, T& mI) {
   mI = I[0];
   for (int64_t i = 1; i < n; ++i)
     if (I[i] > mI) mI = I[i];
+  for (int64_t i = 0; i < n; ++i) eI[i] = I[i] - mI;
+  dm::exp_n(eI, eI, n);
   T lI = T(0);
-  for (int64_t i = 0; i < n; ++i) {
-    eI[i] = dm::exp(I[i] - mI);
-    lI = lI + eI[i];
-  }
+  for (int64_t i = 0; i < n; ++i) lI = lI + eI[i];
   return lI;
 }
 
@@ -464,11 +463,10 @@ void dsa_core_forward(Policy pol, const CoreDims& cd, const T* q, const T* iq, c
         s[i] = dot(qh, kr + sr[i] * P + g * Dq, Dq) * sc;
         if (i == 0 || s[i] > m) m = s[i];
       }
+      for (int64_t i = 0; i < n; ++i) s[i] = s[i] - m;
+      dm::exp_n(s.data(), s.data(), n);
       T l = T(0);
-      for (int64_t i = 0; i < n; ++i) {
-        s[i] = dm::exp(s[i] - m);
-        l = l + s[i];
-      }
+      for (int64_t i = 0; i < n; ++i) l = l + s[i];
       T* oh = o + (r * H + h) * Dv;
       for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
       for (int64_t i = 0; i < n; ++i) {

@@ -1,14 +1,19 @@
 // reference/dmath results are identical bit for bit whatever the OpenMP thread count and schedule, and
-// whatever the evaluation order (the functions are pure: no state, no tables filled lazily, no libm).
+// whatever the evaluation order (the functions are pure: no state, no tables filled lazily, no libm); the array
+// form exp_n gives exp()'s bits on every instruction-set copy.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "reference/dmath.h"
+#include "reference/gemm.h"
 #include "tests/dmath/dmath_oracle.h"
 
 namespace {
@@ -81,6 +86,58 @@ TEST(DmathDeterminism, DoubleAcrossThreadCounts) {
                  dmtest::Fn::sigmoid, dmtest::Fn::silu, dmtest::Fn::rsqrt, dmtest::Fn::sin, dmtest::Fn::cos,
                  dmtest::Fn::pow})
     check<double>(f);
+}
+
+}  // namespace
+
+namespace {
+
+// exp_n against exp, bit for bit: a stride through all 2^32 float patterns (NaN, Inf, subnormals, both signs), the
+// fast stage's domain edges (-104, 89) and a dense sweep of [-110, 95] where the fast stage decides most elements;
+// lengths that end mid-block, in place and not.
+std::vector<float> exp_inputs() {
+  std::vector<float> v;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4093) v.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (int i = 0; i < (1 << 20); ++i) v.push_back(-110.0f + 205.0f * static_cast<float>(i) / (1 << 20));
+  for (float e : {-104.0f, 89.0f, 88.72283f, 88.72284f, -103.97208f, -103.97209f, -87.33655f, 0.0f, -0.0f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()})
+    for (float d : {0.0f, 1.0f, -1.0f})
+      v.push_back(d == 0.0f ? e : std::nextafter(e, d * std::numeric_limits<float>::infinity()));
+  return v;
+}
+
+TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
+  const std::vector<float> x = exp_inputs();
+  std::vector<uint32_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = std::bit_cast<uint32_t>(trident::dm::exp(x[i]));
+  const trident::GemmIsa saved = trident::gemm_isa();
+  for (trident::GemmIsa isa : {trident::GemmIsa::baseline, trident::GemmIsa::avx2, trident::GemmIsa::avx512}) {
+    if (!trident::gemm_isa_supported(isa)) {
+      std::printf("copy %s: not run by this CPU or build\n", trident::gemm_isa_name(isa));
+      continue;
+    }
+    trident::set_gemm_isa(isa);
+    for (const int64_t len : {int64_t{1}, int64_t{63}, int64_t{65}, static_cast<int64_t>(x.size())}) {
+      std::vector<float> y(x.size(), -1.0f), z(x.begin(), x.end());
+      trident::dm::exp_n(x.data(), y.data(), len);
+      trident::dm::exp_n(z.data(), z.data(), len);  // in place
+      for (int64_t i = 0; i < len; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), want[i]) << "repro: copy=" << trident::gemm_isa_name(isa)
+                                                          << " len=" << len << " i=" << i << " x=" << x[i];
+        ASSERT_EQ(std::bit_cast<uint32_t>(z[i]), want[i]) << "in place, repro: copy=" << trident::gemm_isa_name(isa)
+                                                          << " len=" << len << " i=" << i << " x=" << x[i];
+      }
+      if (len < static_cast<int64_t>(y.size())) {
+        EXPECT_EQ(y[static_cast<size_t>(len)], -1.0f) << "exp_n wrote past n";
+      }
+    }
+  }
+  trident::set_gemm_isa(saved);
+  std::vector<double> xd = {-800.0, -1.5, 0.0, 0.5, 700.0, std::numeric_limits<double>::quiet_NaN()}, yd(xd.size());
+  trident::dm::exp_n(xd.data(), yd.data(), static_cast<int64_t>(xd.size()));
+  for (size_t i = 0; i < xd.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint64_t>(yd[i]), std::bit_cast<uint64_t>(trident::dm::exp(xd[i]))) << "x=" << xd[i];
 }
 
 }  // namespace
