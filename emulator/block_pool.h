@@ -3,12 +3,12 @@
 //
 // The step allocates and frees a few hundred device buffers per rank and step. From the host's allocator, shared by
 // the 500-odd ranks of a worker thread, each cost a search of its bins, and their pages went back to the system and
-// were faulted in again step after step. The pool keeps them: blocks are carved from slabs of 4 MiB that it maps
+// were faulted in again step after step. The pool keeps them: blocks are carved from slabs of 16 MiB that it maps
 // once (2 MiB aligned and offered to transparent huge pages, so a first touch faults in 2 MiB at once), best fit
 // (the smallest free range that holds the request, the lowest address among equal sizes), and a returned block is
 // coalesced with the free ranges beside it. Small blocks (< 64 KiB) and large ones come from separate slabs, so a
 // long-lived large buffer never pins a slab of short-lived small ones; a slab that becomes empty is kept as a spare
-// that either kind takes before a new slab is mapped (a request above 4 MiB gets a slab of its own, unmapped when
+// that either kind takes before a new slab is mapped (a request above 16 MiB gets a slab of its own, unmapped when
 // freed). The pool's host memory is therefore the largest total its slabs reached (reserved_peak()): what its ranks
 // had live at their common peak, plus fragmentation.
 //
@@ -24,6 +24,21 @@
 #include <vector>
 
 namespace trident::emu {
+
+// Whether fiber ranks take their device memory from their worker's pool (the emulator's spawn and the MPI backend's
+// processes): not under AddressSanitizer, where every device buffer is its own heap allocation, so that an access past
+// its end or after its free is reported.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kDevicePools = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kDevicePools = false;
+#else
+inline constexpr bool kDevicePools = true;
+#endif
+#else
+inline constexpr bool kDevicePools = true;
+#endif
 
 class BlockPool {
  public:

@@ -1093,20 +1093,6 @@ struct ThreadArg {
 const std::string kOutOfMemory = "out of memory (std::bad_alloc) in the rank's host code";
 const std::string kUnknownException = "unknown exception (not derived from std::exception)";
 
-// Device memory from the workers' pools (emulator/block_pool.h), except under AddressSanitizer: there every device
-// buffer is its own heap allocation, so that an access past its end or after its free is reported.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kDevicePools = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kDevicePools = false;
-#else
-constexpr bool kDevicePools = true;
-#endif
-#else
-constexpr bool kDevicePools = true;
-#endif
-
 // The rank's thread (RankExec::threads); fibers find theirs through the scheduler's current argument.
 thread_local RankState* t_rank = nullptr;
 

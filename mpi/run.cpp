@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
+#include "emulator/block_pool.h"
 #include "mpi/comm.h"
 #include "parallel/mesh_comm.h"
 #include "reference/check.h"
@@ -273,6 +276,9 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
 
   std::mutex err_m;
   std::string first_error;
+  // The device memory of each fiber worker's ranks, as in the emulator (emulator/block_pool.h): made by the worker's
+  // first rank (only that worker's ranks touch it, one at a time), freed after every rank has finished.
+  std::vector<std::unique_ptr<emu::BlockPool>> pools(static_cast<size_t>(k));
   const auto t0 = std::chrono::steady_clock::now();
   const std::function<void(int)> rank_main = [&](int g) {
     try {
@@ -280,7 +286,13 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       RankTrace trace;
       emu::DeviceOptions dopt = spec.device;
       dopt.record_trace = false;
-      emu::EmuDevice dev(g, trace, dopt);
+      emu::BlockPool* pool = nullptr;
+      if (const int w = fabric.rank_worker(g); emu::kDevicePools && w >= 0) {
+        std::unique_ptr<emu::BlockPool>& p = pools[static_cast<size_t>(w)];
+        if (!p) p = std::make_unique<emu::BlockPool>();
+        pool = p.get();
+      }
+      emu::EmuDevice dev(g, trace, dopt, pool);
       std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world(fabric, g);
       MeshComms mc = make_mesh_comms(*world, spec.mesh);
       CpuKernels<T> kern(dev);
