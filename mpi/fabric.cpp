@@ -267,7 +267,8 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
   if (workers <= 0)
     workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / std::max(1, local_procs_);
   workers = std::clamp(workers, 1, k_);
-  workers_ = workers;  // rank first_rank() + i runs on worker i % workers (rank_worker)
+  if (emu::kDevicePools)
+    for (int w = 0; w < workers; ++w) pools_.push_back(std::make_unique<emu::BlockPool>());  // rank i: worker i % workers
   emu::fiber::Scheduler s(workers, static_cast<size_t>(k_));
   for (int i = 0; i < k_; ++i) {
     if (std::string err = s.add(i % workers, opt.stack_bytes, body, &args[static_cast<size_t>(i)]); !err.empty()) {
@@ -283,7 +284,7 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
     fail(fmt::format("process {}: {}", proc_, e.what()));
   }
   sched_.store(nullptr, std::memory_order_release);
-  workers_ = 0;
+  pools_.clear();  // every rank, and its device, has finished
 }
 
 void Fabric::fail(const std::string& msg) { set_failure(msg, true); }

@@ -44,6 +44,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include "emulator/block_pool.h"
 #include "mpi/wire.h"
 
 namespace trident::emu::fiber {
@@ -179,9 +180,11 @@ class Fabric {
   // opt.workers worker threads (rank first_rank() + i on worker i % workers), or one thread each. fn must not
   // throw (a rank catches its errors and calls fail()); a rank that cannot start fails the run.
   void run_ranks(const std::function<void(int g)>& fn, const RankExecOptions& opt = {});
-  // Inside fn: the fiber worker that runs rank g of this process (0 .. ranks_per_process() - 1; a rank stays on its
-  // worker), or -1 with ranks as threads.
-  int rank_worker(int g) const { return workers_ > 0 ? (g - first_rank()) % workers_ : -1; }
+  // Inside fn: where rank g's device memory comes from, as in the emulator's spawn: with fibers the pool of the worker
+  // that runs it (emulator/block_pool.h; nullptr under AddressSanitizer), with threads nullptr (the host's allocator).
+  emu::BlockPool* rank_pool(int g) const {
+    return pools_.empty() ? nullptr : pools_[static_cast<size_t>(g - first_rank()) % pools_.size()].get();
+  }
 
   // Posts `bytes` from src (a rank of this process) to dst; returns at once (the bytes are copied).
   void post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes);
@@ -267,7 +270,7 @@ class Fabric {
 
   FabricOptions opt_;
   int proc_ = 0, nproc_ = 1, k_ = 1, local_procs_ = 1;
-  int workers_ = 0;  // run_ranks' fiber workers (0: ranks as threads, or not running)
+  std::vector<std::unique_ptr<emu::BlockPool>> pools_;  // while run_ranks runs fibers: one per worker
   bool native_exact_ = false;
   std::atomic<emu::fiber::Scheduler*> sched_{nullptr};  // while run_ranks runs fibers
   size_t chunk_ = 0;

@@ -7,13 +7,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <vector>
 
-#include "emulator/block_pool.h"
 #include "mpi/comm.h"
 #include "parallel/mesh_comm.h"
 #include "reference/check.h"
@@ -276,9 +273,6 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
 
   std::mutex err_m;
   std::string first_error;
-  // The device memory of each fiber worker's ranks, as in the emulator (emulator/block_pool.h): made by the worker's
-  // first rank (only that worker's ranks touch it, one at a time), freed after every rank has finished.
-  std::vector<std::unique_ptr<emu::BlockPool>> pools(static_cast<size_t>(k));
   const auto t0 = std::chrono::steady_clock::now();
   const std::function<void(int)> rank_main = [&](int g) {
     try {
@@ -286,13 +280,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       RankTrace trace;
       emu::DeviceOptions dopt = spec.device;
       dopt.record_trace = false;
-      emu::BlockPool* pool = nullptr;
-      if (const int w = fabric.rank_worker(g); emu::kDevicePools && w >= 0) {
-        std::unique_ptr<emu::BlockPool>& p = pools[static_cast<size_t>(w)];
-        if (!p) p = std::make_unique<emu::BlockPool>();
-        pool = p.get();
-      }
-      emu::EmuDevice dev(g, trace, dopt, pool);
+      emu::EmuDevice dev(g, trace, dopt, fabric.rank_pool(g));
       std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world(fabric, g);
       MeshComms mc = make_mesh_comms(*world, spec.mesh);
       CpuKernels<T> kern(dev);
