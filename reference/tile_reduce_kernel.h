@@ -140,6 +140,46 @@ void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_
   }
 }
 
+// Row i of a block whose every partial is in this one group, rounded straight into out (mb values): the bits of a
+// zeroed accumulator, add_partials and round(), without the accumulator where the result is known directly. The
+// exact sum of no partials is +0; of one finite partial p, p itself; of a group whose double sum formed exactly
+// (GroupSums), that double, and converting an exact double to T rounds it once to nearest, ties to even, overflowing
+// to +-Inf: round()'s rule. An exact zero is +0 as round() gives it, since partials and double sums start from +0
+// (+0 + -0 is +0). A non-finite partial (round() gives the one quiet NaN for any NaN) or a window too wide for the
+// double goes through an accumulator.
+template <class T>
+void round_group_row(T* out, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i, const GroupSums& g) {
+  if (n_live == 0) {
+    for (int64_t j = 0; j < mb; ++j) out[j] = T(0);
+    return;
+  }
+  auto slow = [&](int64_t j) {
+    ExactAcc<T> a;
+    a.reserve_adds(static_cast<uint32_t>(n_live));
+    for (int64_t u = 0; u < n_live; ++u) a.add_unchecked(P[(u * kb + i) * mb + j]);
+    out[j] = a.round();
+  };
+  if (n_live == 1) {
+    const T* p = P + i * mb;
+    for (int64_t j = 0; j < mb; ++j) {
+      if (std::isfinite(p[j])) [[likely]] out[j] = p[j];  // a partial sums from +0: never -0
+      else slow(j);
+    }
+    return;
+  }
+  if constexpr (kWideAdds<T>) {
+    if (g.on) {
+      const double* sum = g.sum.data() + i * mb;
+      const uint8_t* wide = g.wide.data() + i * mb;
+      for (int64_t j = 0; j < mb; ++j) {
+        if (wide[j]) [[likely]] out[j] = static_cast<T>(sum[j]);  // summed from +0: never -0
+        else slow(j);
+      }
+      return;
+    }
+  }
+  for (int64_t j = 0; j < mb; ++j) slow(j);
+}
 
 }  // namespace
 
@@ -173,6 +213,48 @@ void tile_sum_acc_k(const T* x, int64_t J, std::span<const int64_t> segs, ExactA
         g.form(P.data(), n_live, jb);
         add_partials(acc + j0, P.data(), n_live, 1, jb, 0, g);
       }
+    }
+  }
+}
+
+// tile_sum_acc's sums of x (rows of stride ldx) rounded straight into out (J values), on the calling thread: per block
+// of kJB columns, the tile groups' partials as tile_sum_acc forms them, rounded without an accumulator where
+// round_group_row can (every tile in one group), else through a thread-local row of accumulators. The bits of zeroed
+// accumulators + tile_sum_acc + exact_round.
+template <class T>
+void tile_sum_round_k(const T* x, int64_t ldx, int64_t J, std::span<const int64_t> segs, T* out) {
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  static thread_local std::vector<T> P;
+  static thread_local std::vector<ExactAcc<T>> abuf;
+  static thread_local GroupSums g;
+  P.resize(static_cast<size_t>(kTBMax * kJB));
+  abuf.resize(static_cast<size_t>(kJB));
+  const int64_t n_groups = std::max<int64_t>(1, (n_tiles + kTBMax - 1) / kTBMax);
+  for (int64_t j0 = 0; j0 < J; j0 += kJB) {
+    const int64_t jb = std::min(kJB, J - j0);
+    for (int64_t gi = 0; gi < n_groups; ++gi) {
+      int64_t n_live = 0;
+      for (int64_t t = gi * kTBMax; t < std::min(n_tiles, (gi + 1) * kTBMax); ++t) {
+        if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
+        T* __restrict part = P.data() + n_live * jb;
+#pragma omp simd
+        for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
+        for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
+          const T* __restrict row = x + r * ldx + j0;
+#pragma omp simd
+          for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
+        }
+        ++n_live;
+      }
+      g.form(P.data(), n_live, jb);
+      if (n_groups == 1) {
+        round_group_row<T>(out + j0, P.data(), n_live, 1, jb, 0, g);
+        continue;
+      }
+      if (gi == 0) std::fill_n(abuf.data(), jb, ExactAcc<T>());
+      if (n_live > 0) add_partials<T>(abuf.data(), P.data(), n_live, 1, jb, 0, g);
+      if (gi == n_groups - 1)
+        for (int64_t j = 0; j < jb; ++j) out[j0 + j] = abuf[static_cast<size_t>(j)].round();
     }
   }
 }
@@ -226,6 +308,12 @@ void tile_wgrad_k(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, 
     T* P = pbuf.data();
     const int64_t tb = group_tiles(kb, mb);
     const int64_t n_groups = std::max<int64_t>(1, (n_tiles + tb - 1) / tb);  // one (empty) group without tiles
+    if (n_groups == 1) {  // every partial of the block in one group: most elements need no accumulator
+      const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, 0, tb, k0, m0, kb, mb, P);
+      gs.form(P, n_live, kb * mb);
+      for (int64_t i = 0; i < kb; ++i) round_group_row<T>(dW + (k0 + i) * ld_dw + m0, P, n_live, kb, mb, i, gs);
+      continue;
+    }
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t t0 = g * tb;
       const int64_t n_live = group_partials<T>(X, ldx, dY, ldy, segs, t0, tb, k0, m0, kb, mb, P);
@@ -245,6 +333,7 @@ void tile_wgrad_k(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, 
 
 #define TRIDENT_TILE_INSTANTIATE(T)                                                                                \
   template void tile_sum_acc_k<T>(const T*, int64_t, std::span<const int64_t>, ExactAcc<T>*);                      \
+  template void tile_sum_round_k<T>(const T*, int64_t, int64_t, std::span<const int64_t>, T*);                     \
   template void tile_wgrad_acc_k<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,                        \
                                     std::span<const int64_t>, ExactAcc<T>*, int64_t, bool);                        \
   template void tile_wgrad_k<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t, std::span<const int64_t>, \

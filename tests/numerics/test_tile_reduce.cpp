@@ -188,6 +188,55 @@ TYPED_TEST(TileTest, SmallTilesWideRanges) {
   }
 }
 
+// Blocks whose every tile fits one group (a few tiles) are rounded without an accumulator where the result is known
+// directly: no partial (+0), one finite partial (itself, -0 -> +0), a group summed exactly in double (converted once).
+// Against the documented partials added one by one into ExactAcc, with partials chosen to hit every branch: exact
+// cancellation to zero, -0, subnormal and overflowing sums, windows too wide for the double, Inf, -Inf and NaN.
+TYPED_TEST(TileTest, OneGroupRoundsLikeTheAccumulator) {
+  using T = TypeParam;
+  using lim = std::numeric_limits<T>;
+  const uint64_t seed = 131;
+  std::mt19937_64 rng(seed);
+  const T pool[] = {T(0), -T(0), T(1), T(-1), lim::max(), -lim::max(), lim::denorm_min(), -lim::denorm_min(),
+                    lim::min(), std::ldexp(T(1), lim::min_exponent - 20), std::ldexp(T(1), lim::max_exponent - 30),
+                    T(0.75), T(-0.75), lim::infinity(), -lim::infinity(), lim::quiet_NaN()};
+  const int64_t K = 13, M = 141;  // two column blocks, the second narrow
+  for (int64_t n_tiles : {1, 2, 3, 5, 8}) {
+    for (int variant = 0; variant < 4; ++variant) {  // 0: no specials, 1: pool values, 2: cancellation, 3: all
+      const int64_t N = n_tiles;                       // one row per tile: the partials are the products
+      std::vector<T> X(static_cast<size_t>(N * K)), dY(static_cast<size_t>(N * M));
+      std::normal_distribution<double> nd(0.0, 1.0);
+      for (auto& x : X) x = static_cast<T>(std::ldexp(nd(rng), static_cast<int>(rng() % 61) - 30));
+      for (auto& y : dY) y = static_cast<T>(std::ldexp(nd(rng), static_cast<int>(rng() % 41) - 20));
+      if (variant == 3)  // zeros: -0 products, and Inf * 0, a NaN whose sign bit x86 sets
+        for (auto& y : dY)
+          if (rng() % 8 == 0) y = rng() % 2 ? T(0) : -T(0);
+      if (variant == 1 || variant == 3)
+        for (auto& x : X)
+          if (rng() % 4 == 0) x = pool[rng() % (variant == 1 ? 13 : std::size(pool))];
+      if (variant == 3) X[0] = lim::infinity(), X[1] = -lim::infinity(), X[2] = lim::quiet_NaN();  // row 0
+      if (variant >= 2 && N >= 2)  // row 1 = -row 0 on half the columns: partials that cancel exactly
+        for (int64_t k = 0; k < K; ++k) X[K + k] = -X[k];
+      if (variant >= 2 && N >= 2)
+        for (int64_t m = 0; m < M; m += 2) dY[M + m] = dY[m];
+      std::vector<int64_t> segs(static_cast<size_t>(N + 1));
+      for (int64_t t = 0; t <= N; ++t) segs[static_cast<size_t>(t)] = t;
+      std::vector<T> want(static_cast<size_t>(K * M)), got(static_cast<size_t>(K * M), T(7));
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t m = 0; m < M; ++m) {
+          ExactAcc<T> a;
+          for (int64_t r = 0; r < N; ++r) a.add(T(0) + X[r * K + k] * dY[r * M + m]);
+          want[static_cast<size_t>(k * M + m)] = a.round();
+        }
+      tile_wgrad<T>(X.data(), K, dY.data(), M, K, M, segs, got.data());
+      for (int64_t e = 0; e < K * M; ++e)
+        ASSERT_EQ(std::memcmp(&got[static_cast<size_t>(e)], &want[static_cast<size_t>(e)], sizeof(T)), 0)
+            << "element " << e << ": got " << got[static_cast<size_t>(e)] << ", want " << want[static_cast<size_t>(e)]
+            << "; repro: seed=" << seed << " tiles=" << n_tiles << " variant=" << variant;
+    }
+  }
+}
+
 // Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
 TYPED_TEST(TileTest, PartitionInvariance) {
   using T = TypeParam;
