@@ -1,6 +1,9 @@
 // AdamW, exact gradient norm, clip coefficient, router bias update (reference/model/adamw.h).
 #include "reference/model/adamw.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
 #include <cmath>  // std::sqrt (correctly rounded), std::isnan, std::isfinite
 #include <limits>
 #include <type_traits>
@@ -39,14 +42,60 @@ AdamWHyper AdamWHyper::from_json(const nlohmann::json& j) {
   return h;
 }
 
+#ifndef TRIDENT_PLAIN_ACC
+namespace {
+
+// Sum of squares of floats, exactly, by exponent buckets: x = M * 2^(q - 150) with M < 2^24 its significand (the
+// implicit bit included) and q = max(E, 1) from its biased exponent E, so x^2 = M^2 * 2^(2q - 300) with M^2 < 2^48.
+// The M^2 of one q add up as integers in bucket q (four interleaved bucket sets, so neighbouring elements do not wait
+// on each other); after at most 2^15 elements (a bucket stays below 2^63) every bucket goes into acc as two doubles
+// (its high and low 32 bits, times 2^(2q - 300): exact, in [2^-298, 2^271]). The value added is the exact sum of the
+// squares, as adding each square (a double, exact) would give: the same rounding. Inf and NaN add their square
+// (+Inf or NaN) to acc directly.
+void float_sq_acc(const float* g, int64_t n, ExactAcc<double>& acc) {
+  constexpr int64_t kChunk = int64_t{1} << 15;
+  uint64_t b[4][256];
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    std::memset(b, 0, sizeof(b));
+    for (int64_t i = c0; i < c1; ++i) {
+      const uint32_t u = std::bit_cast<uint32_t>(g[i]);
+      const uint32_t e = (u >> 23) & 0xffu;
+      const uint64_t m = (u & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
+      b[i & 3][e] += m * m;  // e == 255 (Inf, NaN) is taken from bucket 255 below
+    }
+    for (int64_t i = c0; i < c1; ++i)
+      if (((std::bit_cast<uint32_t>(g[i]) >> 23) & 0xffu) == 0xffu) {
+        const double x = g[i];
+        acc.add(x * x);
+      }
+    for (int q = 0; q < 255; ++q) {
+      const uint64_t v = b[0][q] + b[1][q] + b[2][q] + b[3][q];  // each < 2^61
+      if (v == 0) continue;
+      const int sc = 2 * std::max(q, 1) - 300;
+      acc.add(std::ldexp(static_cast<double>(v >> 32 << 32), sc));
+      acc.add(std::ldexp(static_cast<double>(v & 0xffffffffu), sc));
+    }
+  }
+}
+
+}  // namespace
+#endif
+
 template <class T>
 void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>& acc) {
   prof::OpSection prof_section(prof::Op::grad_norm);
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float>) {
+#ifndef TRIDENT_PLAIN_ACC
+    float_sq_acc(g, n, acc);
+#else  // the plain-sum benchmark twin (reference/plain_acc_impl.h) adds each square
+    for (int64_t i = 0; i < n; ++i) {
       const double x = g[i];
-      acc.add(x * x);  // 24 x 24 significand bits fit in 53: exact (and >= 2^-298: no underflow)
-    } else {
+      acc.add(x * x);
+    }
+#endif
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
       const double a = g[i];
       const double p = a * a;
       if (!std::isfinite(p)) {  // |a| >= 2^512 (or Inf/NaN): the square is +Inf or NaN anyway

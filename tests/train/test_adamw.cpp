@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <mpfr.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -236,5 +238,37 @@ TEST(RouterBias, SignsTiesAndGammaZero) {
     EXPECT_EQ(b[1], 0.0f);
     const std::vector<int64_t> bad = {-1, 3};
     EXPECT_THROW(router_bias_update(b.data(), bad.data(), 2, 1e-3), Error);
+  }
+}
+
+// Floats' squares are summed by exponent buckets in chunks of 2^15 elements: the same exact value as one add per
+// square (normalised limbs and flags equal, so every merge and rounding too), over several chunks and a ragged end,
+// with every exponent, subnormals, zeros, buckets filled near their limit (a chunk of FLT_MAX) and Inf / NaN.
+TEST(GradSqAcc, FloatBucketsEqualOneAddPerSquare) {
+  std::mt19937_64 rng(kSeed + 2);
+  std::uniform_int_distribution<int> ex(-149, 127);
+  std::normal_distribution<double> nd;
+  const int64_t n = 3 * (int64_t{1} << 15) + 17;
+  for (int variant = 0; variant < 4; ++variant) {
+    std::vector<float> g(static_cast<size_t>(n));
+    for (auto& x : g) x = static_cast<float>(std::ldexp(nd(rng), ex(rng)));
+    if (variant == 1) std::fill(g.begin(), g.begin() + (int64_t{1} << 15), -std::numeric_limits<float>::max());
+    if (variant == 2)
+      for (auto& x : g) x = rng() % 3 == 0 ? 0.0f : rng() % 2 ? -std::numeric_limits<float>::denorm_min() : x;
+    if (variant == 3) {
+      g[5] = std::numeric_limits<float>::infinity();
+      g[70000] = -std::numeric_limits<float>::infinity();
+      g[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    }
+    ExactAcc<double> want, got;
+    for (float x : g) want.add(static_cast<double>(x) * static_cast<double>(x));
+    grad_sq_acc<float>(g.data(), n, got);
+    want.normalize();
+    got.normalize();
+    for (int i = 0; i < ExactAcc<double>::kLimbs; ++i)
+      ASSERT_EQ(got.limb(i), want.limb(i)) << "limb " << i << "; repro: seed=" << kSeed + 2 << " variant=" << variant;
+    ASSERT_EQ(got.flags(), want.flags()) << "variant " << variant;
+    const double a = got.round(), b = want.round();
+    ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b)) << "variant " << variant;
   }
 }
