@@ -22,12 +22,15 @@ namespace gemm_isa_impl {
   template <class U>                                                                                                 \
   void tile_sum_acc_k(const U* x, int64_t J, std::span<const int64_t> segs, ExactAcc<U>* acc);                       \
   template <class U>                                                                                                 \
+  void tile_sum_round_k(const U* x, int64_t ldx, int64_t J, std::span<const int64_t> segs, U* out);                  \
+  template <class U>                                                                                                 \
   void tile_wgrad_acc_k(const U* X, int64_t ldx, const U* dY, int64_t ldy, int64_t K, int64_t M,                     \
                         std::span<const int64_t> segs, ExactAcc<U>* acc, int64_t ld_acc, bool parallel);             \
   template <class U>                                                                                                 \
   void tile_wgrad_k(const U* X, int64_t ldx, const U* dY, int64_t ldy, int64_t K, int64_t M,                         \
                     std::span<const int64_t> segs, U* dW, int64_t ld_dw);                                            \
   extern template void tile_sum_acc_k<T>(const T*, int64_t, std::span<const int64_t>, ExactAcc<T>*);                 \
+  extern template void tile_sum_round_k<T>(const T*, int64_t, int64_t, std::span<const int64_t>, T*);                \
   extern template void tile_wgrad_acc_k<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,                   \
                                            std::span<const int64_t>, ExactAcc<T>*, int64_t, bool);                   \
   extern template void tile_wgrad_k<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,                       \
@@ -69,6 +72,14 @@ void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc
   check_segs(segs);
   if (J <= 0) return;
   TRIDENT_TILE_CALL(tile_sum_acc_k<T>, x, J, segs, acc);
+}
+
+template <class T>
+void tile_sum_round(const T* x, int64_t ldx, int64_t J, std::span<const int64_t> segs, T* out) {
+  check_segs(segs);
+  if (J <= 0) return;
+  TD_CHECK_GE(ldx, J, "tile_sum_round: input row stride below the row width");
+  TRIDENT_TILE_CALL(tile_sum_round_k<T>, x, ldx, J, segs, out);
 }
 
 template <class T>
@@ -117,6 +128,8 @@ std::vector<int64_t> uniform_segments(int64_t n, int64_t tile) {
 
 template void tile_sum_acc<float>(const float*, int64_t, std::span<const int64_t>, ExactAcc<float>*);
 template void tile_sum_acc<double>(const double*, int64_t, std::span<const int64_t>, ExactAcc<double>*);
+template void tile_sum_round<float>(const float*, int64_t, int64_t, std::span<const int64_t>, float*);
+template void tile_sum_round<double>(const double*, int64_t, int64_t, std::span<const int64_t>, double*);
 template void tile_wgrad_acc<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
                                     std::span<const int64_t>, ExactAcc<float>*);
 template void tile_wgrad_acc<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,

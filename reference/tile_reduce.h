@@ -23,6 +23,12 @@ namespace trident {
 template <class T>
 void tile_sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);
 
+// out[j] = round(zeroed accumulator + tile_sum_acc) for rows of stride ldx, on the calling thread (no OpenMP), each
+// block's sums rounded in cache: with one-row tiles, the exact sum of the rows rounded once (summing exchanged tile
+// partials into a result).
+template <class T>
+void tile_sum_round(const T* x, int64_t ldx, int64_t J, std::span<const int64_t> segs, T* out);
+
 // acc[k, m] += sum over tiles of (in-tile sum over rows r of X[r, k] * dY[r, m])
 //   X: (N, K) row stride ldx, dY: (N, M) row stride ldy, acc: (K, M) row-major.
 // The weight-gradient form dW = X^T dY. Parallel (OpenMP) over blocks of output elements only.

@@ -272,28 +272,31 @@ void linear_ce_backward(const T* hidden, const T* W, const int32_t* targets, con
                              V, dhidden, dW_acc);
 }
 
+namespace {
+
+// Tiles up to which linear_ce_backward_cols_round sums each vocab chunk's tile partials in cache (one group of
+// tile_sum_round): a partial buffer of n_tiles x d x vocab_chunk values; with more tiles, accumulators.
+constexpr int64_t kDirectTiles = 32;
+
+// linear_ce_backward_cols into dW_acc (added) or, with dW_acc null, rounded into dW (at most kDirectTiles tiles).
 template <class T>
-void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
-                             int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
-                             std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
-                             ExactAcc<T>* dW_acc) {
-  prof::OpSection prof_section(prof::Op::lce_bwd);
-  check_common<T>("linear_ce_backward", N, d, V, vocab_chunk, policy, token_chunk);
-  TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
-           "linear_ce_backward: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", j_begin, j_end, V);
-  TD_CHECK(j_begin % vocab_chunk == 0 && (j_end % vocab_chunk == 0 || j_end == V),
-           "linear_ce_backward: vocabulary columns [{}, {}) do not consist of whole vocab chunks of {}", j_begin, j_end,
-           vocab_chunk);
-  check_targets("linear_ce_backward", targets, N, V);
-  check_segs("linear_ce_backward", segs, N);
-  if (N == 0) return;
-  const bool bf16 = policy == Policy::bf16;
+void lce_backward_impl(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
+                       int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                       std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW_acc,
+                       T* dW) {
+  const bool bf16 = policy == Policy::bf16, direct = dW_acc == nullptr;
   const int64_t vc = std::min(vocab_chunk, V), ldw = j_end - j_begin;
   const size_t n_tiles = segs.size() - 1;
-  // One OpenMP region, no barriers: thread t owns a contiguous range of whole tiles (about N/threads rows) and
-  // runs vocab chunks outer, its token chunks inner. dW tile sums go into a thread-local (d, chunk) accumulator
-  // that is merged into dW_acc under a critical section: exact merges, so neither the partition nor the merge
-  // order changes a bit. A single thread accumulates into dW_acc directly.
+  // Direct: every tile's partials of the current vocab chunk (tile t at P + t * d * w), then summed per element and
+  // rounded; empty tiles' partials are +0 (they add nothing).
+  std::vector<T> P(direct ? n_tiles * static_cast<size_t>(d * vc) : 0);
+  std::vector<int64_t> one_row(direct ? n_tiles + 1 : 0);
+  for (size_t t = 0; t < one_row.size(); ++t) one_row[t] = static_cast<int64_t>(t);
+  // One OpenMP region: thread t owns a contiguous range of whole tiles (about N/threads rows) and runs vocab chunks
+  // outer, its token chunks inner. Accumulating, dW tile sums go into a thread-local (d, chunk) accumulator merged
+  // into dW_acc under a critical section (exact merges: neither the partition nor the merge order changes a bit; a
+  // single thread accumulates into dW_acc directly), without barriers. Direct, each thread writes its tiles' partials
+  // of the chunk, and after a barrier rounds the sums of its share of dW's rows.
 #pragma omp parallel if (N * V * d >= 262144)
   {
     const int nth = omp_get_num_threads(), th = omp_get_thread_num();
@@ -310,36 +313,110 @@ void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets
     for (size_t q = 0; q + 1 < cuts.size(); ++q) max_rows = std::max(max_rows, my[cuts[q + 1]] - my[cuts[q]]);
     std::vector<T> dl(static_cast<size_t>(max_rows * vc));
     std::vector<T> hbuf(bf16 ? static_cast<size_t>(max_rows * d) : 0), wbuf(bf16 ? static_cast<size_t>(d * vc) : 0);
-    std::vector<ExactAcc<T>> local(nth > 1 && my_rows > 0 ? static_cast<size_t>(d * vc) : 0);
-    for (int64_t j0 = j_begin; j0 < j_end && my_rows > 0; j0 += vc) {  // ascending: dhidden's sum continues
+    std::vector<ExactAcc<T>> local(!direct && nth > 1 && my_rows > 0 ? static_cast<size_t>(d * vc) : 0);
+    for (int64_t j0 = j_begin; j0 < j_end && (direct || my_rows > 0); j0 += vc) {  // ascending: dhidden's sum
       const int64_t w = std::min(vc, j_end - j0);
-      const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
-      ExactAcc<T>* acc = nth > 1 ? local.data() : dW_acc + (j0 - j_begin);
-      const int64_t ld_acc = nth > 1 ? w : ldw;
-      if (nth > 1) std::fill(local.begin(), local.begin() + d * w, ExactAcc<T>{});
-      for (size_t q = 0; q + 1 < cuts.size(); ++q) {
-        const int64_t r0 = base + my[cuts[q]], rows = my[cuts[q + 1]] - my[cuts[q]];
-        if (rows == 0) continue;
-        const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
-        // Per row block, in cache: recomputed logits -> dlogit -> dhidden += dlogit @ W_chunk^T.
-        for (int64_t i = 0; i < rows; i += kRowBlock) {
-          const int64_t n = std::min(kRowBlock, rows - i);
-          T* L = dl.data() + i * w;
-          gemm_serial<T>(n, w, d, A + i * d, d, 1, B.B, B.ldb, false, L, w, false);  // recomputed logits
-          to_dlogit<T>(L, w, n, j0, w, targets + r0 + i, lse + r0 + i, grad_scale, bf16);
-          gemm_serial<T>(n, d, w, L, w, 1, B.B, B.ldb, /*trans_b=*/true, dhidden + (r0 + i) * d, d,
-                         /*accumulate=*/j0 > 0);
+      if (direct)
+        for (size_t t = ta; t < tb; ++t)
+          if (segs[t] == segs[t + 1]) std::fill_n(P.data() + t * static_cast<size_t>(d * w), d * w, T(0));
+      if (my_rows > 0) {
+        const WChunk<T> B = w_chunk<T>(W, d, V, j0, w, bf16, wbuf);
+        ExactAcc<T>* acc = direct ? nullptr : nth > 1 ? local.data() : dW_acc + (j0 - j_begin);
+        const int64_t ld_acc = nth > 1 ? w : ldw;
+        if (!direct && nth > 1) std::fill(local.begin(), local.begin() + d * w, ExactAcc<T>{});
+        for (size_t q = 0; q + 1 < cuts.size(); ++q) {
+          const int64_t r0 = base + my[cuts[q]], rows = my[cuts[q + 1]] - my[cuts[q]];
+          if (rows == 0) continue;
+          const T* A = h_rows<T>(hidden, d, r0, rows, bf16, hbuf);
+          // Per row block, in cache: recomputed logits -> dlogit -> dhidden += dlogit @ W_chunk^T.
+          for (int64_t i = 0; i < rows; i += kRowBlock) {
+            const int64_t n = std::min(kRowBlock, rows - i);
+            T* L = dl.data() + i * w;
+            gemm_serial<T>(n, w, d, A + i * d, d, 1, B.B, B.ldb, false, L, w, false);  // recomputed logits
+            to_dlogit<T>(L, w, n, j0, w, targets + r0 + i, lse + r0 + i, grad_scale, bf16);
+            gemm_serial<T>(n, d, w, L, w, 1, B.B, B.ldb, /*trans_b=*/true, dhidden + (r0 + i) * d, d,
+                           /*accumulate=*/j0 > 0);
+          }
+          if (!direct) {
+            const std::vector<int64_t> s = rebased(my, cuts[q], cuts[q + 1]);
+            tile_wgrad_acc<T>(A, d, dl.data(), w, d, w, s, acc, ld_acc, /*parallel=*/false);
+            continue;
+          }
+          for (size_t u = cuts[q]; u < cuts[q + 1]; ++u) {  // the in-tile partials, tile_wgrad_acc's order
+            const int64_t o = my[u] - my[cuts[q]], len = my[u + 1] - my[u];
+            if (len > 0)
+              gemm_serial<T>(d, w, len, A + o * d, 1, d, dl.data() + o * w, w, false,
+                             P.data() + (ta + u) * static_cast<size_t>(d * w), w, false);
+          }
         }
-        const std::vector<int64_t> s = rebased(my, cuts[q], cuts[q + 1]);
-        tile_wgrad_acc<T>(A, d, dl.data(), w, d, w, s, acc, ld_acc, /*parallel=*/false);
-      }
-      if (nth > 1) {
+        if (!direct && nth > 1) {
 #pragma omp critical(trident_linear_ce_dw)
-        for (int64_t k = 0; k < d; ++k) exact_merge<T>(dW_acc + k * ldw + (j0 - j_begin), local.data() + k * w, w);
+          for (int64_t k = 0; k < d; ++k) exact_merge<T>(dW_acc + k * ldw + (j0 - j_begin), local.data() + k * w, w);
+        }
+      }
+      if (direct) {
+#pragma omp barrier
+        for (int64_t k = d * th / nth; k < d * (th + 1) / nth; ++k)
+          tile_sum_round<T>(P.data() + k * w, d * w, w, one_row, dW + k * ldw + (j0 - j_begin));
+#pragma omp barrier
       }
     }
   }
   if (j_end == V) zero_ignored_rows(targets, N, d, dhidden);
+}
+
+// The argument checks of linear_ce_backward_cols(_round); false when there is nothing to do (N == 0).
+template <class T>
+bool lce_backward_checks(const char* fn, const int32_t* targets, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk,
+                         Policy policy, int64_t token_chunk, std::span<const int64_t> segs, int64_t j_begin,
+                         int64_t j_end) {
+  check_common<T>(fn, N, d, V, vocab_chunk, policy, token_chunk);
+  TD_CHECK(0 <= j_begin && j_begin < j_end && j_end <= V,
+           "{}: vocabulary columns [{}, {}) are not a non-empty range of [0, {})", fn, j_begin, j_end, V);
+  TD_CHECK(j_begin % vocab_chunk == 0 && (j_end % vocab_chunk == 0 || j_end == V),
+           "{}: vocabulary columns [{}, {}) do not consist of whole vocab chunks of {}", fn, j_begin, j_end,
+           vocab_chunk);
+  check_targets(fn, targets, N, V);
+  check_segs(fn, segs, N);
+  return N > 0;
+}
+
+}  // namespace
+
+template <class T>
+void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
+                             int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
+                             std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden,
+                             ExactAcc<T>* dW_acc) {
+  prof::OpSection prof_section(prof::Op::lce_bwd);
+  if (!lce_backward_checks<T>("linear_ce_backward", targets, N, d, V, vocab_chunk, policy, token_chunk, segs, j_begin,
+                              j_end))
+    return;
+  lce_backward_impl<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, policy, token_chunk, grad_scale, segs, j_begin,
+                       j_end, dhidden, dW_acc, nullptr);
+}
+
+template <class T>
+void linear_ce_backward_cols_round(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                                   int64_t d, int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk,
+                                   T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
+                                   T* dhidden, T* dW) {
+  prof::OpSection prof_section(prof::Op::lce_bwd);
+  const int64_t ldw = j_end - j_begin;
+  if (!lce_backward_checks<T>("linear_ce_backward", targets, N, d, V, vocab_chunk, policy, token_chunk, segs, j_begin,
+                              j_end)) {
+    std::fill_n(dW, d * ldw, T(0));  // no rows: the exact sums are zero
+    return;
+  }
+  if (static_cast<int64_t>(segs.size()) - 1 <= kDirectTiles) {
+    lce_backward_impl<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, policy, token_chunk, grad_scale, segs,
+                         j_begin, j_end, dhidden, nullptr, dW);
+    return;
+  }
+  std::vector<ExactAcc<T>> acc(static_cast<size_t>(d * ldw));
+  lce_backward_impl<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, policy, token_chunk, grad_scale, segs, j_begin,
+                       j_end, dhidden, acc.data(), nullptr);
+  exact_round<T>(acc.data(), dW, d * ldw);
 }
 
 template <class T>
@@ -396,6 +473,9 @@ void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_
   template void linear_ce_backward_cols<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t,        \
                                            int64_t, int64_t, Policy, int64_t, T, std::span<const int64_t>, int64_t, \
                                            int64_t, T*, ExactAcc<T>*);                                             \
+  template void linear_ce_backward_cols_round<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t,  \
+                                                 int64_t, int64_t, Policy, int64_t, T, std::span<const int64_t>,    \
+                                                 int64_t, int64_t, T*, T*);                                         \
   template void linear_ce_fused<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, Policy, \
                                    int64_t, T, std::span<const int64_t>, T*, T*, T*, ExactAcc<T>*);
 TD_LINEAR_CE(float)

@@ -65,6 +65,17 @@ void linear_ce_backward_cols(const T* hidden, const T* W, const int32_t* targets
                              std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden /*(N,d)*/,
                              ExactAcc<T>* dW_acc /*(d, j_end - j_begin)*/);
 
+// linear_ce_backward_cols with the columns' dW rounded and WRITTEN into dW (d, j_end - j_begin) (row stride
+// j_end - j_begin): the bits of linear_ce_backward_cols into zeroed accumulators and exact_round, for a caller whose
+// one call is the whole gradient of those columns (the single-rank reference's head). With at most 32 tiles, each
+// vocab chunk's tile partials are summed and rounded in cache (no accumulator array); with more, through a
+// temporary accumulator array.
+template <class T>
+void linear_ce_backward_cols_round(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                                   int64_t d, int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk,
+                                   T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
+                                   T* dhidden /*(N,d)*/, T* dW /*(d, j_end - j_begin)*/);
+
 // Forward and backward in one pass over the vocabulary per token chunk (3 GEMMs instead of 4: the logits of
 // a token chunk are kept for all V columns, token_chunk x V values, then turned into dlogit in place).
 // Bitwise identical to linear_ce_forward followed by linear_ce_backward with the same arguments (tested).

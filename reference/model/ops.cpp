@@ -175,6 +175,54 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
   }
 }
 
+template <class T>
+void embedding_backward_round(T* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, int64_t V,
+                              std::span<const int64_t> segs) {
+  prof::OpSection prof_section(prof::Op::tile_reduce);
+  std::fill_n(dembed, V * d, T(0));  // a row without a term: +0
+  // Every (tile, id) partial as embedding_backward forms it, tagged with its id; then each id's partials summed exactly
+  // and rounded once (tile_sum_round over one-row tiles), written into its row.
+  std::vector<int32_t> ids, tag;
+  std::vector<T> part, all;
+  for (size_t t = 0; t + 1 < segs.size(); ++t) {
+    ids.clear();
+    part.clear();
+    for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // row order inside the tile
+      const int32_t id = tokens[r];
+      if (id < 0) continue;  // outside the caller's row slice
+      TD_CHECK(id < V, "embedding_backward: token id {} at row {} is out of range [0, {})", id, r, V);
+      size_t u = std::find(ids.begin(), ids.end(), id) - ids.begin();
+      if (u == ids.size()) {
+        ids.push_back(id);
+        part.resize(part.size() + static_cast<size_t>(d), T(0));
+      }
+      T* p = part.data() + u * static_cast<size_t>(d);
+      const T* g = dout + r * d;
+      for (int64_t c = 0; c < d; ++c) p[c] = p[c] + g[c];
+    }
+    tag.insert(tag.end(), ids.begin(), ids.end());
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  std::vector<size_t> order(tag.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tag[a] < tag[b]; });
+  std::vector<T> rows;
+  std::vector<int64_t> one_row;
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    rows.clear();
+    while (j < order.size() && tag[order[j]] == tag[order[i]]) {
+      rows.insert(rows.end(), all.begin() + static_cast<std::ptrdiff_t>(order[j] * static_cast<size_t>(d)),
+                  all.begin() + static_cast<std::ptrdiff_t>((order[j] + 1) * static_cast<size_t>(d)));
+      ++j;
+    }
+    one_row.resize(j - i + 1);
+    for (size_t u = 0; u < one_row.size(); ++u) one_row[u] = static_cast<int64_t>(u);
+    tile_sum_round<T>(rows.data(), d, d, one_row, dembed + static_cast<int64_t>(tag[order[i]]) * d);
+    i = j;
+  }
+}
+
 // ---- RMSNorm ------------------------------------------------------------------------------------------------
 template <class T>
 void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y, int64_t ldy,
@@ -393,6 +441,8 @@ void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64
                                std::span<const int64_t>, T*);                                                      \
   template void sum_acc<T>(const T*, int64_t, std::span<const int64_t>, ExactAcc<T>*);                             \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t);                     \
+  template void embedding_backward_round<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t,              \
+                                            std::span<const int64_t>);                                              \
   template void embedding_backward<T>(ExactAcc<T>*, const int32_t*, const T*, int64_t, int64_t,                    \
                                       std::span<const int64_t>);                                                   \
   template void rmsnorm_forward<T>(const T*, int64_t, const T*, int64_t, int64_t, double, T*, int64_t, T*);        \

@@ -76,6 +76,12 @@ void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N,
 template <class T>
 void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                         std::span<const int64_t> segs);
+// The same sums rounded and WRITTEN into dembed (V, d), every row (+0 where no token has its id): the bits of zeroed
+// accumulators, embedding_backward and exact_round, without a (V, d) accumulator array (the single-rank reference,
+// whose one call is the whole gradient). An id >= V is an error.
+template <class T>
+void embedding_backward_round(T* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, int64_t V,
+                              std::span<const int64_t> segs);
 
 // ---- RMSNorm: y = (x * rinv) * g, rinv = rsqrt(sum_i(x_i*x_i)/d + eps), sum ascending i --------------
 template <class T>

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <random>
 
 #include "reference/model/attention.h"
 #include "reference/model/model.h"
@@ -461,4 +463,41 @@ TEST(ModelPolicies, Bf16GradsCloseToFp32) {
                 worst_name.c_str(), x.fr.loss, y.fr.loss);
     EXPECT_GT(worst, 0.0);  // the policies really differ
   }
+}
+
+// embedding_backward_round (the streaming reference's embedding gradient): the bits of zeroed accumulators +
+// embedding_backward + exact_round for every row, with ids repeated inside and across tiles, rows outside the slice
+// (-1), empty tiles, ids no row has (+0 rows), Inf / NaN and cancelling rows; an id >= V is one error.
+TEST(EmbeddingBackward, RoundedEqualsAccumulateThenRound) {
+  const uint64_t seed = 41;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  const int64_t V = 37, d = 300;  // d past tile_sum_round's 256-column blocks
+  for (int variant = 0; variant < 3; ++variant) {
+    const int64_t N = variant == 2 ? 0 : 90;
+    std::vector<int32_t> tok(static_cast<size_t>(N));
+    for (auto& t : tok) t = rng() % 9 == 0 ? -1 : static_cast<int32_t>(rng() % (V / 2));  // ids >= V/2: no row
+    std::vector<float> dout(static_cast<size_t>(N * d));
+    for (auto& x : dout) x = static_cast<float>(std::ldexp(nd(rng), static_cast<int>(rng() % 40) - 20));
+    if (variant == 1) {
+      dout[5] = std::numeric_limits<float>::infinity();
+      dout[7 * d + 9] = std::numeric_limits<float>::quiet_NaN();
+      tok[3] = tok[4];  // rows 3 and 4: the same id, cancelling
+      for (int64_t c = 0; c < d; ++c) dout[static_cast<size_t>(4 * d + c)] = -dout[static_cast<size_t>(3 * d + c)];
+    }
+    std::vector<int64_t> segs = {0};
+    while (segs.back() < N) segs.push_back(std::min<int64_t>(N, segs.back() + static_cast<int64_t>(rng() % 12)));
+    if (N == 0) segs.push_back(0);
+    std::vector<ExactAcc<float>> acc(static_cast<size_t>(V * d));
+    embedding_backward<float>(acc.data(), tok.data(), dout.data(), N, d, segs);
+    std::vector<float> want(static_cast<size_t>(V * d)), got(static_cast<size_t>(V * d), -7.0f);
+    exact_round<float>(acc.data(), want.data(), V * d);
+    embedding_backward_round<float>(got.data(), tok.data(), dout.data(), N, d, V, segs);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "repro: seed=" << seed << " variant=" << variant;
+  }
+  std::vector<int32_t> bad = {1, 40};
+  std::vector<float> dout(2 * d), out(static_cast<size_t>(V * d));
+  const std::vector<int64_t> segs = {0, 2};
+  EXPECT_THROW(embedding_backward_round<float>(out.data(), bad.data(), dout.data(), 2, d, V, segs), Error);
 }

@@ -127,6 +127,24 @@ Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector
   return r;
 }
 
+// The same slices through linear_ce_backward_cols_round: each slice's dW rounded straight into its (d, width) block.
+template <class T>
+Result<T> run_sliced_round(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts) {
+  Result<T> r = run_forward(p, token_chunk);
+  r.dW.assign(p.d * p.V, T(-7));
+  int64_t j0 = 0;
+  for (int64_t j1 : cuts) {
+    const int64_t w = j1 - j0;
+    std::vector<T> part(p.d * w, T(-7));
+    linear_ce_backward_cols_round<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
+                                     p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
+                                     r.dhidden.data(), part.data());
+    for (int64_t k = 0; k < p.d; ++k) std::copy_n(part.data() + k * w, w, r.dW.data() + k * p.V + j0);
+    j0 = j1;
+  }
+  return r;
+}
+
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
@@ -313,6 +331,46 @@ TEST(LinearCE, ColumnSlicesBitwise) {
                      .seed = kSeed + 2};  // large enough for the parallel regions
   big.init();
   check(big);
+}
+
+// The rounded form (the single-rank reference's head): linear_ce_backward's bits rounded, whole and in column slices,
+// on 1-3 threads, with tiles summed in cache (up to 32 tiles, an empty one included) and through accumulators (more).
+TEST(LinearCE, RoundedColumnsBitwise) {
+  auto check = [](auto p) {
+    SCOPED_TRACE("repro: " + p.repro());
+    const auto ref = run_split(p, 5);
+    const int64_t vc = p.vocab_chunk, V = p.V;
+    const int saved = omp_get_max_threads();
+    for (int th : {1, 2, 3}) {
+      omp_set_num_threads(th);
+      expect_same(run_sliced_round(p, 5, {V}), ref, fmt::format("whole, {} threads", th));
+      expect_same(run_sliced_round(p, 3, {vc, V}), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
+    }
+    omp_set_num_threads(saved);
+    EXPECT_GT(l1(ref.dW), 0);
+  };
+  check(small_problem<double>(Policy::fp64));
+  check(small_problem<float>(Policy::fp32));
+  check(small_problem<float>(Policy::bf16));
+  for (int64_t tile : {32, 8}) {  // 10 tiles (in cache), 38 tiles (accumulators)
+    Problem<float> big{.N = 300, .d = 64, .V = 1500, .vocab_chunk = 256, .tile = tile, .policy = Policy::fp32,
+                       .seed = kSeed + 3};
+    big.init();
+    check(big);
+  }
+  Problem<float> gaps{.N = 200, .d = 48, .V = 700, .vocab_chunk = 128, .tile = 25, .policy = Policy::bf16,
+                      .seed = kSeed + 4};
+  gaps.init();
+  gaps.segs.insert(gaps.segs.begin() + 2, gaps.segs[1]);  // an empty tile
+  gaps.segs.insert(gaps.segs.end() - 1, gaps.segs[gaps.segs.size() - 2]);
+  check(gaps);
+  // No rows: dW is all +0.
+  Problem<float> none{.N = 0, .d = 8, .V = 40, .vocab_chunk = 16, .tile = 4, .policy = Policy::fp32, .seed = 1};
+  none.init();
+  std::vector<float> dW(8 * 40, -7.0f);
+  linear_ce_backward_cols_round<float>(nullptr, none.W.data(), nullptr, nullptr, 0, 8, 40, 16, Policy::fp32, 4, 1.0f,
+                                       none.segs, 0, 40, nullptr, dW.data());
+  for (float x : dW) ASSERT_EQ(std::bit_cast<uint32_t>(x), 0u);
 }
 
 TEST(LinearCE, ColumnSliceMustBeWholeChunks) {
