@@ -2,15 +2,17 @@
 // train.h) of the `small` preset (55.9 M parameters, 2 x 512 tokens by default, fp32) against the machine's
 // GEMM speed, measured in the same run:
 //  - achieved GFLOP/s of the step (FLOPs counted from the shapes, reference/model/flops.h) as a fraction of
-//    Eigen's fp32 GEMM GFLOP/s on the same OpenMP threads (target >= 0.30);
+//    Eigen's fp32 GEMM GFLOP/s on the same OpenMP threads (target >= 0.6);
 //  - peak RSS per parameter (target <= 32 B plus activations; the fp32 training state alone is 16 B);
 //  - exact vs plain sums: the same step linked against the plain-sum twins of the libraries (bench_small_plain,
-//    ExactAcc<T> a plain running sum; reference/plain_acc_impl.h), CPU time ratio (target <= 1.3);
+//    ExactAcc<T> a plain running sum; reference/plain_acc_impl.h), CPU time ratio (target <= 1.1);
 //  - where the last step's CPU time goes, per op, in both runs (the op profile, reference/profile.h: exclusive
 //    process CPU time, on for the last step only), the reference GEMM's own GFLOP per CPU-second against Eigen's,
 //    and what exact sums cost per op (exact - plain).
 // Each run is a child process (bench/bench_child.h), so its peak RSS and CPU time are its own.
-// Usage: bench_small [--steps N] [--seqs B] [--seq-len S] [--recompute] [--no-plain]
+// --pairs N runs N alternating exact / plain pairs and prints the median of their ratios (the machine is noisy: one
+// pair's ratio moves by +-10%); the per-op tables are the first pair's.
+// Usage: bench_small [--steps N] [--seqs B] [--seq-len S] [--recompute] [--no-plain] [--pairs N]
 #include <omp.h>
 
 #include <Eigen/Dense>
@@ -152,11 +154,12 @@ void print_profile(const Out* outs, int runs, double eigen_cpu, double executed_
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 2, seqs = 2, seq_len = 512;
+  int64_t steps = 2, seqs = 2, seq_len = 512, pairs = 1;
   bool recompute = false, plain = true, is_child = false;
   int fd = -1;
   auto usage = [] {
-    std::fprintf(stderr, "usage: bench_small [--steps N (1-%d)] [--seqs B] [--seq-len S] [--recompute] [--no-plain]\n",
+    std::fprintf(stderr, "usage: bench_small [--steps N (1-%d)] [--seqs B] [--seq-len S] [--recompute] [--no-plain] "
+                 "[--pairs N (1-99)]\n",
                  kMaxSteps);
     return 2;
   };
@@ -176,6 +179,8 @@ int main(int argc, char** argv) {
       if (!num(seq_len)) return usage();
     } else if (!std::strcmp(argv[i], "--recompute")) {
       recompute = true;
+    } else if (!std::strcmp(argv[i], "--pairs")) {
+      if (!num(pairs)) return usage();
     } else if (!std::strcmp(argv[i], "--no-plain")) {
       plain = false;
     } else if (!std::strcmp(argv[i], "--child")) {
@@ -187,7 +192,7 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if (steps < 1 || steps > kMaxSteps || seqs < 1 || seq_len < 1) return usage();
+  if (steps < 1 || steps > kMaxSteps || seqs < 1 || seq_len < 1 || pairs < 1 || pairs > 99) return usage();
   const RunConfig rc = run_config(seqs, seq_len, recompute);
   if (is_child) return child(steps, rc, fd);
   if (kPlainBuild) {
@@ -262,8 +267,11 @@ int main(int argc, char** argv) {
               "GFLOP/s", "/ Eigen", "GFLOP/CPU-s", "/ Eigen", "RSS MiB", "B/param");
   double cpu_exact = 0, loss_exact = 0, norm_exact = 0;
   Out outs[2];
+  std::vector<double> ratios, of_eigen;  // per pair: exact / plain CPU, exact GFLOP per CPU-second / Eigen's
+  for (int64_t pair = 0; pair < pairs; ++pair)
   for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
-    Out& o = outs[mode];
+    Out scratch;
+    Out& o = pair == 0 ? outs[mode] : scratch;
     bench::ChildUsage u;
     if (!bench::run_child(mode ? plain_exe : self.string(), args, o, u) || !o.ok) {
       std::printf("the %s run failed (see stderr)\n", mode ? "plain" : "exact");
@@ -281,16 +289,32 @@ int main(int argc, char** argv) {
                 cp.c_str(), gw, gw / eigen.wall, gc, gc / eigen.cpu, static_cast<double>(u.rss_kb) / 1024.0,
                 static_cast<double>(u.rss_kb) * 1024.0 / params);
     if (mode == 0) {
+      of_eigen.push_back(gc / eigen.cpu);
       cpu_exact = cpu;
       loss_exact = o.loss_last;
       norm_exact = o.norm_last;
     } else {
-      std::printf("exact / plain CPU time of the last step: %.3f (target <= 1.3); last loss %.9g vs %.9g, grad norm "
+      std::printf("exact / plain CPU time of the last step: %.3f (target <= 1.1); last loss %.9g vs %.9g, grad norm "
                   "%.9g vs %.9g\n",
                   cpu_exact / cpu, loss_exact, o.loss_last, norm_exact, o.norm_last);
+      ratios.push_back(cpu_exact / cpu);
     }
   }
-  std::printf("targets: the last step's GFLOP per CPU-second >= 0.30 x Eigen's (the wall-clock ratio is the same on an "
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  if (pairs > 1) {
+    std::printf("over %lld alternating pairs: exact GFLOP per CPU-second / Eigen's median %.3f (%.3f-%.3f)",
+                static_cast<long long>(pairs), median(of_eigen), *std::min_element(of_eigen.begin(), of_eigen.end()),
+                *std::max_element(of_eigen.begin(), of_eigen.end()));
+    if (!ratios.empty())
+      std::printf("; exact / plain CPU median %.3f (%.3f-%.3f)", median(ratios),
+                  *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+    std::printf("\n");
+  }
+  std::printf("targets: the last step's GFLOP per CPU-second >= 0.6 x Eigen's (the wall-clock ratio is the same on an "
               "idle machine; under other load the CPU-time ratio is the stable one); peak RSS <= 32 B per parameter "
               "plus activations (fp32 weights, gradients and AdamW moments: 16 B)\n");
   for (const Wide& w : wide) {
