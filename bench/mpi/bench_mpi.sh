@@ -5,12 +5,16 @@
 #   (b) on the in-process emulator (baseline), same mesh,
 # in the same run of this script, printing the step's wall time, the whole run's CPU time (user + sys of every
 # process, mpirun's included: the machine may be shared, so CPU is the steadier measure), peak RSS (summed over
-# processes) and the ratios MPI / emulator.
-# Usage: bench/mpi/bench_mpi.sh [TRIDENT=build/release/trident] [CONFIGS="256:1 1024:8"]
+# processes) and the ratios MPI / emulator. PAIRS > 1 runs the two alternately PAIRS times per configuration and adds
+# the medians of the pairs' ratios (one run's CPU moves by +-15% here, most of it the kernel's first touch of fresh
+# pages, so a single pair can land on either side of a goal).
+# Usage: bench/mpi/bench_mpi.sh [TRIDENT=build/release/trident] [CONFIGS="256:1 1024:8"] [PAIRS=1]
 # RANKS: 1024 (mesh d_rep=16,fsdp=4,cp=16,e_fsdp=16,ep=64, 64 sequences), 256 (d_rep=4,...,e_fsdp=4, 16) or 64.
 set -euo pipefail
 trident=${1:-build/release/trident}
 configs=${2:-"256:1 1024:8"}
+pairs=${3:-1}
+[[ "$pairs" =~ ^[1-9][0-9]?$ ]] || { echo "bench_mpi: PAIRS must be 1-99 (got $pairs)" >&2; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 mpirun=$here/../../tests/mpi/mpirun.sh
 command -v /usr/bin/time >/dev/null || { echo "bench_mpi: needs /usr/bin/time (GNU time)" >&2; exit 1; }
@@ -50,17 +54,30 @@ for c in $configs; do
   esac
   [ "$procs" -ge 1 ] && [ $((ranks % procs)) -eq 0 ] || { echo "bench_mpi: PROCS must divide RANKS ($c)" >&2; exit 1; }
   args=(emulate --preset tiny-e64 --mesh "$mesh" --seqs "$seqs" --seq-len 256 --chunks 2 --steps 1)
-  a=$(run "${procs}x$((ranks / procs))" "$mpirun" -np "$procs" "$trident" "${args[@]}" "${mpi[@]}" \
-        --ranks-per-process $((ranks / procs)))
-  b=$(run "emulator" "$trident" "${args[@]}")
-  for l in "$a" "$b"; do
-    read -r n w cp r lo <<<"$l"
-    printf "%-10s %-9s %8s %8s %14s %10s\n" "$n" "$ranks" "$w" "$cp" "$r" "$lo"
+  cpu_r=() step_r=() rss_r=()
+  for ((p = 0; p < pairs; ++p)); do
+    a=$(run "${procs}x$((ranks / procs))" "$mpirun" -np "$procs" "$trident" "${args[@]}" "${mpi[@]}" \
+          --ranks-per-process $((ranks / procs)))
+    b=$(run "emulator" "$trident" "${args[@]}")
+    for l in "$a" "$b"; do
+      read -r n w cp r lo <<<"$l"
+      printf "%-10s %-9s %8s %8s %14s %10s\n" "$n" "$ranks" "$w" "$cp" "$r" "$lo"
+    done
+    read -r na wa ca ra la <<<"$a"
+    read -r _ wb cb rb lb <<<"$b"
+    [ "$la" = "$lb" ] || echo "bench_mpi: WARNING: losses differ ($la / $lb)"
+    cpu_r+=("$(awk -v x="$ca" -v y="$cb" 'BEGIN { printf "%.3f", x / y }')")
+    step_r+=("$(awk -v x="$wa" -v y="$wb" 'BEGIN { printf "%.3f", x / y }')")
+    rss_r+=("$(awk -v x="$ra" -v y="$rb" 'BEGIN { printf "%.3f", x / y }')")
   done
-  read -r na wa ca ra la <<<"$a"
-  read -r _ wb cb rb lb <<<"$b"
-  [ "$la" = "$lb" ] || echo "bench_mpi: WARNING: losses differ ($la / $lb)"
-  summary+=("$(awk -v n="$na" -v wa="$wa" -v wb="$wb" -v ca="$ca" -v cb="$cb" -v ra="$ra" -v rb="$rb" 'BEGIN {
-    printf "ratio %s / emulator: CPU %.2f, step time %.2f, RSS %.2f", n, ca / cb, wa / wb, ra / rb }')")
+  # median LIST...: the middle value (the mean of the two middle ones for an even count) and the range
+  median() { printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'; }
+  if [ "$pairs" -eq 1 ]; then
+    summary+=("ratio $na / emulator: CPU ${cpu_r[0]:0:4}, step time ${step_r[0]:0:4}, RSS ${rss_r[0]:0:4}")
+  else
+    summary+=("ratio $na / emulator, medians of $pairs pairs: CPU $(median "${cpu_r[@]}"), step time \
+$(median "${step_r[@]}"), RSS $(median "${rss_r[@]}")")
+  fi
 done
 printf "%s\n" "${summary[@]}"
