@@ -48,10 +48,12 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
   w.attn_norm = P("attn_norm");
   w.ffn_norm = P("ffn_norm");
   attn_view(cfg, i, [&](const std::string& n) { return g.ptr(p.find(n)); }, w.attn);
+  // Streaming accumulators leave out what the backward rounds where it forms it (the FFN weights: model_backward).
+  auto O = [&](const char* s) { return g.is_open(p.find(lname(i, s))) ? P(s) : nullptr; };
   if (!cfg.is_moe_layer(i)) {
-    w.mlp_wg = P("mlp.wg");
-    w.mlp_wu = P("mlp.wu");
-    w.mlp_wd = P("mlp.wd");
+    w.mlp_wg = O("mlp.wg");
+    w.mlp_wu = O("mlp.wu");
+    w.mlp_wd = O("mlp.wd");
   } else {
     w.moe_g.router = P("moe.router");
     // Streaming accumulators hand the experts' out one expert at a time (MoeG::experts); full ones whole.
@@ -60,9 +62,9 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
     w.moe_g.wu = E("moe.experts.wu");
     w.moe_g.wd = E("moe.experts.wd");
     if (cfg.shared_ffn > 0) {
-      w.moe_g.swg = P("moe.shared.wg");
-      w.moe_g.swu = P("moe.shared.wu");
-      w.moe_g.swd = P("moe.shared.wd");
+      w.moe_g.swg = O("moe.shared.wg");
+      w.moe_g.swu = O("moe.shared.wu");
+      w.moe_g.swd = O("moe.shared.wd");
     }
   }
   return w;
@@ -105,8 +107,12 @@ void layer_backward(Policy pol, const Config& cfg, const LayerW<T>& W, const Lay
     std::vector<T> dug(static_cast<size_t>(N * F)), duu(static_cast<size_t>(N * F));
     swiglu_backward_dgrad<T>(pol, dout, W.mlp_wg, W.mlp_wu, W.mlp_wd, A.ug.data(), A.uu.data(), N, d, F, dug.data(),
                              duu.data(), da.data());
-    swiglu_backward_wgrad<T>(pol, A.a2.data(), A.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs, G.mlp_wg,
-                             G.mlp_wu, G.mlp_wd);
+    if (G.mlp_dwg)
+      swiglu_backward_wgrad_round<T>(pol, A.a2.data(), A.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs,
+                                     G.mlp_dwg, G.mlp_dwu, G.mlp_dwd);
+    else
+      swiglu_backward_wgrad<T>(pol, A.a2.data(), A.hh.data(), dout, dug.data(), duu.data(), d, F, rows.segs, G.mlp_wg,
+                               G.mlp_wu, G.mlp_wd);
   } else {
     moe_backward<T>(pol, cfg, W.moe_w, G.moe_g, A.a2.data(), N, rows.segs, A.moe, dout, da.data());
   }
@@ -288,8 +294,30 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
       const std::vector<size_t> e = block(BK::experts, i);
       ps.insert(ps.end(), e.begin(), e.end());
     }
+    // Streaming, the dense MLP's and the shared expert's weights get their whole gradient from one wgrad each: rounded
+    // where they are formed (GradAcc::direct), out of the block.
+    std::vector<T*> ffn_direct;
+    for (const char* sw : {"mlp.w", "moe.shared.w"}) {
+      std::vector<typename GradAcc<T>::Slice> sl;
+      for (const char* x : {"g", "u", "d"}) {
+        const std::string name = lname(i, (std::string(sw) + x).c_str());
+        if (!params.has(name)) break;
+        const size_t p = params.find(name);
+        sl.push_back({p, 0, params.t[p].size()});
+      }
+      if (sl.size() == 3) {
+        ffn_direct = g.direct(sl);
+        if (!ffn_direct.empty())
+          for (const auto& x : sl) std::erase(ps, x.p);
+        break;
+      }
+    }
     g.open(ps);
     LayerG<T> G = layer_grads<T>(cfg, params, g, i);
+    if (!ffn_direct.empty()) {
+      T** dst[2][3] = {{&G.mlp_dwg, &G.mlp_dwu, &G.mlp_dwd}, {&G.moe_g.sdwg, &G.moe_g.sdwu, &G.moe_g.sdwd}};
+      for (int k = 0; k < 3; ++k) *dst[cfg.is_moe_layer(i) ? 1 : 0][k] = ffn_direct[static_cast<size_t>(k)];
+    }
     std::optional<ExpertSlicesOf<T>> experts;
     if (split) G.moe_g.experts = &experts.emplace(g, params, cfg, i);
     layer_backward<T>(pol, cfg, W[i], G, xs[i].data(), rows, rope, A, dx.data(), dprev.data());

@@ -30,6 +30,9 @@ struct LayerG {
   AttnG<T> attn;
   ExactAcc<T>* ffn_norm = nullptr;
   ExactAcc<T> *mlp_wg = nullptr, *mlp_wu = nullptr, *mlp_wd = nullptr;
+  // Or, where the dense MLP's three gradients are this backward's alone (the streaming Trainer): rounded into these
+  // (swiglu_backward_wgrad_round; the same bits), the accumulators above unused.
+  T *mlp_dwg = nullptr, *mlp_dwu = nullptr, *mlp_dwd = nullptr;
   MoeG<T> moe_g;
 };
 // Views by parameter name (layer i) into a ParamSet / GradAcc with that ParamSet's layout.

@@ -145,7 +145,11 @@ void moe_backward(Policy pol, const Config& cfg, const MoeW<T>& W, const MoeG<T>
     std::vector<T> dug(static_cast<size_t>(N * Fs)), duu(static_cast<size_t>(N * Fs));
     swiglu_backward_dgrad<T>(pol, dout, W.swg, W.swu, W.swd, A.sug.data(), A.suu.data(), N, d, Fs, dug.data(),
                              duu.data(), tmp.data());
-    swiglu_backward_wgrad<T>(pol, a, A.sh.data(), dout, dug.data(), duu.data(), d, Fs, segs, G.swg, G.swu, G.swd);
+    if (G.sdwg)
+      swiglu_backward_wgrad_round<T>(pol, a, A.sh.data(), dout, dug.data(), duu.data(), d, Fs, segs, G.sdwg, G.sdwu,
+                                     G.sdwd);
+    else
+      swiglu_backward_wgrad<T>(pol, a, A.sh.data(), dout, dug.data(), duu.data(), d, Fs, segs, G.swg, G.swu, G.swd);
     residual_forward<T>(da, da, tmp.data(), N * d);
   }
   std::vector<T> dlogits(static_cast<size_t>(N * E));

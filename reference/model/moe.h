@@ -47,6 +47,7 @@ struct MoeG {
   ExactAcc<T>* router = nullptr;
   ExactAcc<T> *wg = nullptr, *wu = nullptr, *wd = nullptr;  // (E, ...) base pointers, or null with `experts`
   ExactAcc<T> *swg = nullptr, *swu = nullptr, *swd = nullptr;
+  T *sdwg = nullptr, *sdwu = nullptr, *sdwd = nullptr;  // the shared expert's gradients rounded here instead, when set
   ExpertGradBlocks<T>* experts = nullptr;  // when set, moe_backward takes each expert's accumulators from it
 };
 
