@@ -140,6 +140,28 @@ void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_
   }
 }
 
+// The in-order row sums (from +0) of the non-empty tiles of group [t0, t0 + kTBMax) over columns [j0, j0 + jb) of x
+// (rows of stride ldx), one row of jb per live tile in P; returns how many tiles were not empty.
+template <class T>
+int64_t sum_group_partials(const T* x, int64_t ldx, std::span<const int64_t> segs, int64_t t0, int64_t j0, int64_t jb,
+                           T* P) {
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  int64_t n_live = 0;
+  for (int64_t t = t0; t < std::min(n_tiles, t0 + kTBMax); ++t) {
+    if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
+    T* __restrict part = P + n_live * jb;
+#pragma omp simd
+    for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
+    for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
+      const T* __restrict row = x + r * ldx + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
+    }
+    ++n_live;
+  }
+  return n_live;
+}
+
 // Row i of a block whose every partial is in this one group, rounded straight into out (mb values): the bits of a
 // zeroed accumulator, add_partials and round(), without the accumulator where the result is known directly. The
 // exact sum of no partials is +0; of one finite partial p, p itself; of a group whose double sum formed exactly
@@ -196,19 +218,7 @@ void tile_sum_acc_k(const T* x, int64_t J, std::span<const int64_t> segs, ExactA
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
       for (int64_t t0 = 0; t0 < n_tiles; t0 += kTBMax) {
-        int64_t n_live = 0;
-        for (int64_t t = t0; t < std::min(n_tiles, t0 + kTBMax); ++t) {
-          if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
-          T* __restrict part = P.data() + n_live * jb;
-#pragma omp simd
-          for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
-          for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
-            const T* __restrict row = x + r * J + j0;
-#pragma omp simd
-            for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
-          }
-          ++n_live;
-        }
+        const int64_t n_live = sum_group_partials<T>(x, J, segs, t0, j0, jb, P.data());
         if (n_live == 0) continue;
         g.form(P.data(), n_live, jb);
         add_partials(acc + j0, P.data(), n_live, 1, jb, 0, g);
@@ -233,19 +243,7 @@ void tile_sum_round_k(const T* x, int64_t ldx, int64_t J, std::span<const int64_
   for (int64_t j0 = 0; j0 < J; j0 += kJB) {
     const int64_t jb = std::min(kJB, J - j0);
     for (int64_t gi = 0; gi < n_groups; ++gi) {
-      int64_t n_live = 0;
-      for (int64_t t = gi * kTBMax; t < std::min(n_tiles, (gi + 1) * kTBMax); ++t) {
-        if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
-        T* __restrict part = P.data() + n_live * jb;
-#pragma omp simd
-        for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
-        for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
-          const T* __restrict row = x + r * ldx + j0;
-#pragma omp simd
-          for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
-        }
-        ++n_live;
-      }
+      const int64_t n_live = sum_group_partials<T>(x, ldx, segs, gi * kTBMax, j0, jb, P.data());
       g.form(P.data(), n_live, jb);
       if (n_groups == 1) {
         round_group_row<T>(out + j0, P.data(), n_live, 1, jb, 0, g);

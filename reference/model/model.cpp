@@ -260,19 +260,25 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
   };
   const T scale = res.n_valid > 0 ? T(1) / static_cast<T>(res.n_valid) : T(0);
   std::vector<T> dhidden(static_cast<size_t>(N * d)), dx(static_cast<size_t>(N * d)), dprev(static_cast<size_t>(N * d));
-  // Streaming, the head's gradient is this one call's: rounded as it forms (linear_ce_backward_cols_round: the same
-  // bits, without the (d, V) accumulators); the rest of the head block (the final norm) accumulates.
+  // Opens the block of `kind` without parameter p where p's whole gradient is one call's and streaming accumulators
+  // hand out its place in the gradients (GradAcc::direct; returned, else null and p stays in the block).
+  auto open_direct = [&](BK kind, size_t p) -> T* {
+    const std::vector<T*> dst = g.direct({{p, 0, params.t[p].size()}});
+    std::vector<size_t> ps = block(kind, -1);
+    if (!dst.empty()) std::erase(ps, p);
+    g.open(ps);
+    return dst.empty() ? nullptr : dst[0];
+  };
+  // The head's gradient rounded as it forms (linear_ce_backward_cols_round: the same bits, without the (d, V)
+  // accumulators); the rest of the head block (the final norm) accumulates.
   const size_t p_head = params.find("lm_head");
-  const std::vector<T*> head_direct = g.direct({{p_head, 0, d * V}});
-  std::vector<size_t> head_block = block(BK::head, -1);
-  if (!head_direct.empty()) std::erase(head_block, p_head);
-  g.open(head_block);
-  if (head_direct.empty())
+  T* const head_direct = open_direct(BK::head, p_head);
+  if (!head_direct)
     linear_ce_backward<T>(hidden.data(), head, batch.targets.data(), lse.data(), N, d, V, cfg.vocab_chunk, pol,
                           opt.token_chunk, scale, rows.segs, dhidden.data(), g.ptr(p_head));
   else
     linear_ce_backward_cols_round<T>(hidden.data(), head, batch.targets.data(), lse.data(), N, d, V, cfg.vocab_chunk,
-                                     pol, opt.token_chunk, scale, rows.segs, 0, V, dhidden.data(), head_direct[0]);
+                                     pol, opt.token_chunk, scale, rows.segs, 0, V, dhidden.data(), head_direct);
   rmsnorm_backward<T>(dhidden.data(), d, xs[L].data(), d, rinvf.data(), gf, N, d, rows.segs, dx.data(), d,
                       g.ptr(params.find("final_norm")));
   g.close();
@@ -325,16 +331,13 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     std::swap(dx, dprev);
   }
   at(StepProgress::Stage::embedding);
-  // Streaming, the embedding's gradient is this one call's: rounded row by row (embedding_backward_round).
+  // The embedding's gradient rounded row by row (embedding_backward_round).
   const size_t p_embed = params.find("embed");
-  const std::vector<T*> embed_direct = g.direct({{p_embed, 0, V * d}});
-  std::vector<size_t> embed_block = block(BK::embed, -1);
-  if (!embed_direct.empty()) std::erase(embed_block, p_embed);
-  g.open(embed_block);
-  if (embed_direct.empty())
+  T* const embed_direct = open_direct(BK::embed, p_embed);
+  if (!embed_direct)
     embedding_backward<T>(g.ptr(p_embed), batch.tokens.data(), dx.data(), N, d, rows.segs);
   else
-    embedding_backward_round<T>(embed_direct[0], batch.tokens.data(), dx.data(), N, d, V, rows.segs);
+    embedding_backward_round<T>(embed_direct, batch.tokens.data(), dx.data(), N, d, V, rows.segs);
   g.close();
   return res;
 }

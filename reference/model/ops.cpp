@@ -146,6 +146,32 @@ void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N,
   }
 }
 
+namespace {
+
+// Tile t's partials of the embedding gradient: per id its rows (ids, in first-seen order; -1 rows skipped) summed in
+// row order from +0 into part (one row of d per id). V > 0 checks each id against it.
+template <class T>
+void embedding_tile_partials(const int32_t* tokens, const T* dout, int64_t d, int64_t V, std::span<const int64_t> segs,
+                             size_t t, std::vector<int32_t>& ids, std::vector<T>& part) {
+  ids.clear();
+  part.clear();
+  for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // row order inside the tile
+    const int32_t id = tokens[r];
+    if (id < 0) continue;  // outside the caller's row slice
+    TD_CHECK(V <= 0 || id < V, "embedding_backward: token id {} at row {} is out of range [0, {})", id, r, V);
+    size_t u = std::find(ids.begin(), ids.end(), id) - ids.begin();
+    if (u == ids.size()) {
+      ids.push_back(id);
+      part.resize(part.size() + static_cast<size_t>(d), T(0));
+    }
+    T* p = part.data() + u * static_cast<size_t>(d);
+    const T* g = dout + r * d;
+    for (int64_t c = 0; c < d; ++c) p[c] = p[c] + g[c];
+  }
+}
+
+}  // namespace
+
 template <class T>
 void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                         std::span<const int64_t> segs) {
@@ -153,20 +179,7 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
   std::vector<int32_t> ids;
   std::vector<T> part;
   for (size_t t = 0; t + 1 < segs.size(); ++t) {
-    ids.clear();
-    part.clear();
-    for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // row order inside the tile
-      const int32_t id = tokens[r];
-      if (id < 0) continue;  // outside the caller's row slice
-      size_t u = std::find(ids.begin(), ids.end(), id) - ids.begin();
-      if (u == ids.size()) {
-        ids.push_back(id);
-        part.resize(part.size() + static_cast<size_t>(d), T(0));
-      }
-      T* p = part.data() + u * static_cast<size_t>(d);
-      const T* g = dout + r * d;
-      for (int64_t c = 0; c < d; ++c) p[c] = p[c] + g[c];
-    }
+    embedding_tile_partials<T>(tokens, dout, d, 0, segs, t, ids, part);
     for (size_t u = 0; u < ids.size(); ++u) {
       ExactAcc<T>* a = dembed + static_cast<int64_t>(ids[u]) * d;
       const T* p = part.data() + u * static_cast<size_t>(d);
@@ -185,21 +198,7 @@ void embedding_backward_round(T* dembed, const int32_t* tokens, const T* dout, i
   std::vector<int32_t> ids, tag;
   std::vector<T> part, all;
   for (size_t t = 0; t + 1 < segs.size(); ++t) {
-    ids.clear();
-    part.clear();
-    for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // row order inside the tile
-      const int32_t id = tokens[r];
-      if (id < 0) continue;  // outside the caller's row slice
-      TD_CHECK(id < V, "embedding_backward: token id {} at row {} is out of range [0, {})", id, r, V);
-      size_t u = std::find(ids.begin(), ids.end(), id) - ids.begin();
-      if (u == ids.size()) {
-        ids.push_back(id);
-        part.resize(part.size() + static_cast<size_t>(d), T(0));
-      }
-      T* p = part.data() + u * static_cast<size_t>(d);
-      const T* g = dout + r * d;
-      for (int64_t c = 0; c < d; ++c) p[c] = p[c] + g[c];
-    }
+    embedding_tile_partials<T>(tokens, dout, d, V, segs, t, ids, part);
     tag.insert(tag.end(), ids.begin(), ids.end());
     all.insert(all.end(), part.begin(), part.end());
   }

@@ -107,38 +107,27 @@ Result<T> run_fused(const Problem<T>& p, int64_t token_chunk) {
 }
 
 // The backward in column slices (cuts: vocab-chunk multiples, ascending, ending at V), each slice's dW in its own
-// (d, width) accumulator, rounded and placed into the full dW.
+// (d, width) accumulator, rounded and placed into the full dW; or (rounded) each slice's dW rounded straight into its
+// (d, width) block by linear_ce_backward_cols_round.
 template <class T>
-Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts) {
-  Result<T> r = run_forward(p, token_chunk);
-  r.dW.assign(p.d * p.V, T(-7));
-  int64_t j0 = 0;
-  for (int64_t j1 : cuts) {
-    const int64_t w = j1 - j0;
-    std::vector<ExactAcc<T>> acc(p.d * w);
-    linear_ce_backward_cols<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
-                               p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1, r.dhidden.data(),
-                               acc.data());
-    std::vector<T> part(p.d * w);
-    exact_round<T>(acc.data(), part.data(), p.d * w);
-    for (int64_t k = 0; k < p.d; ++k) std::copy_n(part.data() + k * w, w, r.dW.data() + k * p.V + j0);
-    j0 = j1;
-  }
-  return r;
-}
-
-// The same slices through linear_ce_backward_cols_round: each slice's dW rounded straight into its (d, width) block.
-template <class T>
-Result<T> run_sliced_round(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts) {
+Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts, bool rounded = false) {
   Result<T> r = run_forward(p, token_chunk);
   r.dW.assign(p.d * p.V, T(-7));
   int64_t j0 = 0;
   for (int64_t j1 : cuts) {
     const int64_t w = j1 - j0;
     std::vector<T> part(p.d * w, T(-7));
-    linear_ce_backward_cols_round<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
-                                     p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
-                                     r.dhidden.data(), part.data());
+    if (rounded) {
+      linear_ce_backward_cols_round<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
+                                       p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
+                                       r.dhidden.data(), part.data());
+    } else {
+      std::vector<ExactAcc<T>> acc(p.d * w);
+      linear_ce_backward_cols<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
+                                 p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
+                                 r.dhidden.data(), acc.data());
+      exact_round<T>(acc.data(), part.data(), p.d * w);
+    }
     for (int64_t k = 0; k < p.d; ++k) std::copy_n(part.data() + k * w, w, r.dW.data() + k * p.V + j0);
     j0 = j1;
   }
@@ -343,8 +332,8 @@ TEST(LinearCE, RoundedColumnsBitwise) {
     const int saved = omp_get_max_threads();
     for (int th : {1, 2, 3}) {
       omp_set_num_threads(th);
-      expect_same(run_sliced_round(p, 5, {V}), ref, fmt::format("whole, {} threads", th));
-      expect_same(run_sliced_round(p, 3, {vc, V}), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
+      expect_same(run_sliced(p, 5, {V}, true), ref, fmt::format("whole, {} threads", th));
+      expect_same(run_sliced(p, 3, {vc, V}, true), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
     }
     omp_set_num_threads(saved);
     EXPECT_GT(l1(ref.dW), 0);
