@@ -31,6 +31,16 @@ CoreDims CoreDims::from(const Config& c) {
 
 namespace {
 
+// The calling thread's scratch vector number `slot`, kept across calls: the cores' transposed keys and per-tile
+// buffers are allocated (and their pages faulted in) once per thread, not once per call of a rank's layer. Slots 0-1
+// the transposed keys and values, 2-3 the backward's per-tile buffers; the cores are leaves (no core runs inside
+// another on one thread), and their OpenMP teams only read the caller's buffers.
+template <class T>
+std::vector<T>& scratch(int slot) {
+  static thread_local std::vector<T> v[4];
+  return v[slot];
+}
+
 // Operand copy: bf16-rounded under the bf16 policy, else the pointer itself.
 template <class T>
 const T* operand(Policy pol, const T* x, int64_t n, std::vector<T>& buf) {
@@ -63,8 +73,9 @@ inline T dot(const T* a, const T* b, int64_t n) {  // ascending, each product ro
 template <class T>
 void transpose_kv(const CoreDims& cd, const T* kr, int64_t S, std::vector<T>& kT, std::vector<T>& vT) {
   const int64_t nkc = cd.G * cd.Dq, nvc = cd.G * cd.Dv;
-  kT.resize(static_cast<size_t>(nkc * S));
-  vT.resize(static_cast<size_t>(nvc * S));
+  // Grow only: every element the call reads is written below, so a scratch vector is not cleared or shrunk.
+  if (kT.size() < static_cast<size_t>(nkc * S)) kT.resize(static_cast<size_t>(nkc * S));
+  if (vT.size() < static_cast<size_t>(nvc * S)) vT.resize(static_cast<size_t>(nvc * S));
   // Blocked over keys (a cache line of outputs per column), so the writes are not one line per element.
   constexpr int64_t JB = 16;
   for (int64_t j0 = 0; j0 < S; j0 += JB) {
@@ -129,7 +140,7 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
   std::vector<T> qb, kb;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
   const T* kr = operand(pol, kv, S * P, kb);
-  std::vector<T> kT, vT;
+  std::vector<T>&kT = scratch<T>(0), &vT = scratch<T>(1);
   transpose_kv(cd, kr, S, kT, vT);
   const bool par = Nq * H * S * Dq >= (int64_t{1} << 18);  // parallel regions only where they pay off
 #pragma omp parallel if (par)
@@ -216,10 +227,10 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
   const T* qr = operand(pol, q, Nq * H * Dq, qb);
   const T* kr = operand(pol, kv, S * P, kb);
   const T* dOr = operand(pol, dO, Nq * H * Dv, db);
-  std::vector<T> kT, vT;
+  std::vector<T>&kT = scratch<T>(0), &vT = scratch<T>(1);
   transpose_kv(cd, kr, S, kT, vT);
   std::vector<uint8_t> written(krow ? static_cast<size_t>(S) : 0);  // krow: whether key j's row holds its sum yet
-  std::vector<T> pbuf, dsbuf;
+  std::vector<T>&pbuf = scratch<T>(2), &dsbuf = scratch<T>(3);
   for (size_t t = 0; t + 1 < qsegs.size(); ++t) {
     const int64_t r0 = qsegs[t], r1 = qsegs[t + 1], nr = r1 - r0;
     if (nr == 0) {
