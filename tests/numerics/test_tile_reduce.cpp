@@ -237,6 +237,41 @@ TYPED_TEST(TileTest, OneGroupRoundsLikeTheAccumulator) {
   }
 }
 
+// tile_sum_round: tile_sum_acc's sums rounded into an array (rows of any stride), the bits of zeroed accumulators +
+// tile_sum_acc + exact_round, for no tiles, one group (up to 32 tiles) and several, empty tiles, a width past one
+// column block, cancellation, wide windows and Inf / NaN.
+TYPED_TEST(TileTest, SumRoundEqualsAccumulateThenRound) {
+  using T = TypeParam;
+  const uint64_t seed = 141;
+  std::mt19937_64 rng(seed);
+  const int64_t J = 300, ldx = 311;
+  for (int64_t n_rows : {0, 1, 9, 40, 150}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      std::vector<T> x(static_cast<size_t>(std::max<int64_t>(n_rows, 1) * ldx));
+      std::normal_distribution<double> nd(0.0, 1.0);
+      for (auto& v : x) v = static_cast<T>(std::ldexp(nd(rng), static_cast<int>(rng() % 81) - 40));
+      if (variant == 1 && n_rows >= 2) {
+        for (int64_t j = 0; j < J; j += 3) x[static_cast<size_t>(ldx + j)] = -x[static_cast<size_t>(j)];
+        x[5] = std::numeric_limits<T>::infinity();
+        x[static_cast<size_t>(ldx + 7)] = std::numeric_limits<T>::quiet_NaN();
+      }
+      std::vector<int64_t> segs = {0};
+      while (segs.back() < n_rows) segs.push_back(std::min<int64_t>(n_rows, segs.back() + static_cast<int64_t>(rng() % 3)));
+      if (n_rows == 0) segs.push_back(0);
+      std::vector<T> dense(static_cast<size_t>(std::max<int64_t>(n_rows, 1) * J));  // tile_sum_acc takes stride J
+      for (int64_t r = 0; r < n_rows; ++r)
+        std::copy_n(x.data() + r * ldx, J, dense.data() + r * J);
+      std::vector<ExactAcc<T>> acc(static_cast<size_t>(J));
+      tile_sum_acc<T>(dense.data(), J, segs, acc.data());
+      std::vector<T> want(static_cast<size_t>(J)), got(static_cast<size_t>(J), T(7));
+      exact_round<T>(acc.data(), want.data(), J);
+      tile_sum_round<T>(x.data(), ldx, J, segs, got.data());
+      ASSERT_TRUE(same_bits(got, want)) << "repro: seed=" << seed << " rows=" << n_rows << " tiles="
+                                        << segs.size() - 1 << " variant=" << variant;
+    }
+  }
+}
+
 // Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
 TYPED_TEST(TileTest, PartitionInvariance) {
   using T = TypeParam;
