@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <utility>
 #include <vector>
@@ -84,6 +85,24 @@ class BlockPool {
   std::vector<uintptr_t> spare_;  // bases of empty kSlabBytes slabs
   Heap heaps_[2];
   int64_t used_ = 0, used_peak_ = 0, reserved_ = 0, reserved_peak_ = 0;
+};
+
+// The pools of a run's fiber workers, one per worker: rank i runs on worker i % workers (the emulator's spawn and
+// the MPI backend's processes place ranks so), and takes its device memory from that worker's pool. None when
+// kDevicePools is off (AddressSanitizer): of() is then nullptr, the host's allocator.
+class WorkerPools {
+ public:
+  void make(int workers) {
+    if (kDevicePools)
+      for (int k = 0; k < workers; ++k) pools_.push_back(std::make_unique<BlockPool>());
+  }
+  BlockPool* of(int64_t i) const {
+    return pools_.empty() ? nullptr : pools_[static_cast<size_t>(i) % pools_.size()].get();
+  }
+  void clear() { pools_.clear(); }
+
+ private:
+  std::vector<std::unique_ptr<BlockPool>> pools_;
 };
 
 }  // namespace trident::emu

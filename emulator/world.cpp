@@ -277,7 +277,7 @@ struct World {
   std::unique_ptr<fiber::Scheduler> sched;
   // Fibers: the device memory of each worker's ranks (emulator/block_pool.h); empty with rank threads (the host's
   // allocator). Destroyed after every rank's device.
-  std::vector<std::unique_ptr<BlockPool>> pools;
+  WorkerPools pools;
   // Sleeping on a word until it changes, and waking the sleepers: platform/wait.h (the kernel's futex on Linux)
   // for rank threads, the fiber scheduler's user-space one for fibers (from any thread: the watchdog wakes fibers
   // too).
@@ -1047,8 +1047,7 @@ class EmuComm final : public Communicator {
 RankContext::RankContext(World& w, RankState& r) : w_(w), r_(r) {
   DeviceOptions o = w.opts.device;
   o.record_trace = w.opts.record_trace;
-  BlockPool* pool = w.pools.empty() ? nullptr : w.pools[static_cast<size_t>(r.rank) % w.pools.size()].get();
-  auto dev = std::make_unique<EmuDevice>(r.rank, r.trace, o, pool);
+  auto dev = std::make_unique<EmuDevice>(r.rank, r.trace, o, w.pools.of(r.rank));
   auto* d = dev.get();
   dev_ = std::move(dev);
   world_ = std::make_unique<EmuComm>(w, r, *d, w.world_group, r.rank);
@@ -1164,8 +1163,7 @@ void run_fibers(World& w, std::vector<ThreadArg>& args, const SpawnOptions& opts
   if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers = std::min(workers, world_size);
   w.sched = std::make_unique<fiber::Scheduler>(workers, static_cast<size_t>(world_size));
-  if (kDevicePools)
-    for (int k = 0; k < workers; ++k) w.pools.push_back(std::make_unique<BlockPool>());  // rank i: worker i % workers
+  w.pools.make(workers);  // rank i: worker i % workers
   const size_t stack = std::max<size_t>(opts.stack_bytes, 64 * 1024);
   for (int i = 0; i < world_size; ++i) {
     const std::string err = w.sched->add(i % workers, stack, run_rank, &args[static_cast<size_t>(i)]);

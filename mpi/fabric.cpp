@@ -267,8 +267,7 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
   if (workers <= 0)
     workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / std::max(1, local_procs_);
   workers = std::clamp(workers, 1, k_);
-  if (emu::kDevicePools)
-    for (int w = 0; w < workers; ++w) pools_.push_back(std::make_unique<emu::BlockPool>());  // rank i: worker i % workers
+  pools_.make(workers);  // rank i: worker i % workers
   emu::fiber::Scheduler s(workers, static_cast<size_t>(k_));
   for (int i = 0; i < k_; ++i) {
     if (std::string err = s.add(i % workers, opt.stack_bytes, body, &args[static_cast<size_t>(i)]); !err.empty()) {

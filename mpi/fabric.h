@@ -182,9 +182,7 @@ class Fabric {
   void run_ranks(const std::function<void(int g)>& fn, const RankExecOptions& opt = {});
   // Inside fn: where rank g's device memory comes from, as in the emulator's spawn: with fibers the pool of the worker
   // that runs it (emulator/block_pool.h; nullptr under AddressSanitizer), with threads nullptr (the host's allocator).
-  emu::BlockPool* rank_pool(int g) const {
-    return pools_.empty() ? nullptr : pools_[static_cast<size_t>(g - first_rank()) % pools_.size()].get();
-  }
+  emu::BlockPool* rank_pool(int g) const { return pools_.of(g - first_rank()); }
 
   // Posts `bytes` from src (a rank of this process) to dst; returns at once (the bytes are copied).
   void post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes);
@@ -270,7 +268,7 @@ class Fabric {
 
   FabricOptions opt_;
   int proc_ = 0, nproc_ = 1, k_ = 1, local_procs_ = 1;
-  std::vector<std::unique_ptr<emu::BlockPool>> pools_;  // while run_ranks runs fibers: one per worker
+  emu::WorkerPools pools_;  // while run_ranks runs fibers: one per worker
   bool native_exact_ = false;
   std::atomic<emu::fiber::Scheduler*> sched_{nullptr};  // while run_ranks runs fibers
   size_t chunk_ = 0;

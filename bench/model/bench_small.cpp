@@ -268,36 +268,37 @@ int main(int argc, char** argv) {
   double cpu_exact = 0, loss_exact = 0, norm_exact = 0;
   Out outs[2];
   std::vector<double> ratios, of_eigen;  // per pair: exact / plain CPU, exact GFLOP per CPU-second / Eigen's
-  for (int64_t pair = 0; pair < pairs; ++pair)
-  for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
-    Out scratch;
-    Out& o = pair == 0 ? outs[mode] : scratch;
-    bench::ChildUsage u;
-    if (!bench::run_child(mode ? plain_exe : self.string(), args, o, u) || !o.ok) {
-      std::printf("the %s run failed (see stderr)\n", mode ? "plain" : "exact");
-      return 1;
-    }
-    std::string w, cp;
-    for (int64_t k = 0; k < o.steps; ++k) {
-      w += (k ? " " : "") + std::to_string(o.wall[k]).substr(0, 5);
-      cp += (k ? " " : "") + std::to_string(o.cpu[k]).substr(0, 5);
-    }
-    // The last step: the first one also pays for first-touch page faults of every buffer.
-    const double wall = o.wall[o.steps - 1], cpu = o.cpu[o.steps - 1];
-    const double gw = f.executed() / wall / 1e9, gc = f.executed() / cpu / 1e9;
-    std::printf("%-6s %-20s %-20s %9.2f %8.3f %11.2f %8.3f %9.1f %8.1f\n", mode ? "plain" : "exact", w.c_str(),
-                cp.c_str(), gw, gw / eigen.wall, gc, gc / eigen.cpu, static_cast<double>(u.rss_kb) / 1024.0,
-                static_cast<double>(u.rss_kb) * 1024.0 / params);
-    if (mode == 0) {
-      of_eigen.push_back(gc / eigen.cpu);
-      cpu_exact = cpu;
-      loss_exact = o.loss_last;
-      norm_exact = o.norm_last;
-    } else {
-      std::printf("exact / plain CPU time of the last step: %.3f (target <= 1.1); last loss %.9g vs %.9g, grad norm "
-                  "%.9g vs %.9g\n",
-                  cpu_exact / cpu, loss_exact, o.loss_last, norm_exact, o.norm_last);
-      ratios.push_back(cpu_exact / cpu);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
+      Out scratch;
+      Out& o = pair == 0 ? outs[mode] : scratch;
+      bench::ChildUsage u;
+      if (!bench::run_child(mode ? plain_exe : self.string(), args, o, u) || !o.ok) {
+        std::printf("the %s run failed (see stderr)\n", mode ? "plain" : "exact");
+        return 1;
+      }
+      std::string w, cp;
+      for (int64_t k = 0; k < o.steps; ++k) {
+        w += (k ? " " : "") + std::to_string(o.wall[k]).substr(0, 5);
+        cp += (k ? " " : "") + std::to_string(o.cpu[k]).substr(0, 5);
+      }
+      // The last step: the first one also pays for first-touch page faults of every buffer.
+      const double wall = o.wall[o.steps - 1], cpu = o.cpu[o.steps - 1];
+      const double gw = f.executed() / wall / 1e9, gc = f.executed() / cpu / 1e9;
+      std::printf("%-6s %-20s %-20s %9.2f %8.3f %11.2f %8.3f %9.1f %8.1f\n", mode ? "plain" : "exact", w.c_str(),
+                  cp.c_str(), gw, gw / eigen.wall, gc, gc / eigen.cpu, static_cast<double>(u.rss_kb) / 1024.0,
+                  static_cast<double>(u.rss_kb) * 1024.0 / params);
+      if (mode == 0) {
+        of_eigen.push_back(gc / eigen.cpu);
+        cpu_exact = cpu;
+        loss_exact = o.loss_last;
+        norm_exact = o.norm_last;
+      } else {
+        std::printf("exact / plain CPU time of the last step: %.3f (target <= 1.1); last loss %.9g vs %.9g, grad norm "
+                    "%.9g vs %.9g\n",
+                    cpu_exact / cpu, loss_exact, o.loss_last, norm_exact, o.norm_last);
+        ratios.push_back(cpu_exact / cpu);
+      }
     }
   }
   auto median = [](std::vector<double> v) {

@@ -62,13 +62,14 @@ void float_sq_acc(const float* g, int64_t n, ExactAcc<double>& acc) {
       const uint32_t u = std::bit_cast<uint32_t>(g[i]);
       const uint32_t e = (u >> 23) & 0xffu;
       const uint64_t m = (u & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
-      b[i & 3][e] += m * m;  // e == 255 (Inf, NaN) is taken from bucket 255 below
+      b[i & 3][e] += m * m;  // e == 255: Inf or NaN (m >= 2^23, so its bucket is then nonzero), taken below
     }
-    for (int64_t i = c0; i < c1; ++i)
-      if (((std::bit_cast<uint32_t>(g[i]) >> 23) & 0xffu) == 0xffu) {
-        const double x = g[i];
-        acc.add(x * x);
-      }
+    if (b[0][255] | b[1][255] | b[2][255] | b[3][255])  // only a chunk with an Inf or NaN is read again
+      for (int64_t i = c0; i < c1; ++i)
+        if (((std::bit_cast<uint32_t>(g[i]) >> 23) & 0xffu) == 0xffu) {
+          const double x = g[i];
+          acc.add(x * x);
+        }
     for (int q = 0; q < 255; ++q) {
       const uint64_t v = b[0][q] + b[1][q] + b[2][q] + b[3][q];  // each < 2^61
       if (v == 0) continue;

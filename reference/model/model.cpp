@@ -48,7 +48,8 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
   w.attn_norm = P("attn_norm");
   w.ffn_norm = P("ffn_norm");
   attn_view(cfg, i, [&](const std::string& n) { return g.ptr(p.find(n)); }, w.attn);
-  // Streaming accumulators leave out what the backward rounds where it forms it (the FFN weights: model_backward).
+  // Streaming accumulators hand out the routed experts one expert at a time (MoeG::experts) and leave out what the
+  // backward rounds where it forms it (the FFN weights: run's backward); full ones give every pointer.
   auto O = [&](const char* s) { return g.is_open(p.find(lname(i, s))) ? P(s) : nullptr; };
   if (!cfg.is_moe_layer(i)) {
     w.mlp_wg = O("mlp.wg");
@@ -56,11 +57,9 @@ LayerG<T> layer_grads(const Config& cfg, const ParamSet<T>& p, GradAcc<T>& g, in
     w.mlp_wd = O("mlp.wd");
   } else {
     w.moe_g.router = P("moe.router");
-    // Streaming accumulators hand the experts' out one expert at a time (MoeG::experts); full ones whole.
-    auto E = [&](const char* s) { return g.is_open(p.find(lname(i, s))) ? P(s) : nullptr; };
-    w.moe_g.wg = E("moe.experts.wg");
-    w.moe_g.wu = E("moe.experts.wu");
-    w.moe_g.wd = E("moe.experts.wd");
+    w.moe_g.wg = O("moe.experts.wg");
+    w.moe_g.wu = O("moe.experts.wu");
+    w.moe_g.wd = O("moe.experts.wd");
     if (cfg.shared_ffn > 0) {
       w.moe_g.swg = O("moe.shared.wg");
       w.moe_g.swu = O("moe.shared.wu");
@@ -302,27 +301,24 @@ ForwardResult<T> run(const Config& cfg, const ParamSet<T>& params, const Batch& 
     }
     // Streaming, the dense MLP's and the shared expert's weights get their whole gradient from one wgrad each: rounded
     // where they are formed (GradAcc::direct), out of the block.
+    const bool moe = cfg.is_moe_layer(i), ffn = !moe || cfg.shared_ffn > 0;
     std::vector<T*> ffn_direct;
-    for (const char* sw : {"mlp.w", "moe.shared.w"}) {
+    if (ffn) {
       std::vector<typename GradAcc<T>::Slice> sl;
-      for (const char* x : {"g", "u", "d"}) {
-        const std::string name = lname(i, (std::string(sw) + x).c_str());
-        if (!params.has(name)) break;
-        const size_t p = params.find(name);
+      for (const char* w : {"wg", "wu", "wd"}) {
+        const size_t p = params.find(lname(i, ((moe ? "moe.shared." : "mlp.") + std::string(w)).c_str()));
         sl.push_back({p, 0, params.t[p].size()});
       }
-      if (sl.size() == 3) {
-        ffn_direct = g.direct(sl);
-        if (!ffn_direct.empty())
-          for (const auto& x : sl) std::erase(ps, x.p);
-        break;
-      }
+      ffn_direct = g.direct(sl);
+      if (!ffn_direct.empty())
+        for (const auto& x : sl) std::erase(ps, x.p);
     }
     g.open(ps);
     LayerG<T> G = layer_grads<T>(cfg, params, g, i);
     if (!ffn_direct.empty()) {
-      T** dst[2][3] = {{&G.mlp_dwg, &G.mlp_dwu, &G.mlp_dwd}, {&G.moe_g.sdwg, &G.moe_g.sdwu, &G.moe_g.sdwd}};
-      for (int k = 0; k < 3; ++k) *dst[cfg.is_moe_layer(i) ? 1 : 0][k] = ffn_direct[static_cast<size_t>(k)];
+      (moe ? G.moe_g.sdwg : G.mlp_dwg) = ffn_direct[0];
+      (moe ? G.moe_g.sdwu : G.mlp_dwu) = ffn_direct[1];
+      (moe ? G.moe_g.sdwd : G.mlp_dwd) = ffn_direct[2];
     }
     std::optional<ExpertSlicesOf<T>> experts;
     if (split) G.moe_g.experts = &experts.emplace(g, params, cfg, i);
