@@ -51,13 +51,17 @@ struct ParamBytes {
   double params = 0;            // elements, full model
   double shards = 0;            // bytes on one rank: weights, AdamW m and v, rounded gradients, buffers
   std::vector<double> unit_full;  // per FSDP unit: gathered elements on one rank
+  std::vector<double> unit_arena;  // per FSDP unit: its gradients' arena use, in accumulators
   double max_shard = 0;         // elements of the largest shard of one tensor (the merge buffer)
 };
 
-ParamBytes param_bytes(const md::Config& cfg, const MeshShape& m, size_t eb) {
+// part_scale: the arena's size per element of a tensor exchanged as tile partials (dense_grad_partial_tensor), in
+// accumulators: 2 nt eb / ab where dense_grad_partials holds (send and receive buffers), else 1.
+ParamBytes param_bytes(const md::Config& cfg, const MeshShape& m, size_t eb, double part_scale = 1) {
   ParamBytes r;
   const int64_t L = cfg.layers, nfc = m.fsdp * m.cp, Eloc = cfg.experts / std::max<int64_t>(m.ep, 1);
   r.unit_full.assign(static_cast<size_t>(L + 2), 0);
+  r.unit_arena.assign(static_cast<size_t>(L + 2), 0);
   for (const md::ParamInfo& in : md::param_layout(cfg)) {
     double numel = 1;
     for (int64_t s : in.shape) numel *= static_cast<double>(s);
@@ -84,6 +88,7 @@ ParamBytes param_bytes(const md::Config& cfg, const MeshShape& m, size_t eb) {
     }
     r.shards += 4 * nsh * static_cast<double>(eb);  // w, m, v, g
     r.unit_full[static_cast<size_t>(unit)] += full;
+    r.unit_arena[static_cast<size_t>(unit)] += full * (dense_grad_partial_tensor(in.name) ? part_scale : 1.0);
   }
   return r;
 }
@@ -196,7 +201,12 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   const double F = static_cast<double>(cfg.expert_ffn), L = static_cast<double>(cfg.layers);
   const double ep = static_cast<double>(m.ep);
   const double Eloc = static_cast<double>(cfg.experts) / ep;
-  const ParamBytes pb = param_bytes(cfg, m, eb);
+  // dense weight gradients as tile partials (StepImpl::partials_take, the CPU kernel set, as the key side below)
+  const double dnt = static_cast<double>(dense_grad_tiles(m, run.sequences, run.seq_len, cfg.tile));
+  const ParamBytes pb = param_bytes(cfg, m, eb,
+                                    dense_grad_partials(m, run.sequences, run.seq_len, cfg.tile, eb, ab)
+                                        ? 2 * dnt * ebd / abd
+                                        : 1.0);
 
   // gathered FSDP units: the unit in use, the next one prefetched, and the embedding or head around the loss
   std::vector<double> units = pb.unit_full;
@@ -208,7 +218,8 @@ MemoryEstimate estimate_emulate(const EmulateMemoryInputs& in) {
   // allocates the new buffer before it frees the old one, and the key side's first use comes between gradient groups
   // (the arena grows to it from a group's size, or from it to a larger group's): both are live at that moment, so
   // the key side is its own part, on top of the gradient groups'.
-  const double group = units.empty() ? 0 : units[0] + pb.max_shard;
+  const double group = pb.unit_arena.empty() ? 0 : *std::max_element(pb.unit_arena.begin(), pb.unit_arena.end()) +
+                                                       pb.max_shard;
   const CpKeySide ks = cp_key_side(in);
   const double arena = std::max(group, ks.acc / abd);
 

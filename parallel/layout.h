@@ -59,6 +59,35 @@ inline bool key_side_partials(const MeshShape& m, int64_t seq_len, int64_t tile,
   return !m.cp_2d() && causal_core && static_cast<size_t>(nt) * value_bytes < acc_bytes;
 }
 
+// ---- Dense weight gradients as tile partials (docs/parallel.md section 4) ---------------------------------------
+// The tiles every rank holds (the same count on each): sequences / (d_rep fsdp) local sequences of seq_len / (cp tile)
+// tiles each, where the tile divides the chunk seq_len / (2 cp) (so no tile straddles a chunk); 0 where it does not.
+inline int64_t dense_grad_tiles(const MeshShape& m, int64_t sequences, int64_t seq_len, int64_t tile) {
+  const int64_t groups = m.d_rep * m.fsdp, chunk = seq_len / (2 * m.cp);
+  if (tile <= 0 || groups <= 0 || sequences % groups != 0 || seq_len % (2 * m.cp) != 0 || chunk % tile != 0) return 0;
+  return sequences / groups * (2 * chunk / tile);
+}
+// Whether the step sends a dense weight gradient over fsdp*cp as its nt tile partials instead of reduce-scattering
+// exact accumulators: nt > 0 and the send and receive buffers (nt values of T per element each) take no more than the
+// accumulators they replace, 2 nt value_bytes <= acc_bytes (exact float: nt <= 7 against 56 B; fp64: nt <= 34 against
+// 552 B; never in the plain-sum twin, whose accumulator is one float). One rule for the step, the estimate and the
+// docs (the step also needs a kernel set with wgrad_partials).
+inline bool dense_grad_partials(const MeshShape& m, int64_t sequences, int64_t seq_len, int64_t tile,
+                                size_t value_bytes, size_t acc_bytes) {
+  const int64_t nt = dense_grad_tiles(m, sequences, seq_len, tile);
+  return nt > 0 && 2 * static_cast<size_t>(nt) * value_bytes <= acc_bytes;
+}
+
+// The dense tensors the step exchanges as tile partials where dense_grad_partials holds: the attention projections
+// (wq, wk, wv, wo, wdkv, wuk, wuv), the dense MLP's and the shared expert's weights. The norms, the router, the DSA
+// indexer, the embedding and lm_head keep accumulators.
+inline bool dense_grad_partial_tensor(const std::string& name) {
+  const std::string w = name.substr(name.rfind('.') + 1);
+  if (name.find(".attn.") != std::string::npos)
+    return w == "wq" || w == "wk" || w == "wv" || w == "wo" || w == "wdkv" || w == "wuk" || w == "wuv";
+  return name.find(".mlp.") != std::string::npos || name.find(".moe.shared.") != std::string::npos;
+}
+
 // ---- Packed sequences: attention work per rank ---------------------------------------------------------------
 // The query-key pairs a rank's local queries score in one layer's attention core: the sum over its local rows of
 // pos - doc_start + 1 (doc_start: (sequences, seq_len) document starts of the batch, model::Batch::doc_start; empty:

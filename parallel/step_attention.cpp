@@ -216,9 +216,11 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   Buf<T> dO = zeros(N * cd.H * cd.Dv, CS), dqc = zeros(N * cd.H * cd.Dq, CS), dpay = zeros(N * P, CS);
   Buf<T> diq = cfg.dsa() ? zeros(N * cfg.index_q_width(), CS) : Buf<T>();
   const std::vector<size_t> out_g = gqa ? names(i, {"attn.wo"}) : names(i, {"attn.wo", "attn.wuv"});
-  alloc_grads(out_g);
-  K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
-  reduce_grads(out_g, ph);
+  if (!attn_out_partials(i, w, st, dy, dO.data(), out_g, ph)) {
+    alloc_grads(out_g);
+    K.attn_out_backward(pol, cfg, w, attn_g(i), N, st.attn, dy, rows.segs, dO.data(), CS);
+    reduce_grads(out_g, ph);
+  }
   core_backward_cp(st, dO.data(), dqc.data(), dpay.data(), diq.data(), ph);  // key-side accumulators given back inside
   // The gathered KV and dO are used up: freed before the projections' gradient accumulators are taken (the step's
   // peak) rather than at the layer's retire.
@@ -228,10 +230,37 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
                                   : names(i, {"attn.wq", "attn.wdkv", "attn.kv_norm", "attn.wuk"});
   if (cfg.dsa())
     for (size_t p : names(i, {"attn.wiq", "attn.wiw", "attn.wik"})) qkv_g.push_back(p);
-  alloc_grads(qkv_g);
+  // The projections' gradients as tile partials where the rule and the kernel set allow (kv_norm and the indexer's
+  // stay accumulators), else all of them accumulators.
+  std::vector<size_t> part_g, acc_g;
+  md::AttnGP<T> gp;
+  const bool partials = dense_partial_tiles() > 0;
+  for (size_t p : qkv_g) (partials && gp_field(p, &gp) ? part_g : acc_g).push_back(p);
+  bool taken = false;
+  if (!part_g.empty()) {
+    size_t accs = 0;
+    for (size_t p : acc_g) accs += sz(ps[p].expert ? Eloc * ps[p].full_elems() : ps[p].full_elems());
+    grow_arena(accs + partials_need(part_g, dense_partial_tiles()));  // nothing live yet
+    alloc_grads(acc_g);
+    const std::vector<TilePartials<T>> tp = partials_take(part_g, dense_partial_tiles());
+    for (size_t k = 0; k < part_g.size(); ++k) *gp_field(part_g[k], &gp) = tp[k];
+    if (!acc_g.empty() && !gqa) gp.kv_norm = G(fmt::format("layers.{}.attn.kv_norm", i));
+    taken = K.attn_qkv_backward_partials(pol, cfg, w, gp, st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(),
+                                         dpay.data(), rows.segs, da, CS);
+    if (taken) {
+      for (size_t k = 0; k < part_g.size(); ++k) partials_merge(part_g[k], tp[k], ph);
+      for (size_t k = 0; k < part_g.size(); ++k) arena_give();
+      qkv_g = acc_g;
+    } else {  // the kernel set has no such op: everything back, accumulators for all
+      for (size_t p : acc_g) acc[p] = AccView();
+      for (size_t k = 0; k < part_g.size() + acc_g.size(); ++k) arena_give();
+    }
+  }
+  if (!taken) alloc_grads(qkv_g);
   const md::AttnG<T> g = attn_g(i);
-  K.attn_qkv_backward(pol, cfg, w, g, st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(), dpay.data(),
-                      rows.segs, da, CS);
+  if (!taken)
+    K.attn_qkv_backward(pol, cfg, w, g, st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(), dpay.data(),
+                        rows.segs, da, CS);
   if (cfg.dsa()) {  // the indexer's weight gradients (model::dsa_index_wgrad's three, the input detached)
     const int64_t d = cfg.d_model, Hi = cfg.index_heads, Di = cfg.index_dim, Iw = cfg.index_q_width();
     K.wgrad_acc(pol, st.a1.data(), d, diq.data(), Iw, d, Hi * Di, rows.segs, g.wiq, CS);
@@ -241,13 +270,55 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   reduce_grads(qkv_g, ph);
 }
 
+// The field of the partials view gp that dense tensor p fills (nullptr: p is not one of the projections it holds).
+template <class T>
+TilePartials<T>* StepImpl<T>::gp_field(size_t p, md::AttnGP<T>* gp) const {
+  md::AttnGP<T>& v = *gp;
+  const std::string& name = sh.init->info[p].name;
+  const size_t dot = name.rfind('.');
+  const std::string w = name.substr(dot + 1);
+  if (name.find(".attn.") == std::string::npos) return nullptr;
+  if (w == "wq") return &v.wq;
+  if (w == "wk") return &v.wk;
+  if (w == "wv") return &v.wv;
+  if (w == "wo") return &v.wo;
+  if (w == "wdkv") return &v.wdkv;
+  if (w == "wuk") return &v.wuk;
+  if (w == "wuv") return &v.wuv;
+  return nullptr;
+}
+
+// attn_out_backward with wo (and wuv) exchanged as tile partials (docs/parallel.md section 4). Returns false, issuing
+// nothing, where not taken (the rule, or a kernel set without attn_out_backward_partials).
+template <class T>
+bool StepImpl<T>::attn_out_partials(int64_t i, const md::AttnW<T>& w, LayerState& st, const T* dy, T* dO,
+                                    const std::vector<size_t>& out_g, const std::string& ph) {
+  const int64_t nt = dense_partial_tiles();
+  if (nt == 0) return false;
+  const std::vector<TilePartials<T>> tp = partials_take(out_g, nt);
+  md::AttnGP<T> gp;
+  for (size_t k = 0; k < out_g.size(); ++k) {
+    TilePartials<T>* f = gp_field(out_g[k], &gp);
+    TD_CHECK(f != nullptr, "layer {}: {} has no partials field", i, sh.init->info[out_g[k]].name);
+    *f = tp[k];
+  }
+  const bool taken = K.attn_out_backward_partials(pol, cfg, w, gp, N, st.attn, dy, rows.segs, dO, CS);
+  if (taken)
+    for (size_t k = 0; k < out_g.size(); ++k) partials_merge(out_g[k], tp[k], ph);
+  for (size_t k = 0; k < out_g.size(); ++k) arena_give();
+  return taken;
+}
+
 #define TD_STEP_ATTN(T)                                                                                            \
   template void StepImpl<T>::attention_fwd(int64_t, const md::AttnW<T>&, LayerState&, T*, const std::string&);     \
   template void StepImpl<T>::core_backward_cp(LayerState&, const T*, T*, T*, T*, const std::string&);              \
   template bool StepImpl<T>::key_partials(LayerState&, const T*, T*, T*, const std::string&);                       \
   template void StepImpl<T>::transpose_blocks(void*, const void*, int64_t, int64_t, int64_t);                      \
   template void StepImpl<T>::attention_bwd(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,                \
-                                           const std::string&);
+                                           const std::string&);                                                    \
+  template TilePartials<T>* StepImpl<T>::gp_field(size_t, md::AttnGP<T>*) const;                                   \
+  template bool StepImpl<T>::attn_out_partials(int64_t, const md::AttnW<T>&, LayerState&, const T*, T*,            \
+                                               const std::vector<size_t>&, const std::string&);
 TD_STEP_ATTN(float)
 TD_STEP_ATTN(double)
 #undef TD_STEP_ATTN

@@ -1,4 +1,4 @@
-// The step's chunked expert parallelism (parallel/step_impl.h, docs/parallel.md section 6). Per MoE layer the local
+// The step's chunked expert parallelism (parallel/step_impl.h, docs/parallel.md section 4). Per MoE layer the local
 // token tiles are cut into ep_chunks chunks; chunk c+1's dispatch runs on the comm stream while chunk c's experts
 // run on the compute stream. Rows travel in (local expert, tile, row) order per peer; the owner keeps, per chunk
 // and local expert, its rows in (source, tile, row) order (ExBlock), so every expert sees its rows in the

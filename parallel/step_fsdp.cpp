@@ -271,6 +271,85 @@ void StepImpl<T>::merge_expert(const Acc* a, int64_t se, T* out, const std::stri
   mem.sub(part.bytes());
 }
 
+// The nt tile partials per element a dense weight gradient is exchanged as (docs/parallel.md section 4), or 0 where
+// the step reduce-scatters accumulators (dense_grad_partials; the same on every rank).
+template <class T>
+int64_t StepImpl<T>::dense_partial_tiles() const {
+  if (!dense_grad_partials(sh.mesh, sh.run.sequences, S, cfg.tile, sizeof(T), sizeof(Acc))) return 0;
+  const int64_t nt = dense_grad_tiles(sh.mesh, sh.run.sequences, S, cfg.tile);
+  TD_CHECK_EQ(static_cast<int64_t>(rows.segs.size()) - 1, nt, "dense gradient partials: the rank's tiles");
+  return nt;
+}
+
+// Send buffers for the dense tensors of `list`, exchanged as nt tile partials per element (docs/parallel.md section 4):
+// fsdp*cp blocks of nt x se values each (TilePartials; +0 in padding rows), from the accumulator arena as raw bytes.
+// The arena must hold these and their receive buffers (partials_merge): partials_need accumulators' bytes, grown
+// beforehand where a group takes accumulators too (growing is only allowed while nothing is live).
+template <class T>
+size_t StepImpl<T>::partials_need(const std::vector<size_t>& list, int64_t nt) const {
+  size_t total = 0;
+  for (size_t i : list) total += 2 * ((sz(nt * ps[i].spec.n * ps[i].spec.shard_elems()) * sizeof(T) + sizeof(Acc) - 1) /
+                                      sizeof(Acc));
+  return total;
+}
+
+template <class T>
+std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t>& list, int64_t nt) {
+  auto whole = [](int64_t values) { return (sz(values) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc); };
+  if (arena_used + partials_need(list, nt) > sz(arena.size())) grow_arena(arena_used + partials_need(list, nt));
+  std::vector<TilePartials<T>> out;
+  for (size_t i : list) {
+    const PState& st = ps[i];
+    TD_CHECK(!st.expert, "dense gradient partials of the expert tensor {}", sh.init->info[i].name);
+    const int64_t nb = st.spec.n, rps = st.spec.rows_per_shard(), n = nt * nb * st.spec.shard_elems();
+    TD_CHECK_EQ(nb, static_cast<int64_t>(mc.fsdp_cp->size()), "dense gradient partials: shards against fsdp*cp ranks");
+    T* send = reinterpret_cast<T*>(arena_take(whole(n), false));
+    if (st.spec.rows < nb * rps) dev.memset(send, 0, n * static_cast<int64_t>(sizeof(T)), CS);  // padding rows: +0
+    out.push_back(TilePartials<T>{send, st.spec.row_elems, rps, nb, nt, 0});
+  }
+  return out;
+}
+
+// Tensor i's partials (written by the kernel set into tp) to its rounded gradient shard: one fsdp*cp all-to-all of
+// nt * se values per peer gives each rank the fsdp*cp * nt partials of every element of its shard; their exact sum
+// (sum_acc over one-row tiles into zeroed accumulators), all-reduced over d_rep and rounded once, is the exact sum the
+// accumulators' reduce-scatter would have formed of the same partials: the same bits.
+template <class T>
+void StepImpl<T>::partials_merge(size_t i, const TilePartials<T>& tp, const std::string& ph) {
+  PState& st = ps[i];
+  const int64_t se = st.spec.shard_elems(), nb = tp.blocks, nt = tp.n_tiles;
+  T* recv = reinterpret_cast<T*>(arena_take((sz(tp.size()) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc), false));
+  reduced[i]++;
+  mc.fsdp_cp->all_to_all(tp.base, recv, sz(nt * se), dt<T>(), CS);
+  note(ph, *mc.fsdp_cp, CollOp::all_to_all);
+  Buf<Acc> part(dev, se, CS);
+  mem.add(part.bytes());
+  dev.memset(part.data(), 0, se * static_cast<int64_t>(sizeof(Acc)), CS);
+  K.sum_acc(recv, se, uniform_segments(nb * nt, 1), part.data(), CS);  // (nb * nt rows): source rank, then tile
+  mc.d_rep->all_reduce(part.data(), part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum, CS);
+  note(ph, *mc.d_rep, CollOp::all_reduce);
+  K.exact_round(part.data(), st.g.data(), se, CS);
+  mem.sub(part.bytes());
+  arena_give();
+}
+
+// Dense tensor i's gradient X^T dY (its only contribution) exchanged as tile partials. Returns false, issuing
+// nothing, where not taken (the rule, or a kernel set without wgrad_partials).
+template <class T>
+bool StepImpl<T>::wgrad_exchange(size_t i, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K_, int64_t M,
+                                 const std::string& ph) {
+  const int64_t nt = ps[i].expert ? 0 : dense_partial_tiles();
+  if (nt == 0) return false;
+  TD_CHECK(ps[i].spec.rows == K_ && ps[i].spec.row_elems == M,
+           "dense gradient partials: {} is {}x{}, the op writes {}x{}", sh.init->info[i].name, ps[i].spec.rows,
+           ps[i].spec.row_elems, K_, M);
+  const std::vector<TilePartials<T>> tp = partials_take({i}, nt);
+  const bool taken = K.wgrad_partials(pol, X, ldx, dY, ldy, K_, M, rows.segs, tp[0], CS);
+  if (taken) partials_merge(i, tp[0], ph);
+  arena_give();
+  return taken;
+}
+
 // embed (V, d): shard-local rows [a, b) of every fsdp*cp shard; token rows outside the slice get slot -1.
 template <class T>
 void StepImpl<T>::reduce_embed_slices(const std::string& ph, const T* dx) {
@@ -308,6 +387,13 @@ void StepImpl<T>::swiglu_wgrad(const std::string& prefix, int64_t F, const std::
   for (const char* w : {"wg", "wu", "wd"}) {
     const std::string name = prefix + w;
     const std::vector<size_t> g{idx(name)};
+    if (blocks.size() == 1 && blocks[0].segs.data() == rows.segs.data()) {  // a dense tensor of all the rank's rows
+      const SwigluRows& b = blocks[0];
+      const bool done = w[1] == 'g'   ? wgrad_exchange(g[0], b.x, d, b.dug, F, d, F, ph)
+                        : w[1] == 'u' ? wgrad_exchange(g[0], b.x, d, b.duu, F, d, F, ph)
+                                      : wgrad_exchange(g[0], b.h, F, b.dy, d, F, d, ph);
+      if (done) continue;
+    }
     alloc_grads(g);
     for (const SwigluRows& b : blocks) {
       Acc* a = G(name) + b.el * expert_stride(name);
@@ -425,6 +511,12 @@ ShardState<T> StepImpl<T>::state() const {
   template void StepImpl<T>::reduce_grads(const std::vector<size_t>&, const std::string&);                         \
   template void StepImpl<T>::merge_dense(const Acc*, int64_t, T*, const std::string&);                             \
   template void StepImpl<T>::merge_expert(const Acc*, int64_t, T*, const std::string&);                            \
+  template int64_t StepImpl<T>::dense_partial_tiles() const;                                                        \
+  template bool StepImpl<T>::wgrad_exchange(size_t, const T*, int64_t, const T*, int64_t, int64_t, int64_t,         \
+                                            const std::string&);                                                   \
+  template size_t StepImpl<T>::partials_need(const std::vector<size_t>&, int64_t) const;                           \
+  template std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t>&, int64_t);            \
+  template void StepImpl<T>::partials_merge(size_t, const TilePartials<T>&, const std::string&);                   \
   template void StepImpl<T>::reduce_embed_slices(const std::string&, const T*);                                    \
   template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
                                           const std::vector<SwigluRows>&);                                         \

@@ -99,6 +99,12 @@ struct StepImpl {
   void reduce_grads(const std::vector<size_t>& list, const std::string& ph);
   void merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph);
   void merge_expert(const Acc* a, int64_t se, T* out, const std::string& ph);
+  int64_t dense_partial_tiles() const;
+  size_t partials_need(const std::vector<size_t>& list, int64_t nt) const;
+  std::vector<TilePartials<T>> partials_take(const std::vector<size_t>& list, int64_t nt);
+  void partials_merge(size_t i, const TilePartials<T>& tp, const std::string& ph);
+  bool wgrad_exchange(size_t i, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K_, int64_t M,
+                      const std::string& ph);
   template <class Fill>
   void reduce_head_slices(const std::string& ph, Fill&& fill);
   void reduce_embed_slices(const std::string& ph, const T* dx);
@@ -194,6 +200,9 @@ struct StepImpl {
   void attention_fwd(int64_t i, const model::AttnW<T>& w, LayerState& st, T* y, const std::string& ph);
   void core_backward_cp(LayerState& st, const T* dO, T* dqc, T* dpay, T* diq, const std::string& ph);
   bool key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph);
+  TilePartials<T>* gp_field(size_t p, model::AttnGP<T>* gp) const;
+  bool attn_out_partials(int64_t i, const model::AttnW<T>& w, LayerState& st, const T* dy, T* dO,
+                         const std::vector<size_t>& out_g, const std::string& ph);
   void transpose_blocks(void* dst, const void* src, int64_t rows, int64_t cols, int64_t bytes);  // 2D CP
   void attention_bwd(int64_t i, const model::AttnW<T>& w, LayerState& st, const T* dy, T* da, const std::string& ph);
 

@@ -30,6 +30,7 @@ class Kernels {
   using Config = model::Config;
   using AttnW = model::AttnW<T>;
   using AttnG = model::AttnG<T>;
+  using AttnGP = model::AttnGP<T>;  // the projections' gradients as tile partials (kv_norm an accumulator)
   using AttnBufs = model::AttnBufs<T>;  // activation buffers (model::AttnActSizes)
   using CoreDims = model::CoreDims;
   using Rope = model::RopeTable<T>;
@@ -43,6 +44,14 @@ class Kernels {
   // acc (K,M) += X^T dY over the tiles of segs; X (rows,K) ldx, dY (rows,M) ldy.
   virtual void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M, Segs segs,
                          ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
+  // The tile partials of X^T dY (K,M) written into out's send layout (reference/tile_reduce.h TilePartials; element
+  // k * M + m of the tensor, plus out.off) instead of added into accumulators (model::wgrad_partials): the step
+  // exchanges them where that moves fewer bytes (docs/parallel.md section 4). Returns false, issuing nothing, where
+  // the kernel set does not have this op (the default; the step then adds into accumulators, the same bits).
+  virtual bool wgrad_partials(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                              Segs segs, const TilePartials<T>& out, Stream s, loc_t loc = loc_t::current()) {
+    return false;
+  }
   // acc (J) += sum of the rows of x (rows,J) over the tiles of segs.
   virtual void sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
   // out (n) = round(acc (n)).
@@ -182,6 +191,20 @@ class Kernels {
   virtual void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a,
                                  const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc,
                                  const T* dpayload, Segs segs, T* da, Stream s, loc_t loc = loc_t::current()) = 0;
+  // The same two with the projections' gradients written as tile partials into G's send layouts (model::AttnGP; the
+  // step's exchange of dense weight gradients, docs/parallel.md section 4). Return false, issuing nothing, where the
+  // kernel set does not have them (the default; the step then adds into accumulators, the same bits).
+  virtual bool attn_out_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G, int64_t N,
+                                          const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                                          loc_t loc = loc_t::current()) {
+    return false;
+  }
+  virtual bool attn_qkv_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G, const T* a,
+                                          const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts,
+                                          const T* dqc, const T* dpayload, Segs segs, T* da, Stream s,
+                                          loc_t loc = loc_t::current()) {
+    return false;
+  }
 
   // ---- loss and optimizer -------------------------------------------------------------------------------------
   // hidden (N,d), W (d,V), targets (N) -> token_loss (N), lse (N).
@@ -213,6 +236,7 @@ class CpuKernels : public Kernels<T> {
   using typename Kernels<T>::Config;
   using typename Kernels<T>::AttnW;
   using typename Kernels<T>::AttnG;
+  using typename Kernels<T>::AttnGP;
   using typename Kernels<T>::AttnBufs;
   using typename Kernels<T>::CoreDims;
   using typename Kernels<T>::Rope;
@@ -221,6 +245,8 @@ class CpuKernels : public Kernels<T> {
   explicit CpuKernels(Device& dev) : dev_(dev) {}
   void mm(Policy pol, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, bool trans_b,
           T* C, int64_t ldc, Stream s, loc_t loc = loc_t::current()) override;
+  bool wgrad_partials(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M, Segs segs,
+                      const TilePartials<T>& out, Stream s, loc_t loc = loc_t::current()) override;
   void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M, Segs segs,
                  ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) override;
   void sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc = loc_t::current()) override;
@@ -299,6 +325,13 @@ class CpuKernels : public Kernels<T> {
   void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW& W, const AttnG& G, const T* a, const int64_t* pos,
                          int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs,
                          T* da, Stream s, loc_t loc = loc_t::current()) override;
+  bool attn_out_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G, int64_t N,
+                                  const AttnBufs& acts, const T* dy, Segs segs, T* dO, Stream s,
+                                  loc_t loc = loc_t::current()) override;
+  bool attn_qkv_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G, const T* a,
+                                  const int64_t* pos, int64_t N, const Rope& rope, const AttnBufs& acts, const T* dqc,
+                                  const T* dpayload, Segs segs, T* da, Stream s,
+                                  loc_t loc = loc_t::current()) override;
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                          int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
                          loc_t loc = loc_t::current()) override;

@@ -120,6 +120,14 @@ Accesses operator+(Accesses a, const Accesses& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
+// The partial buffers (and kv_norm's accumulators) of a partials view, written.
+template <class T>
+Accesses partial_access(const m::AttnGP<T>& g) {
+  Accesses out;
+  for (const TilePartials<T>* p : {&g.wq, &g.wk, &g.wv, &g.wo, &g.wdkv, &g.wuk, &g.wuv})
+    if (*p) out.push_back(Access{p->base, p->size() * static_cast<int64_t>(sizeof(T)), true});
+  return out;
+}
 double attn_out_weights(const m::Config& c) {
   const double d = static_cast<double>(c.d_model), H = static_cast<double>(c.heads);
   if (c.attn == m::AttnKind::gqa) return H * c.head_dim * d;
@@ -163,6 +171,15 @@ void CpuKernels<T>::wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, 
   go(dev_, s, "wgrad_acc", {rd(X, span_of(rows, K, ldx)), rd(dY, span_of(rows, M, ldy)), racc(acc, K * M)},
      gemm_flops(K, M, rows),
      [=, sg = hold(dev_, segs)] { m::wgrad_acc<T>(pol, X, ldx, dY, ldy, K, M, sg.v, acc); }, loc);
+}
+template <class T>
+bool CpuKernels<T>::wgrad_partials(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                                   Segs segs, const TilePartials<T>& out, Stream s, loc_t loc) {
+  const int64_t rows = segs.empty() ? 0 : segs.back();
+  go(dev_, s, "wgrad_partials", {rd(X, span_of(rows, K, ldx)), rd(dY, span_of(rows, M, ldy)), wr(out.base, out.size())},
+     gemm_flops(K, M, rows),
+     [=, sg = hold(dev_, segs)] { m::wgrad_partials<T>(pol, X, ldx, dY, ldy, K, M, sg.v, out, M); }, loc);
+  return true;
 }
 template <class T>
 void CpuKernels<T>::sum_acc(const T* x, int64_t J, Segs segs, ExactAcc<T>* acc, Stream s, loc_t loc) {
@@ -448,6 +465,38 @@ void CpuKernels<T>::attn_qkv_backward(Policy pol, const Config& cfg, const AttnW
      [=, &cfg, &rope, A = acts, sg = hold(dev_, segs)] {
        m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, sg.v, da);
               }, loc);
+}
+template <class T>
+bool CpuKernels<T>::attn_out_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G,
+                                               int64_t N, const AttnBufs& acts, const T* dy, Segs segs, T* dO,
+                                               Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
+  go(dev_, s, "attn_out_backward_partials",
+     Accesses{rd(acts.o, z.o), rd(acts.ocat, z.ocat), rd(dy, N * cfg.d_model), wr(dO, z.o)} +
+         attn_out_access(cfg, W, false) + partial_access(G),
+     4.0 * static_cast<double>(N) * attn_out_weights(cfg),
+     [=, &cfg, A = acts, sg = hold(dev_, segs)] { m::attn_out_backward<T>(pol, cfg, W, G, N, A, dy, sg.v, dO); },
+     loc);
+  return true;
+}
+template <class T>
+bool CpuKernels<T>::attn_qkv_backward_partials(Policy pol, const Config& cfg, const AttnW& W, const AttnGP& G,
+                                               const T* a, const int64_t* pos, int64_t N, const Rope& rope,
+                                               const AttnBufs& acts, const T* dqc, const T* dpayload, Segs segs,
+                                               T* da, Stream s, loc_t loc) {
+  const m::AttnActSizes z = m::AttnActSizes::of(cfg, N);
+  Accesses kv_norm;
+  if (G.kv_norm) kv_norm.push_back(Access{G.kv_norm, cfg.kv_lora_rank * static_cast<int64_t>(sizeof(ExactAcc<T>)), true});
+  go(dev_, s, "attn_qkv_backward_partials",
+     Accesses{rd(a, N * cfg.d_model), rd(pos, N), rd(acts.q, z.q), rd(acts.qc, z.qc), rd(acts.c, z.c),
+              rd(acts.kv_rinv, z.kv_rinv), rd(acts.payload, z.payload), rd(dqc, z.qc), rd(dpayload, z.payload),
+              wr(da, N * cfg.d_model)} +
+         attn_in_access(cfg, W, false) + partial_access(G) + kv_norm,
+     4.0 * static_cast<double>(N) * attn_in_weights(cfg),
+     [=, &cfg, &rope, A = acts, sg = hold(dev_, segs)] {
+       m::attn_qkv_backward<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, sg.v, da);
+     }, loc);
+  return true;
 }
 template <class T>
 void CpuKernels<T>::linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N,

@@ -4,6 +4,7 @@
 // (gemm_isa(): the widest the CPU runs, or TRIDENT_GEMM_ISA). Every copy computes the same bits.
 #include "reference/tile_reduce.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "reference/check.h"
@@ -114,6 +115,35 @@ void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, in
   TRIDENT_TILE_CALL(tile_wgrad_k<T>, X, ldx, dY, ldy, K, M, segs, dW, ld_dw);
 }
 
+// One in-order GEMM per tile (gemm_serial: the per-element order of tile_wgrad_acc's partials, whatever the block
+// shape), its rows copied to their places in the send layout.
+template <class T>
+void tile_wgrad_partials(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                         std::span<const int64_t> segs, const TilePartials<T>& out, int64_t ld) {
+  check_segs(segs);
+  if (K <= 0 || M <= 0) return;
+  TD_CHECK(out.base != nullptr && out.row > 0 && out.block_rows > 0 && out.blocks > 0,
+           "tile_wgrad_partials: no partial buffer");
+  const int64_t n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  TD_CHECK_EQ(n_tiles, out.n_tiles, "tile_wgrad_partials: segs' tiles against the buffer's tiles per element");
+  TD_CHECK_GE(ld, M, "tile_wgrad_partials: output row stride below the block width");
+  TD_CHECK(out.off % out.row + M <= out.row && ld % out.row == 0,
+           "tile_wgrad_partials: a column block straddles the tensor's rows (off {}, width {}, row {}, ld {})", out.off,
+           M, out.row, ld);
+  TD_CHECK_LE(out.off / out.row + (K - 1) * (ld / out.row) + 1, out.blocks * out.block_rows,
+              "tile_wgrad_partials: rows past the buffer");
+  static thread_local std::vector<T> buf;
+  buf.resize(static_cast<size_t>(K * M));
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const int64_t r0 = segs[static_cast<size_t>(t)], len = segs[static_cast<size_t>(t) + 1] - r0;
+    if (len == 0)
+      std::fill(buf.begin(), buf.end(), T(0));  // an empty tile: +0 partials (they add nothing)
+    else
+      gemm_serial<T>(K, M, len, X + r0 * ldx, 1, ldx, dY + r0 * ldy, ldy, false, buf.data(), M, false);
+    for (int64_t k = 0; k < K; ++k) std::copy_n(buf.data() + k * M, M, out.at(t, out.off + k * ld));
+  }
+}
+
 #undef TRIDENT_TILE_CALL
 
 std::vector<int64_t> uniform_segments(int64_t n, int64_t tile) {
@@ -138,6 +168,10 @@ template void tile_wgrad_acc<float>(const float*, int64_t, const float*, int64_t
                                     std::span<const int64_t>, ExactAcc<float>*, int64_t, bool);
 template void tile_wgrad_acc<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
                                      std::span<const int64_t>, ExactAcc<double>*, int64_t, bool);
+template void tile_wgrad_partials<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                         std::span<const int64_t>, const TilePartials<float>&, int64_t);
+template void tile_wgrad_partials<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,
+                                          std::span<const int64_t>, const TilePartials<double>&, int64_t);
 template void tile_wgrad<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t,
                                 std::span<const int64_t>, float*);
 template void tile_wgrad<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t,

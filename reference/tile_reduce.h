@@ -52,6 +52,40 @@ template <class T>
 void tile_wgrad(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                 std::span<const int64_t> segs, T* dW, int64_t ld_dw);
 
+// Where a tensor's tile partials go when they are exchanged instead of summed (the distributed step's dense weight
+// gradients, docs/parallel.md section 4). The tensor is (rows, row) row-major, cut into `blocks` blocks of
+// `block_rows` rows (the last may hold padding rows past `rows`); element e = off + (flat index) of row r = e / row,
+// column c = e % row, has the partial of tile t at
+//   base[((r / block_rows) * n_tiles + t) * block_rows * row + (r % block_rows) * row + c]
+// block-major, then tile, then the block's rows: block s, all its tiles, is contiguous (an all-to-all's send block
+// for rank s). `off` lets a caller address a column block of the tensor (p + k, as with an accumulator pointer).
+template <class T>
+struct TilePartials {
+  T* base = nullptr;
+  int64_t row = 0, block_rows = 0, blocks = 0, n_tiles = 0, off = 0;
+  explicit operator bool() const { return base != nullptr; }
+  TilePartials operator+(int64_t k) const {
+    TilePartials p = *this;
+    p.off += k;
+    return p;
+  }
+  int64_t block_elems() const { return block_rows * row; }
+  int64_t size() const { return blocks * n_tiles * block_rows * row; }  // values of T in base
+  // The partial of tile t for element e (flat, offset already applied).
+  T* at(int64_t t, int64_t e) const {
+    const int64_t r = e / row;
+    return base + ((r / block_rows) * n_tiles + t) * block_rows * row + (r % block_rows) * row + e % row;
+  }
+};
+
+// For each tile t of segs and element (k, m) of X^T dY (K, M): out's tile-t partial of element k * ld + m (plus
+// out.off) = the in-tile in-order sum over the tile's rows of round(X[r, k] * dY[r, m]), from +0 (+0 for an empty
+// tile): exactly the partials tile_wgrad_acc adds into accumulators, so the exact sum of these partials, wherever
+// it is formed, is its bits. segs must hold out.n_tiles tiles; a column block must not straddle a row of the tensor.
+template <class T>
+void tile_wgrad_partials(const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                         std::span<const int64_t> segs, const TilePartials<T>& out, int64_t ld);
+
 // Segments of `n` rows cut into tiles of `tile` consecutive rows (the last may be shorter):
 // {0, tile, 2*tile, ..., n}. Rows of several sequences: call per sequence, or use tile ids directly.
 std::vector<int64_t> uniform_segments(int64_t n, int64_t tile);

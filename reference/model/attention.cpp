@@ -782,9 +782,11 @@ void attn_out_forward(Policy pol, const Config& cfg, const AttnW<T>& W, int64_t 
   mm<T>(pol, N, d, H * Dv, A.ocat, H * Dv, W.wo, d, false, y, d);
 }
 
-template <class T>
-void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
-                       const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+// attn_out_backward / attn_qkv_backward for either view of the gradients: GV = AttnG<T> (accumulators) or AttnGP<T>
+// (tile partials); wgrad_acc / wgrad_acc_block take either (reference/model/ops.h).
+template <class T, class GV>
+void attn_out_backward_v(Policy pol, const Config& cfg, const AttnW<T>& W, const GV& G, int64_t N,
+                         const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
   prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads;
   if (cfg.attn == AttnKind::gqa) {
@@ -804,10 +806,10 @@ void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const A
   }
 }
 
-template <class T>
-void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
-                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
-                       const T* dpayload, std::span<const int64_t> segs, T* da) {
+template <class T, class GV>
+void attn_qkv_backward_v(Policy pol, const Config& cfg, const AttnW<T>& W, const GV& G, const T* a,
+                         const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
+                         const T* dpayload, std::span<const int64_t> segs, T* da) {
   prof::OpSection prof_section(prof::Op::attn_other);
   const int64_t d = cfg.d_model, H = cfg.heads, P = cfg.payload_dim();
   std::vector<T> tmp(static_cast<size_t>(N * d));
@@ -847,6 +849,29 @@ void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const A
   mm<T>(pol, N, d, Qw, dq.data(), Qw, W.wq, Qw, true, da, d);
   mm<T>(pol, N, d, Dq, dc.data(), Dq, W.wdkv, Dq, true, tmp.data(), d);
   for (int64_t i = 0; i < N * d; ++i) da[i] = da[i] + tmp[i];
+}
+
+template <class T>
+void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, int64_t N,
+                       const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+  attn_out_backward_v<T>(pol, cfg, W, G, N, A, dy, segs, dO);
+}
+template <class T>
+void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnGP<T>& G, int64_t N,
+                       const AttnBufs<T>& A, const T* dy, std::span<const int64_t> segs, T* dO) {
+  attn_out_backward_v<T>(pol, cfg, W, G, N, A, dy, segs, dO);
+}
+template <class T>
+void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
+                       const T* dpayload, std::span<const int64_t> segs, T* da) {
+  attn_qkv_backward_v<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, segs, da);
+}
+template <class T>
+void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnGP<T>& G, const T* a,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& A, const T* dqc,
+                       const T* dpayload, std::span<const int64_t> segs, T* da) {
+  attn_qkv_backward_v<T>(pol, cfg, W, G, a, pos, N, rope, A, dqc, dpayload, segs, da);
 }
 
 // ---- single-rank composition ---------------------------------------------------------------------------------
@@ -972,6 +997,11 @@ void attention_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const 
   template void attn_out_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, int64_t,             \
                                      const AttnBufs<T>&, const T*, std::span<const int64_t>, T*);                  \
   template void attn_qkv_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnG<T>&, const T*,            \
+                                     const int64_t*, int64_t, const RopeTable<T>&, const AttnBufs<T>&, const T*,   \
+                                     const T*, std::span<const int64_t>, T*);                                      \
+  template void attn_out_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnGP<T>&, int64_t,            \
+                                     const AttnBufs<T>&, const T*, std::span<const int64_t>, T*);                  \
+  template void attn_qkv_backward<T>(Policy, const Config&, const AttnW<T>&, const AttnGP<T>&, const T*,           \
                                      const int64_t*, int64_t, const RopeTable<T>&, const AttnBufs<T>&, const T*,   \
                                      const T*, std::span<const int64_t>, T*);                                      \
   template void attention_forward<T>(Policy, const Config&, const AttnW<T>&, const T*, const TokenRows&,           \

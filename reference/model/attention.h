@@ -137,6 +137,13 @@ struct AttnG {  // gradient accumulators, same layout as the weights
   ExactAcc<T> *wdkv = nullptr, *kv_norm = nullptr, *wuk = nullptr, *wuv = nullptr;
   ExactAcc<T> *wiq = nullptr, *wiw = nullptr, *wik = nullptr;
 };
+// The projections' gradients as tile partials (reference/tile_reduce.h TilePartials; the distributed step's exchange,
+// docs/parallel.md section 4) for attn_out_backward / attn_qkv_backward; kv_norm stays an accumulator.
+template <class T>
+struct AttnGP {
+  TilePartials<T> wq, wk, wv, wo, wdkv, wuk, wuv;
+  ExactAcc<T>* kv_norm = nullptr;
+};
 
 // Points the fields of an attention view (AttnW<T> or AttnG<T>) of layer i at `at(name)` for each of the layer's
 // attention parameters ("layers.{i}.attn.wq", ...): one place that knows which tensors each kind has.
@@ -213,6 +220,14 @@ void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const A
 // accumulates wq, wk, wv / wdkv, kv_norm, wuk gradients. da = (dq Wq^T) + (dkv-side dgrad), in that order.
 template <class T>
 void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnG<T>& G, const T* a,
+                       const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& acts,
+                       const T* dqc, const T* dpayload, std::span<const int64_t> segs, T* da);
+// The same two with the projections' tile partials written (AttnGP) instead of added: the same partials.
+template <class T>
+void attn_out_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnGP<T>& G, int64_t N,
+                       const AttnBufs<T>& acts, const T* dy, std::span<const int64_t> segs, T* dO);
+template <class T>
+void attn_qkv_backward(Policy pol, const Config& cfg, const AttnW<T>& W, const AttnGP<T>& G, const T* a,
                        const int64_t* pos, int64_t N, const RopeTable<T>& rope, const AttnBufs<T>& acts,
                        const T* dqc, const T* dpayload, std::span<const int64_t> segs, T* da);
 

@@ -115,6 +115,20 @@ void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t l
 }
 
 template <class T>
+void wgrad_partials(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, const TilePartials<T>& out, int64_t ld) {
+  if (K <= 0 || M <= 0) return;
+  prof::OpSection prof_section(prof::Op::tile_reduce);
+  if (segs.empty() || segs.back() == segs.front()) {  // no rows: every tile empty, every partial +0
+    tile_wgrad_partials<T>(X, ldx, dY, ldy, K, M, segs, out, ld);
+    return;
+  }
+  with_wgrad_operands<T>(pol, X, ldx, dY, ldy, K, M, segs, [&](const T* x, int64_t lx, const T* dy, int64_t ly) {
+    tile_wgrad_partials<T>(x, lx, dy, ly, K, M, segs, out, ld);
+  });
+}
+
+template <class T>
 void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                  std::span<const int64_t> segs, T* dW) {
   if (K <= 0 || M <= 0) return;
@@ -436,6 +450,8 @@ void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64
                              std::span<const int64_t>, ExactAcc<T>*);                                              \
   template void wgrad_acc_block<T>(Policy, const T*, int64_t, const T*, int64_t, int64_t, int64_t,                 \
                                    std::span<const int64_t>, ExactAcc<T>*, int64_t);                               \
+  template void wgrad_partials<T>(Policy, const T*, int64_t, const T*, int64_t, int64_t, int64_t,                  \
+                                  std::span<const int64_t>, const TilePartials<T>&, int64_t);                      \
   template void wgrad_round<T>(Policy, const T*, int64_t, const T*, int64_t, int64_t, int64_t,                     \
                                std::span<const int64_t>, T*);                                                      \
   template void sum_acc<T>(const T*, int64_t, std::span<const int64_t>, ExactAcc<T>*);                             \

@@ -20,6 +20,7 @@
 
 #include "reference/exact_acc.h"
 #include "reference/policy.h"
+#include "reference/tile_reduce.h"
 
 namespace trident::model {
 
@@ -61,6 +62,23 @@ void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t l
 template <class T>
 void wgrad_round(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
                  std::span<const int64_t> segs, T* dW);
+// The tile partials of X^T dY (K,M) written to out (reference/tile_reduce.h TilePartials) instead of added into
+// accumulators: element k * ld + m (plus out.off) of the tensor. Their exact sum is wgrad_acc's (the same partials).
+template <class T>
+void wgrad_partials(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                    std::span<const int64_t> segs, const TilePartials<T>& out, int64_t ld);
+// wgrad_acc and wgrad_acc_block with a partial buffer in place of the accumulators (code that takes either view of a
+// gradient, as the attention backward does, calls one name).
+template <class T>
+void wgrad_acc(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+               std::span<const int64_t> segs, const TilePartials<T>& out) {
+  wgrad_partials<T>(pol, X, ldx, dY, ldy, K, M, segs, out, M);
+}
+template <class T>
+void wgrad_acc_block(Policy pol, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K, int64_t M,
+                     std::span<const int64_t> segs, const TilePartials<T>& out, int64_t ld) {
+  wgrad_partials<T>(pol, X, ldx, dY, ldy, K, M, segs, out, ld);
+}
 // acc (J) += sum over rows of x (rows, J) (tile partials, exact merge).
 template <class T>
 void sum_acc(const T* x, int64_t J, std::span<const int64_t> segs, ExactAcc<T>* acc);

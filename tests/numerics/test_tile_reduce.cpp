@@ -273,6 +273,57 @@ TYPED_TEST(TileTest, SumRoundEqualsAccumulateThenRound) {
 }
 
 // Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
+// tile_wgrad_partials: each partial at its documented place in the send layout (blocks of rows, then tile, then the
+// block's rows), a column block of a wider tensor (off, ld) included, and padding rows untouched; the partials of each
+// element, read back from the layout and summed as one-row tiles (tile_sum_acc) then rounded, equal tile_wgrad's bits
+// (empty tiles give +0 partials, which add nothing).
+TYPED_TEST(TileTest, PartialsInTheSendLayoutSumToTheWgrad) {
+  using T = TypeParam;
+  const uint64_t seed = 211;
+  std::mt19937_64 rng(seed);
+  struct Case { int64_t N, K, M, row, col0, block_rows, max_tile; };
+  // row: the tensor's row width (M, or wider: a column block at col0); rows K padded up to a multiple of block_rows
+  const Case cases[] = {{16, 8, 5, 5, 0, 3, 8}, {40, 13, 7, 21, 7, 4, 9}, {9, 1, 1, 1, 0, 1, 4}, {64, 6, 33, 33, 0, 6, 0}};
+  for (const Case& c : cases) {
+    const std::string repro = fmt::format("repro: seed={} N={} K={} M={} row={} col0={} block_rows={} max_tile={}",
+                                          seed, c.N, c.K, c.M, c.row, c.col0, c.block_rows, c.max_tile);
+    auto X = random_matrix<T>(c.N * c.K, rng);
+    auto dY = random_matrix<T>(c.N * c.M, rng);
+    std::vector<int64_t> segs = c.max_tile > 0 ? random_segments(c.N, c.max_tile, rng) : std::vector<int64_t>{0, 0, c.N};
+    const int64_t nt = static_cast<int64_t>(segs.size()) - 1, blocks = (c.K + c.block_rows - 1) / c.block_rows;
+    const T canary = T(-7.25);
+    std::vector<T> buf(static_cast<size_t>(blocks * nt * c.block_rows * c.row), canary);
+    const TilePartials<T> tp{buf.data(), c.row, c.block_rows, blocks, nt, 0};
+    tile_wgrad_partials<T>(X.data(), c.K, dY.data(), c.M, c.K, c.M, segs, tp + c.col0, c.row);
+    std::vector<T> want(static_cast<size_t>(c.K * c.M));
+    tile_wgrad<T>(X.data(), c.K, dY.data(), c.M, c.K, c.M, segs, want.data());
+    for (int64_t k = 0; k < c.K; ++k)
+      for (int64_t m = 0; m < c.M; ++m) {
+        std::vector<T> parts(static_cast<size_t>(nt));
+        for (int64_t t = 0; t < nt; ++t) {
+          const size_t at = static_cast<size_t>(((k / c.block_rows) * nt + t) * c.block_rows * c.row +
+                                                (k % c.block_rows) * c.row + c.col0 + m);
+          ASSERT_EQ(tp.at(t, c.col0 + k * c.row + m), buf.data() + at) << repro;
+          parts[static_cast<size_t>(t)] = buf[at];
+          buf[at] = canary;  // read: every other place must still hold the canary
+        }
+        ExactAcc<T> acc;
+        tile_sum_acc<T>(parts.data(), 1, uniform_segments(nt, 1), &acc);
+        const T got = acc.round();
+        ASSERT_EQ(std::memcmp(&got, &want[static_cast<size_t>(k * c.M + m)], sizeof(T)), 0)
+            << repro << " element (" << k << ", " << m << ")";
+      }
+    for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], canary) << repro << " wrote outside its places at " << i;
+  }
+  // a block straddling the tensor's rows, or segs with the wrong tile count: refused
+  std::vector<T> X(8, T(1)), buf(64);
+  const std::vector<int64_t> segs{0, 2, 4};
+  EXPECT_THROW(tile_wgrad_partials<T>(X.data(), 2, X.data(), 2, 2, 2, segs, TilePartials<T>{buf.data(), 3, 2, 1, 2, 2}, 3),
+               std::exception);
+  EXPECT_THROW(tile_wgrad_partials<T>(X.data(), 2, X.data(), 2, 2, 2, segs, TilePartials<T>{buf.data(), 2, 2, 1, 3, 0}, 2),
+               std::exception);
+}
+
 TYPED_TEST(TileTest, PartitionInvariance) {
   using T = TypeParam;
   const uint64_t seed = 202;

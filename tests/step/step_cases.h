@@ -104,6 +104,17 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
   const size_t acc_bytes = cfg.policy == Policy::fp64 ? sizeof(ExactAcc<double>) : sizeof(ExactAcc<float>);
   const size_t t_bytes = cfg.policy == Policy::fp64 ? sizeof(double) : sizeof(float);
   const bool partials = !m.cp_2d() && !cfg.dsa() && !packed && static_cast<size_t>(nt) * t_bytes < acc_bytes;
+  // Dense weight gradients as tile partials (docs/parallel.md section 4): the attention projections, the dense MLP's
+  // and the shared expert's weights go through an fsdp*cp all-to-all instead of the accumulators' reduce-scatter where
+  // dense_grad_partials holds (the CPU kernel set has the ops); the norms, the router and the indexer do not.
+  const bool dense_parts = dense_grad_partials(m, sequences, s.run.seq_len, cfg.tile, t_bytes, acc_bytes);
+  auto partial_params = [&](const std::string& prefix) {
+    int64_t n = 0;
+    if (!dense_parts) return n;
+    for (const auto& p : info)
+      if (p.trainable && p.name.rfind(prefix, 0) == 0 && dense_grad_partial_tensor(p.name)) ++n;
+    return n;
+  };
   Counts c;
   add(c, "fwd.embed", "fsdp*cp", AG, 1);
   bool any_moe = false;
@@ -122,7 +133,9 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
       add(c, b, cpc, AG, recompute ? q : 0);
       add(c, b, cpc, partials ? A2A : RS, q);
     }
-    add(c, b, "fsdp*cp", RS, P);
+    const int64_t Pp = partial_params(fmt::format("layers.{}.", i));
+    add(c, b, "fsdp*cp", RS, P - Pp);
+    add(c, b, "fsdp*cp", A2A, Pp);
     add(c, b, "d_rep", AR, P);
     if (moe) {
       add(c, f, "e_fsdp", AG, X);

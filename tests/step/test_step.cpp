@@ -247,7 +247,7 @@ TEST(StepEdge, AllTargetsIgnoredOnSomeRanks) {
   EXPECT_EQ(r.steps[0].n_valid, 2 * 32 - (2 * 32 + 2) / 3);
 }
 
-// ---- streams: chunked EP overlaps communication with compute (docs/parallel.md section 6) ----------------------------
+// ---- streams: chunked EP overlaps communication with compute (docs/parallel.md section 4) ----------------------------
 // The comm stream runs in order, so what it may overlap is fixed by where its waits sit. Per MoE layer and rank,
 // its EP entries must read (A = all_to_all, V = all_to_allv, W = wait for a compute event), for n = 3 chunks:
 //   forward : W AV | AV W V | AV W V | W V   - the routing, then dispatch c+1 (counts + rows) before the wait for
