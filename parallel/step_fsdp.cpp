@@ -316,10 +316,16 @@ std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t
 // accumulators' reduce-scatter would have formed of the same partials: the same bits.
 template <class T>
 void StepImpl<T>::partials_merge(size_t i, const TilePartials<T>& tp, const std::string& ph) {
-  PState& st = ps[i];
-  const int64_t se = st.spec.shard_elems(), nb = tp.blocks, nt = tp.n_tiles;
-  T* recv = reinterpret_cast<T*>(arena_take((sz(tp.size()) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc), false));
   reduced[i]++;
+  merge_partials(tp, ps[i].spec.shard_elems(), ps[i].g.data(), ph);
+}
+
+// The partials of tp (fsdp*cp blocks of nt x se values) to this rank's rounded se values in out (partials_merge).
+template <class T>
+void StepImpl<T>::merge_partials(const TilePartials<T>& tp, int64_t se, T* out, const std::string& ph) {
+  const int64_t nb = tp.blocks, nt = tp.n_tiles;
+  TD_CHECK_EQ(tp.block_elems(), se, "dense gradient partials: block size");
+  T* recv = reinterpret_cast<T*>(arena_take((sz(tp.size()) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc), false));
   mc.fsdp_cp->all_to_all(tp.base, recv, sz(nt * se), dt<T>(), CS);
   note(ph, *mc.fsdp_cp, CollOp::all_to_all);
   Buf<Acc> part(dev, se, CS);
@@ -328,7 +334,7 @@ void StepImpl<T>::partials_merge(size_t i, const TilePartials<T>& tp, const std:
   K.sum_acc(recv, se, uniform_segments(nb * nt, 1), part.data(), CS);  // (nb * nt rows): source rank, then tile
   mc.d_rep->all_reduce(part.data(), part.data(), sz(se), dt_exact<T>(), ReduceOp::exact_sum, CS);
   note(ph, *mc.d_rep, CollOp::all_reduce);
-  K.exact_round(part.data(), st.g.data(), se, CS);
+  K.exact_round(part.data(), out, se, CS);
   mem.sub(part.bytes());
   arena_give();
 }
@@ -357,6 +363,7 @@ void StepImpl<T>::reduce_embed_slices(const std::string& ph, const T* dx) {
   PState& st = ps[i];
   const int64_t rps = st.spec.rows_per_shard(), vr = st.spec.end_row(st.shard) - st.spec.begin_row(st.shard);
   std::vector<int32_t> slot(sz(N));
+  const int64_t nt = dense_partial_tiles();
   for (const Range& r : vslices.embed_rows) {
     const int64_t h = r.end - r.begin;
     for (int64_t t = 0; t < N; ++t) {
@@ -365,11 +372,25 @@ void StepImpl<T>::reduce_embed_slices(const std::string& ph, const T* dx) {
     }
     Buf<int32_t> slot_d(dev, N, CS);
     dev.upload(slot_d.data(), slot.data(), slot_d.bytes(), CS);
-    Acc* a = arena_take(sz(nfc * h * d));
-    K.embedding_backward(a, slot_d.data(), dx, N, d, rows.segs, CS);
     Buf<T> part(dev, h * d, CS);
-    merge_dense(a, h * d, part.data(), ph);
-    arena_give();
+    bool done = false;
+    if (nt > 0) {  // the slice's rows as tile partials (section 4): fsdp*cp blocks of nt x h x d values
+      const int64_t n = nfc * nt * h * d;
+      const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
+      TD_CHECK(arena_live == 0, "embedding partials overlap a gradient group");
+      grow_arena(2 * pa);
+      T* send = reinterpret_cast<T*>(arena_take(pa, false));
+      const TilePartials<T> tp{send, d, h, nfc, nt, 0};
+      done = K.embedding_backward_partials(tp, slot_d.data(), dx, N, d, rows.segs, CS);
+      if (done) merge_partials(tp, h * d, part.data(), ph);
+      arena_give();
+    }
+    if (!done) {
+      Acc* a = arena_take(sz(nfc * h * d));
+      K.embedding_backward(a, slot_d.data(), dx, N, d, rows.segs, CS);
+      merge_dense(a, h * d, part.data(), ph);
+      arena_give();
+    }
     const int64_t k1 = std::min(r.end, vr);
     if (k1 > r.begin)
       dev.copy(st.g.data() + r.begin * d, part.data(), (k1 - r.begin) * d * static_cast<int64_t>(sizeof(T)), CS);
@@ -517,6 +538,7 @@ ShardState<T> StepImpl<T>::state() const {
   template size_t StepImpl<T>::partials_need(const std::vector<size_t>&, int64_t) const;                           \
   template std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t>&, int64_t);            \
   template void StepImpl<T>::partials_merge(size_t, const TilePartials<T>&, const std::string&);                   \
+  template void StepImpl<T>::merge_partials(const TilePartials<T>&, int64_t, T*, const std::string&);              \
   template void StepImpl<T>::reduce_embed_slices(const std::string&, const T*);                                    \
   template void StepImpl<T>::swiglu_wgrad(const std::string&, int64_t, const std::string&,                         \
                                           const std::vector<SwigluRows>&);                                         \

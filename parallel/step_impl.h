@@ -103,10 +103,11 @@ struct StepImpl {
   size_t partials_need(const std::vector<size_t>& list, int64_t nt) const;
   std::vector<TilePartials<T>> partials_take(const std::vector<size_t>& list, int64_t nt);
   void partials_merge(size_t i, const TilePartials<T>& tp, const std::string& ph);
+  void merge_partials(const TilePartials<T>& tp, int64_t se, T* out, const std::string& ph);
   bool wgrad_exchange(size_t i, const T* X, int64_t ldx, const T* dY, int64_t ldy, int64_t K_, int64_t M,
                       const std::string& ph);
-  template <class Fill>
-  void reduce_head_slices(const std::string& ph, Fill&& fill);
+  template <class Fill, class FillPartials>
+  void reduce_head_slices(const std::string& ph, Fill&& fill, FillPartials&& fill_partials);
   void reduce_embed_slices(const std::string& ph, const T* dx);
   struct SwigluRows {  // one block of rows of a SwiGLU weight gradient: local expert el (0 for dense tensors)
     int64_t el;
@@ -231,19 +232,37 @@ struct StepImpl {
 };
 
 // The vocabulary slices of the head (step_fsdp.cpp keeps the merge; the driver passes the fill).
+// fill(r, a) adds the slice's dW into accumulators a; fill_partials(r, tp) writes its tile partials into tp's send
+// layout (section 4's exchange, where dense_partial_tiles() > 0) or returns false where the kernel set cannot.
 template <class T>
-template <class Fill>
-void StepImpl<T>::reduce_head_slices(const std::string& ph, Fill&& fill) {
+template <class Fill, class FillPartials>
+void StepImpl<T>::reduce_head_slices(const std::string& ph, Fill&& fill, FillPartials&& fill_partials) {
   const size_t i = idx("lm_head");
   PState& st = ps[i];
   const int64_t rps = st.spec.rows_per_shard(), vr = st.spec.end_row(st.shard) - st.spec.begin_row(st.shard);
+  const int64_t nt = dense_partial_tiles();
   for (const Range& r : vslices.head_cols) {
     const int64_t w = r.end - r.begin;
-    Acc* a = arena_take(sz(nfc * rps * w));
-    fill(r, a);
     Buf<T> part(dev, rps * w, CS);
-    merge_dense(a, rps * w, part.data(), ph);
-    arena_give();
+    bool done = false;
+    if (nt > 0) {  // the slice's (d, w) gradient as tile partials: fsdp*cp blocks of nt x rps x w values
+      const int64_t n = nfc * nt * rps * w;
+      const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
+      TD_CHECK(arena_live == 0, "lm_head partials overlap a gradient group");
+      grow_arena(2 * pa);
+      T* send = reinterpret_cast<T*>(arena_take(pa, false));
+      if (nfc * rps > d) dev.memset(send, 0, n * static_cast<int64_t>(sizeof(T)), CS);  // padding rows: +0
+      const TilePartials<T> tp{send, w, rps, nfc, nt, 0};
+      done = fill_partials(r, tp);
+      if (done) merge_partials(tp, rps * w, part.data(), ph);
+      arena_give();
+    }
+    if (!done) {
+      Acc* a = arena_take(sz(nfc * rps * w));
+      fill(r, a);
+      merge_dense(a, rps * w, part.data(), ph);
+      arena_give();
+    }
     // rows [0, vr) of the slice's columns into the (vr, V) shard: a strided copy
     if (vr > 0)
       dev.copy_2d(st.g.data() + r.begin, V * static_cast<int64_t>(sizeof(T)), part.data(),

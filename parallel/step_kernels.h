@@ -62,6 +62,13 @@ class Kernels {
   virtual void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V,
                                  Stream s, loc_t loc = loc_t::current()) = 0;
   // dembed (rows of the slice, d) += dout (N,d) scattered by tokens (N) (slots; -1 skipped), per tile.
+  // The same with its tile partials written into dembed's send layout (model::embedding_backward_partials; the step's
+  // exchange of embedding slices as tile partials, docs/parallel.md section 4). Returns false, issuing nothing, where
+  // the kernel set does not have it (the default; the step then adds into accumulators, the same bits).
+  virtual bool embedding_backward_partials(const TilePartials<T>& dembed, const int32_t* tokens, const T* dout,
+                                           int64_t N, int64_t d, Segs segs, Stream s, loc_t loc = loc_t::current()) {
+    return false;
+  }
   virtual void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d,
                                   Segs segs, Stream s, loc_t loc = loc_t::current()) = 0;
   // y (N,d) ldy = rmsnorm(x (N,d) ldx) * g (d); rinv (N).
@@ -217,6 +224,16 @@ class Kernels {
                                   int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk,
                                   T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW,
                                   Stream s, loc_t loc = loc_t::current()) = 0;
+  // The same with the columns' dW tile partials written into dW's send layout (model::linear_ce_backward_cols_partials;
+  // the step's exchange of lm_head slices as tile partials, docs/parallel.md section 4). Returns false, issuing
+  // nothing, where the kernel set does not have it (the default; the step then adds into accumulators, the same bits).
+  virtual bool linear_ce_backward_partials(Policy pol, const T* hidden, const T* W, const int32_t* targets,
+                                           const T* lse, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk,
+                                           int64_t token_chunk, T grad_scale, Segs segs, int64_t j_begin,
+                                           int64_t j_end, T* dhidden, const TilePartials<T>& dW, Stream s,
+                                           loc_t loc = loc_t::current()) {
+    return false;
+  }
   // acc += sum of g (n) squared, exactly.
   virtual void grad_sq_acc(const T* g, int64_t n, ExactAcc<double>* acc, Stream s, loc_t loc = loc_t::current()) = 0;
   // w, m, v (n) updated from g (n).
@@ -253,6 +270,8 @@ class CpuKernels : public Kernels<T> {
   void exact_round(const ExactAcc<T>* acc, T* out, int64_t n, Stream s, loc_t loc = loc_t::current()) override;
   void embedding_forward(T* out, const int32_t* tokens, const T* embed, int64_t N, int64_t d, int64_t V, Stream s,
                          loc_t loc = loc_t::current()) override;
+  bool embedding_backward_partials(const TilePartials<T>& dembed, const int32_t* tokens, const T* dout, int64_t N,
+                                   int64_t d, Segs segs, Stream s, loc_t loc = loc_t::current()) override;
   void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, Segs segs,
                           Stream s, loc_t loc = loc_t::current()) override;
   void rmsnorm_forward(const T* x, int64_t ldx, const T* g, int64_t N, int64_t d, double eps, T* y, int64_t ldy,
@@ -335,6 +354,10 @@ class CpuKernels : public Kernels<T> {
   void linear_ce_forward(Policy pol, const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d,
                          int64_t V, int64_t vocab_chunk, int64_t token_chunk, T* token_loss, T* lse, Stream s,
                          loc_t loc = loc_t::current()) override;
+  bool linear_ce_backward_partials(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,
+                                   int64_t N, int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk,
+                                   T grad_scale, Segs segs, int64_t j_begin, int64_t j_end, T* dhidden,
+                                   const TilePartials<T>& dW, Stream s, loc_t loc = loc_t::current()) override;
   void linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
                           int64_t d, int64_t V, int64_t vocab_chunk, int64_t token_chunk, T grad_scale, Segs segs,
                           int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW, Stream s,

@@ -201,6 +201,13 @@ void CpuKernels<T>::embedding_forward(T* out, const int32_t* tokens, const T* em
      [=] { m::embedding_forward<T>(out, tokens, embed, N, d, V); }, loc);
 }
 template <class T>
+bool CpuKernels<T>::embedding_backward_partials(const TilePartials<T>& dembed, const int32_t* tokens, const T* dout,
+                                                int64_t N, int64_t d, Segs segs, Stream s, loc_t loc) {
+  go(dev_, s, "embedding_backward_partials", {rd(tokens, N), rd(dout, N * d), wr(dembed.base, dembed.size())}, 0,
+     [=, sg = hold(dev_, segs)] { m::embedding_backward_partials<T>(dembed, tokens, dout, N, d, sg.v); }, loc);
+  return true;
+}
+template <class T>
 void CpuKernels<T>::embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dout, int64_t N,
                                        int64_t d, Segs segs, Stream s, loc_t loc) {
   // dembed: the table's accumulators or a row slice's (tokens are slots in it; its size unknown here): N rows added
@@ -506,6 +513,21 @@ void CpuKernels<T>::linear_ce_forward(Policy pol, const T* hidden, const T* W, c
      {rd(hidden, N * d), rd(W, d * V), rd(targets, N), wr(token_loss, N), wr(lse, N)}, gemm_flops(N, V, d),
      [=] { m::linear_ce_forward<T>(hidden, W, targets, N, d, V, vocab_chunk, pol, token_chunk, token_loss,
                                    lse); }, loc);
+}
+template <class T>
+bool CpuKernels<T>::linear_ce_backward_partials(Policy pol, const T* hidden, const T* W, const int32_t* targets,
+                                                const T* lse, int64_t N, int64_t d, int64_t V, int64_t vocab_chunk,
+                                                int64_t token_chunk, T grad_scale, Segs segs, int64_t j_begin,
+                                                int64_t j_end, T* dhidden, const TilePartials<T>& dW, Stream s,
+                                                loc_t loc) {
+  go(dev_, s, "linear_ce_backward_partials",
+     {rd(hidden, N * d), rd_part(W, d * V, d * (j_end - j_begin)), rd(targets, N), rd(lse, N), wr(dhidden, N * d),
+      wr(dW.base, dW.size())},
+     3 * gemm_flops(N, j_end - j_begin, d), [=, sg = hold(dev_, segs)] {
+       m::linear_ce_backward_cols_partials<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, pol, token_chunk,
+                                              grad_scale, sg.v, j_begin, j_end, dhidden, dW);
+     }, loc);
+  return true;
 }
 template <class T>
 void CpuKernels<T>::linear_ce_backward(Policy pol, const T* hidden, const T* W, const int32_t* targets, const T* lse,

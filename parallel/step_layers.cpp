@@ -287,10 +287,17 @@ RankStepStats StepImpl<T>::step(const md::Batch& batch) {
   const std::vector<size_t> fn_g{idx("final_norm")};
   Buf<T> dhidden = zeros(N * d, CS), dx = zeros(N * d, CS), dprev = zeros(N * d, CS);
   mem.add(3 * dx.bytes());
-  reduce_head_slices("bwd.head", [&](const Range& r, Acc* a) {  // ascending: dhidden's in-order sum continues
-    K.linear_ce_backward(pol, hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk,
-                         sh.run.token_chunk, scale, rows.segs, r.begin, r.end, dhidden.data(), a, CS);
-  });
+  reduce_head_slices(  // ascending: dhidden's in-order sum continues
+      "bwd.head",
+      [&](const Range& r, Acc* a) {
+        K.linear_ce_backward(pol, hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V, cfg.vocab_chunk,
+                             sh.run.token_chunk, scale, rows.segs, r.begin, r.end, dhidden.data(), a, CS);
+      },
+      [&](const Range& r, const TilePartials<T>& tp) {
+        return K.linear_ce_backward_partials(pol, hidden.data(), W("lm_head"), targets.data(), lse.data(), N, d, V,
+                                             cfg.vocab_chunk, sh.run.token_chunk, scale, rows.segs, r.begin, r.end,
+                                             dhidden.data(), tp, CS);
+      });
   alloc_grads(fn_g);
   K.rmsnorm_backward(dhidden.data(), d, xsave[sz(L)].data(), d, rinvf.data(), W("final_norm"), N, d, rows.segs,
                      dx.data(), d, G("final_norm"), CS);

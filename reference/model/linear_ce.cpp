@@ -283,7 +283,7 @@ template <class T>
 void lce_backward_impl(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N, int64_t d,
                        int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                        std::span<const int64_t> segs, int64_t j_begin, int64_t j_end, T* dhidden, ExactAcc<T>* dW_acc,
-                       T* dW) {
+                       T* dW, const TilePartials<T>* dW_part = nullptr) {
   const bool bf16 = policy == Policy::bf16, direct = dW_acc == nullptr;
   const int64_t vc = std::min(vocab_chunk, V), ldw = j_end - j_begin;
   const size_t n_tiles = segs.size() - 1;
@@ -356,8 +356,15 @@ void lce_backward_impl(const T* hidden, const T* W, const int32_t* targets, cons
       }
       if (direct) {
 #pragma omp barrier
-        for (int64_t k = d * th / nth; k < d * (th + 1) / nth; ++k)
+        for (int64_t k = d * th / nth; k < d * (th + 1) / nth; ++k) {
+          if (dW_part) {  // the partials themselves, at their places in the send layout
+            for (size_t t = 0; t < n_tiles; ++t)
+              std::copy_n(P.data() + t * static_cast<size_t>(d * w) + k * w, w,
+                          dW_part->at(static_cast<int64_t>(t), dW_part->off + k * ldw + (j0 - j_begin)));
+            continue;
+          }
           tile_sum_round<T>(P.data() + k * w, d * w, w, one_row, dW + k * ldw + (j0 - j_begin));
+        }
 #pragma omp barrier
       }
     }
@@ -420,6 +427,28 @@ void linear_ce_backward_cols_round(const T* hidden, const T* W, const int32_t* t
 }
 
 template <class T>
+void linear_ce_backward_cols_partials(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                                      int64_t d, int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk,
+                                      T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
+                                      T* dhidden, const TilePartials<T>& dW) {
+  prof::OpSection prof_section(prof::Op::lce_bwd);
+  const int64_t ldw = j_end - j_begin, n_tiles = static_cast<int64_t>(segs.size()) - 1;
+  TD_CHECK(dW.base != nullptr && dW.row == ldw && dW.off == 0 && dW.blocks * dW.block_rows >= d,
+           "linear_ce_backward: a partial buffer of rows of {} columns and at least {} rows (got rows of {}, {} x {})",
+           ldw, d, dW.row, dW.blocks, dW.block_rows);
+  TD_CHECK_EQ(n_tiles, dW.n_tiles, "linear_ce_backward: segs' tiles against the partial buffer's");
+  TD_CHECK_LE(n_tiles, kDirectTiles, "linear_ce_backward: partials of at most {} tiles", kDirectTiles);
+  if (!lce_backward_checks<T>("linear_ce_backward", targets, N, d, V, vocab_chunk, policy, token_chunk, segs, j_begin,
+                              j_end)) {
+    for (int64_t t = 0; t < n_tiles; ++t)  // no rows: every partial +0
+      for (int64_t k = 0; k < d; ++k) std::fill_n(dW.at(t, k * ldw), ldw, T(0));
+    return;
+  }
+  lce_backward_impl<T>(hidden, W, targets, lse, N, d, V, vocab_chunk, policy, token_chunk, grad_scale, segs, j_begin,
+                       j_end, dhidden, nullptr, nullptr, &dW);
+}
+
+template <class T>
 void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_t N, int64_t d, int64_t V,
                      int64_t vocab_chunk, Policy policy, int64_t token_chunk, T grad_scale,
                      std::span<const int64_t> segs, T* token_loss, T* lse, T* dhidden, ExactAcc<T>* dW_acc) {
@@ -476,6 +505,9 @@ void linear_ce_fused(const T* hidden, const T* W, const int32_t* targets, int64_
   template void linear_ce_backward_cols_round<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t,  \
                                                  int64_t, int64_t, Policy, int64_t, T, std::span<const int64_t>,    \
                                                  int64_t, int64_t, T*, T*);                                         \
+  template void linear_ce_backward_cols_partials<T>(const T*, const T*, const int32_t*, const T*, int64_t, int64_t,\
+                                                    int64_t, int64_t, Policy, int64_t, T, std::span<const int64_t>, \
+                                                    int64_t, int64_t, T*, const TilePartials<T>&);                 \
   template void linear_ce_fused<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, Policy, \
                                    int64_t, T, std::span<const int64_t>, T*, T*, T*, ExactAcc<T>*);
 TD_LINEAR_CE(float)

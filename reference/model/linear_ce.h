@@ -28,6 +28,7 @@
 #include <span>
 
 #include "reference/exact_acc.h"
+#include "reference/tile_reduce.h"
 #include "reference/policy.h"
 
 namespace trident::model {
@@ -75,6 +76,15 @@ void linear_ce_backward_cols_round(const T* hidden, const T* W, const int32_t* t
                                    int64_t d, int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk,
                                    T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
                                    T* dhidden /*(N,d)*/, T* dW /*(d, j_end - j_begin)*/);
+
+// linear_ce_backward_cols with the columns' dW tile partials WRITTEN into dW's send layout (reference/tile_reduce.h
+// TilePartials: rows of j_end - j_begin columns, at least d rows; segs' tiles, at most 32): the partials whose exact
+// sum is linear_ce_backward_cols' dW (the distributed step's exchange of lm_head slices as tile partials).
+template <class T>
+void linear_ce_backward_cols_partials(const T* hidden, const T* W, const int32_t* targets, const T* lse, int64_t N,
+                                      int64_t d, int64_t V, int64_t vocab_chunk, Policy policy, int64_t token_chunk,
+                                      T grad_scale, std::span<const int64_t> segs, int64_t j_begin, int64_t j_end,
+                                      T* dhidden /*(N,d)*/, const TilePartials<T>& dW);
 
 // Forward and backward in one pass over the vocabulary per token chunk (3 GEMMs instead of 4: the logits of
 // a token chunk are kept for all V columns, token_chunk x V values, then turned into dlogit in place).

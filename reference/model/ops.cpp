@@ -203,6 +203,26 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
 }
 
 template <class T>
+void embedding_backward_partials(const TilePartials<T>& dembed, const int32_t* tokens, const T* dout, int64_t N,
+                                 int64_t d, std::span<const int64_t> segs) {
+  prof::OpSection prof_section(prof::Op::tile_reduce);
+  (void)N;
+  TD_CHECK(dembed.base != nullptr && dembed.row == d && dembed.off == 0,
+           "embedding_backward: a partial buffer of rows of {} values (got rows of {})", d, dembed.row);
+  TD_CHECK_EQ(static_cast<int64_t>(segs.size()) - 1, dembed.n_tiles, "embedding_backward: segs' tiles");
+  std::fill_n(dembed.base, dembed.size(), T(0));  // a (row, tile) without a term: +0
+  const int64_t rows = dembed.blocks * dembed.block_rows;
+  std::vector<int32_t> ids;
+  std::vector<T> part;
+  for (size_t t = 0; t + 1 < segs.size(); ++t) {
+    embedding_tile_partials<T>(tokens, dout, d, rows, segs, t, ids, part);
+    for (size_t u = 0; u < ids.size(); ++u)
+      std::copy_n(part.data() + u * static_cast<size_t>(d), d,
+                  dembed.at(static_cast<int64_t>(t), static_cast<int64_t>(ids[u]) * d));
+  }
+}
+
+template <class T>
 void embedding_backward_round(T* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, int64_t V,
                               std::span<const int64_t> segs) {
   prof::OpSection prof_section(prof::Op::tile_reduce);
@@ -458,6 +478,8 @@ void router_backward(const T* dgates, const T* scores, const int32_t* sel, int64
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t);                     \
   template void embedding_backward_round<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t,              \
                                             std::span<const int64_t>);                                              \
+  template void embedding_backward_partials<T>(const TilePartials<T>&, const int32_t*, const T*, int64_t, int64_t,  \
+                                               std::span<const int64_t>);                                           \
   template void embedding_backward<T>(ExactAcc<T>*, const int32_t*, const T*, int64_t, int64_t,                    \
                                       std::span<const int64_t>);                                                   \
   template void rmsnorm_forward<T>(const T*, int64_t, const T*, int64_t, int64_t, double, T*, int64_t, T*);        \

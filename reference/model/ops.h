@@ -100,6 +100,12 @@ void embedding_backward(ExactAcc<T>* dembed, const int32_t* tokens, const T* dou
 template <class T>
 void embedding_backward_round(T* dembed, const int32_t* tokens, const T* dout, int64_t N, int64_t d, int64_t V,
                               std::span<const int64_t> segs);
+// embedding_backward's (tile, id) partials written into dembed's send layout (reference/tile_reduce.h TilePartials,
+// rows of d values; row `id` of the table or slice) instead of added: every other (row, tile) place is +0 (the whole
+// buffer is written). Their exact sum per row is embedding_backward's.
+template <class T>
+void embedding_backward_partials(const TilePartials<T>& dembed, const int32_t* tokens, const T* dout, int64_t N,
+                                 int64_t d, std::span<const int64_t> segs);
 
 // ---- RMSNorm: y = (x * rinv) * g, rinv = rsqrt(sum_i(x_i*x_i)/d + eps), sum ascending i --------------
 template <class T>

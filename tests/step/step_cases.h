@@ -153,9 +153,11 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
   const int64_t n_vc = (cfg.vocab + cfg.vocab_chunk - 1) / cfg.vocab_chunk;
   const int64_t sl = s.vocab_slices == 0 ? n_vc : s.vocab_slices;
   const int64_t n_h = std::min(sl, n_vc), n_e = std::min(sl, (cfg.vocab + m.fsdp * m.cp - 1) / (m.fsdp * m.cp));
-  add(c, "bwd.head", "fsdp*cp", RS, n_h + 1);  // lm_head slices, final_norm
+  // lm_head slices, final_norm; the slices' and embed's as tile partials where dense_parts holds
+  add(c, "bwd.head", "fsdp*cp", RS, dense_parts ? 1 : n_h + 1);
+  add(c, "bwd.head", "fsdp*cp", A2A, dense_parts ? n_h : 0);
   add(c, "bwd.head", "d_rep", AR, n_h + 1);
-  add(c, "bwd.embed", "fsdp*cp", RS, n_e);
+  add(c, "bwd.embed", "fsdp*cp", dense_parts ? A2A : RS, n_e);
   add(c, "bwd.embed", "d_rep", AR, n_e);
   add(c, "opt", "world", AR, any_moe ? 2 : 1);
   return c;
