@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -500,4 +501,44 @@ TEST(EmbeddingBackward, RoundedEqualsAccumulateThenRound) {
   std::vector<float> dout(2 * d), out(static_cast<size_t>(V * d));
   const std::vector<int64_t> segs = {0, 2};
   EXPECT_THROW(embedding_backward_round<float>(out.data(), bad.data(), dout.data(), 2, d, V, segs), Error);
+}
+
+// The distributed step's embedding slices as tile partials (docs/parallel.md section 4): every (row, tile) place of
+// the send layout written (+0 without a term, padding rows included), and each row's partials, summed exactly and
+// rounded, equal the accumulated and rounded rows.
+TEST(EmbeddingBackward, PartialsSumToTheAccumulatedRows) {
+  const uint64_t seed = 43;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  const int64_t V = 37, d = 20, br = 5, nb = (V + br - 1) / br;  // 3 padding rows in the last block
+  const int64_t N = 90;
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  for (auto& t : tok) t = rng() % 9 == 0 ? -1 : static_cast<int32_t>(rng() % V);
+  std::vector<float> dout(static_cast<size_t>(N * d));
+  for (auto& x : dout) x = static_cast<float>(std::ldexp(nd(rng), static_cast<int>(rng() % 40) - 20));
+  std::vector<int64_t> segs = {0};
+  while (segs.back() < N) segs.push_back(std::min<int64_t>(N, segs.back() + static_cast<int64_t>(rng() % 12)));
+  const int64_t nt = static_cast<int64_t>(segs.size()) - 1;
+  std::vector<ExactAcc<float>> acc(static_cast<size_t>(V * d));
+  embedding_backward<float>(acc.data(), tok.data(), dout.data(), N, d, segs);
+  std::vector<float> want(static_cast<size_t>(V * d));
+  exact_round<float>(acc.data(), want.data(), V * d);
+  std::vector<float> buf(static_cast<size_t>(nb * nt * br * d), -7.0f);
+  const TilePartials<float> tp{buf.data(), d, br, nb, nt, 0};
+  embedding_backward_partials<float>(tp, tok.data(), dout.data(), N, d, segs);
+  for (float x : buf) ASSERT_NE(x, -7.0f) << "repro: seed=" << seed << ": a place left unwritten";
+  for (int64_t e = 0; e < V * d; ++e) {
+    ExactAcc<float> a;
+    for (int64_t t = 0; t < nt; ++t) a.add(*tp.at(t, e));
+    const float got = a.round();
+    ASSERT_EQ(std::memcmp(&got, &want[static_cast<size_t>(e)], sizeof(float)), 0) << "repro: seed=" << seed << " element " << e;
+  }
+  for (int64_t t = 0; t < nt; ++t)  // padding rows: +0
+    for (int64_t e = V * d; e < nb * br * d; ++e) ASSERT_EQ(std::bit_cast<uint32_t>(*tp.at(t, e)), 0u);
+  std::vector<int32_t> bad = {1, 40};  // an id past the buffer's rows
+  std::vector<float> d2(2 * d);
+  const std::vector<int64_t> s2 = {0, 2};
+  EXPECT_THROW(embedding_backward_partials<float>(TilePartials<float>{buf.data(), d, br, nb, 1, 0}, bad.data(),
+                                                  d2.data(), 2, d, s2),
+               Error);
 }

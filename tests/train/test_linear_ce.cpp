@@ -110,14 +110,27 @@ Result<T> run_fused(const Problem<T>& p, int64_t token_chunk) {
 // (d, width) accumulator, rounded and placed into the full dW; or (rounded) each slice's dW rounded straight into its
 // (d, width) block by linear_ce_backward_cols_round.
 template <class T>
-Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts, bool rounded = false) {
+Result<T> run_sliced(const Problem<T>& p, int64_t token_chunk, const std::vector<int64_t>& cuts, bool rounded = false,
+                     bool partials = false) {
   Result<T> r = run_forward(p, token_chunk);
   r.dW.assign(p.d * p.V, T(-7));
   int64_t j0 = 0;
   for (int64_t j1 : cuts) {
     const int64_t w = j1 - j0;
     std::vector<T> part(p.d * w, T(-7));
-    if (rounded) {
+    if (partials) {  // the tile partials in a send layout of blocks of 3 rows, summed exactly per element, rounded
+      const int64_t nt = static_cast<int64_t>(p.segs.size()) - 1, br = 3, nb = (p.d + br - 1) / br;
+      std::vector<T> buf(static_cast<size_t>(nb * nt * br * w), T(-7));
+      const TilePartials<T> tp{buf.data(), w, br, nb, nt, 0};
+      linear_ce_backward_cols_partials<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
+                                          p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
+                                          r.dhidden.data(), tp);
+      for (int64_t e = 0; e < p.d * w; ++e) {
+        ExactAcc<T> a;
+        for (int64_t t = 0; t < nt; ++t) a.add(*tp.at(t, e));
+        part[static_cast<size_t>(e)] = a.round();
+      }
+    } else if (rounded) {
       linear_ce_backward_cols_round<T>(p.hidden.data(), p.W.data(), p.targets.data(), r.lse.data(), p.N, p.d, p.V,
                                        p.vocab_chunk, p.policy, token_chunk, p.grad_scale(), p.segs, j0, j1,
                                        r.dhidden.data(), part.data());
@@ -360,6 +373,46 @@ TEST(LinearCE, RoundedColumnsBitwise) {
   linear_ce_backward_cols_round<float>(nullptr, none.W.data(), nullptr, nullptr, 0, 8, 40, 16, Policy::fp32, 4, 1.0f,
                                        none.segs, 0, 40, nullptr, dW.data());
   for (float x : dW) ASSERT_EQ(std::bit_cast<uint32_t>(x), 0u);
+}
+
+// The distributed step's lm_head slices as tile partials (docs/parallel.md section 4): each slice's partials, summed
+// exactly per element and rounded, give the unsliced backward's bits, on 1 to 3 threads.
+TEST(LinearCE, ColumnPartialsSumToTheColumns) {
+  auto check = [](auto p) {
+    SCOPED_TRACE("repro: " + p.repro());
+    const auto ref = run_split(p, 5);
+    const int64_t vc = p.vocab_chunk, V = p.V;
+    const int saved = omp_get_max_threads();
+    for (int th : {1, 2, 3}) {
+      omp_set_num_threads(th);
+      expect_same(run_sliced(p, 5, {V}, false, true), ref, fmt::format("whole, {} threads", th));
+      expect_same(run_sliced(p, 3, {vc, V}, false, true), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
+    }
+    omp_set_num_threads(saved);
+    EXPECT_GT(l1(ref.dW), 0);
+  };
+  check(small_problem<double>(Policy::fp64));
+  check(small_problem<float>(Policy::fp32));
+  check(small_problem<float>(Policy::bf16));
+  Problem<float> big{.N = 300, .d = 64, .V = 1500, .vocab_chunk = 256, .tile = 32, .policy = Policy::fp32,
+                     .seed = kSeed + 3};
+  big.init();
+  check(big);
+  // no rows: every partial +0; more tiles than the direct path holds: refused
+  Problem<float> none{.N = 0, .d = 8, .V = 40, .vocab_chunk = 16, .tile = 4, .policy = Policy::fp32, .seed = 1};
+  none.init();
+  std::vector<float> buf(static_cast<size_t>(8 * 40), -7.0f);
+  const std::vector<int64_t> segs{0, 0};
+  linear_ce_backward_cols_partials<float>(nullptr, none.W.data(), nullptr, nullptr, 0, 8, 40, 16, Policy::fp32, 4, 1.0f,
+                                          segs, 0, 40, nullptr, TilePartials<float>{buf.data(), 40, 8, 1, 1, 0});
+  for (float x : buf) ASSERT_EQ(std::bit_cast<uint32_t>(x), 0u);
+  std::vector<int64_t> many(40);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 0;
+  std::vector<float> big_buf(static_cast<size_t>(39 * 8 * 40));
+  EXPECT_THROW(linear_ce_backward_cols_partials<float>(nullptr, none.W.data(), nullptr, nullptr, 0, 8, 40, 16,
+                                                       Policy::fp32, 4, 1.0f, many, 0, 40, nullptr,
+                                                       TilePartials<float>{big_buf.data(), 40, 8, 1, 39, 0}),
+               Error);
 }
 
 TEST(LinearCE, ColumnSliceMustBeWholeChunks) {
