@@ -234,15 +234,15 @@ void StepImpl<T>::attention_bwd(int64_t i, const md::AttnW<T>& w, LayerState& st
   // stay accumulators), else all of them accumulators.
   std::vector<size_t> part_g, acc_g;
   md::AttnGP<T> gp;
-  const bool partials = dense_partial_tiles() > 0;
-  for (size_t p : qkv_g) (partials && gp_field(p, &gp) ? part_g : acc_g).push_back(p);
+  const int64_t nt = dense_partial_tiles();
+  for (size_t p : qkv_g) (nt > 0 && gp_field(p, &gp) ? part_g : acc_g).push_back(p);
   bool taken = false;
   if (!part_g.empty()) {
     size_t accs = 0;
     for (size_t p : acc_g) accs += sz(ps[p].expert ? Eloc * ps[p].full_elems() : ps[p].full_elems());
-    grow_arena(accs + partials_need(part_g, dense_partial_tiles()));  // nothing live yet
+    grow_arena(accs + partials_need(part_g, nt));  // nothing live yet
     alloc_grads(acc_g);
-    const std::vector<TilePartials<T>> tp = partials_take(part_g, dense_partial_tiles());
+    const std::vector<TilePartials<T>> tp = partials_take(part_g, nt);
     for (size_t k = 0; k < part_g.size(); ++k) *gp_field(part_g[k], &gp) = tp[k];
     if (!acc_g.empty() && !gqa) gp.kv_norm = G(fmt::format("layers.{}.attn.kv_norm", i));
     taken = K.attn_qkv_backward_partials(pol, cfg, w, gp, st.a1.data(), rope_pos(), N, sh.rope, st.attn, dqc.data(),

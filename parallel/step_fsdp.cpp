@@ -281,31 +281,44 @@ int64_t StepImpl<T>::dense_partial_tiles() const {
   return nt;
 }
 
-// Send buffers for the dense tensors of `list`, exchanged as nt tile partials per element (docs/parallel.md section 4):
-// fsdp*cp blocks of nt x se values each (TilePartials; +0 in padding rows), from the accumulator arena as raw bytes.
-// The arena must hold these and their receive buffers (partials_merge): partials_need accumulators' bytes, grown
-// beforehand where a group takes accumulators too (growing is only allowed while nothing is live).
+// Accumulators' worth of arena for `values` values of T (partial buffers are raw bytes carved from the arena).
+template <class T>
+size_t StepImpl<T>::partial_accs(int64_t values) {
+  return (sz(values) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
+}
+
+// The send buffer of a tensor (or vocabulary slice) of `rows` rows of `row` values exchanged as nt tile partials per
+// element (docs/parallel.md section 4): fsdp*cp blocks of block_rows rows (TilePartials; +0 in padding rows), from
+// the accumulator arena as raw bytes. The arena must also hold its receive buffer (merge_partials): grown here if
+// nothing is live, else beforehand (partials_need; growing is only allowed while nothing is live).
+template <class T>
+TilePartials<T> StepImpl<T>::partials_send(int64_t rows, int64_t row, int64_t block_rows, int64_t nt) {
+  TilePartials<T> tp{nullptr, row, block_rows, nfc, nt, 0};
+  const size_t pa = partial_accs(tp.size());
+  if (arena_used + 2 * pa > sz(arena.size())) grow_arena(arena_used + 2 * pa);
+  tp.base = reinterpret_cast<T*>(arena_take(pa, false));
+  if (rows < nfc * block_rows) dev.memset(tp.base, 0, tp.size() * static_cast<int64_t>(sizeof(T)), CS);
+  return tp;
+}
+
+// The arena the send and receive buffers of the dense tensors of `list` take, in accumulators.
 template <class T>
 size_t StepImpl<T>::partials_need(const std::vector<size_t>& list, int64_t nt) const {
   size_t total = 0;
-  for (size_t i : list) total += 2 * ((sz(nt * ps[i].spec.n * ps[i].spec.shard_elems()) * sizeof(T) + sizeof(Acc) - 1) /
-                                      sizeof(Acc));
+  for (size_t i : list) total += 2 * partial_accs(nt * ps[i].spec.n * ps[i].spec.shard_elems());
   return total;
 }
 
+// Send buffers for the dense tensors of `list` (partials_send), the arena grown once for all of them.
 template <class T>
 std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t>& list, int64_t nt) {
-  auto whole = [](int64_t values) { return (sz(values) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc); };
   if (arena_used + partials_need(list, nt) > sz(arena.size())) grow_arena(arena_used + partials_need(list, nt));
   std::vector<TilePartials<T>> out;
   for (size_t i : list) {
     const PState& st = ps[i];
     TD_CHECK(!st.expert, "dense gradient partials of the expert tensor {}", sh.init->info[i].name);
-    const int64_t nb = st.spec.n, rps = st.spec.rows_per_shard(), n = nt * nb * st.spec.shard_elems();
-    TD_CHECK_EQ(nb, static_cast<int64_t>(mc.fsdp_cp->size()), "dense gradient partials: shards against fsdp*cp ranks");
-    T* send = reinterpret_cast<T*>(arena_take(whole(n), false));
-    if (st.spec.rows < nb * rps) dev.memset(send, 0, n * static_cast<int64_t>(sizeof(T)), CS);  // padding rows: +0
-    out.push_back(TilePartials<T>{send, st.spec.row_elems, rps, nb, nt, 0});
+    TD_CHECK_EQ(st.spec.n, nfc, "dense gradient partials: shards against fsdp*cp ranks");
+    out.push_back(partials_send(st.spec.rows, st.spec.row_elems, st.spec.rows_per_shard(), nt));
   }
   return out;
 }
@@ -325,7 +338,7 @@ template <class T>
 void StepImpl<T>::merge_partials(const TilePartials<T>& tp, int64_t se, T* out, const std::string& ph) {
   const int64_t nb = tp.blocks, nt = tp.n_tiles;
   TD_CHECK_EQ(tp.block_elems(), se, "dense gradient partials: block size");
-  T* recv = reinterpret_cast<T*>(arena_take((sz(tp.size()) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc), false));
+  T* recv = reinterpret_cast<T*>(arena_take(partial_accs(tp.size()), false));
   mc.fsdp_cp->all_to_all(tp.base, recv, sz(nt * se), dt<T>(), CS);
   note(ph, *mc.fsdp_cp, CollOp::all_to_all);
   Buf<Acc> part(dev, se, CS);
@@ -375,12 +388,7 @@ void StepImpl<T>::reduce_embed_slices(const std::string& ph, const T* dx) {
     Buf<T> part(dev, h * d, CS);
     bool done = false;
     if (nt > 0) {  // the slice's rows as tile partials (section 4): fsdp*cp blocks of nt x h x d values
-      const int64_t n = nfc * nt * h * d;
-      const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
-      TD_CHECK(arena_live == 0, "embedding partials overlap a gradient group");
-      grow_arena(2 * pa);
-      T* send = reinterpret_cast<T*>(arena_take(pa, false));
-      const TilePartials<T> tp{send, d, h, nfc, nt, 0};
+      const TilePartials<T> tp = partials_send(nfc * h, d, h, nt);  // no padding: the op writes every place
       done = K.embedding_backward_partials(tp, slot_d.data(), dx, N, d, rows.segs, CS);
       if (done) merge_partials(tp, h * d, part.data(), ph);
       arena_give();
@@ -535,6 +543,8 @@ ShardState<T> StepImpl<T>::state() const {
   template int64_t StepImpl<T>::dense_partial_tiles() const;                                                        \
   template bool StepImpl<T>::wgrad_exchange(size_t, const T*, int64_t, const T*, int64_t, int64_t, int64_t,         \
                                             const std::string&);                                                   \
+  template size_t StepImpl<T>::partial_accs(int64_t);                                                             \
+  template TilePartials<T> StepImpl<T>::partials_send(int64_t, int64_t, int64_t, int64_t);                          \
   template size_t StepImpl<T>::partials_need(const std::vector<size_t>&, int64_t) const;                           \
   template std::vector<TilePartials<T>> StepImpl<T>::partials_take(const std::vector<size_t>&, int64_t);            \
   template void StepImpl<T>::partials_merge(size_t, const TilePartials<T>&, const std::string&);                   \

@@ -100,6 +100,8 @@ struct StepImpl {
   void merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph);
   void merge_expert(const Acc* a, int64_t se, T* out, const std::string& ph);
   int64_t dense_partial_tiles() const;
+  static size_t partial_accs(int64_t values);
+  TilePartials<T> partials_send(int64_t rows, int64_t row, int64_t block_rows, int64_t nt);
   size_t partials_need(const std::vector<size_t>& list, int64_t nt) const;
   std::vector<TilePartials<T>> partials_take(const std::vector<size_t>& list, int64_t nt);
   void partials_merge(size_t i, const TilePartials<T>& tp, const std::string& ph);
@@ -246,13 +248,7 @@ void StepImpl<T>::reduce_head_slices(const std::string& ph, Fill&& fill, FillPar
     Buf<T> part(dev, rps * w, CS);
     bool done = false;
     if (nt > 0) {  // the slice's (d, w) gradient as tile partials: fsdp*cp blocks of nt x rps x w values
-      const int64_t n = nfc * nt * rps * w;
-      const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
-      TD_CHECK(arena_live == 0, "lm_head partials overlap a gradient group");
-      grow_arena(2 * pa);
-      T* send = reinterpret_cast<T*>(arena_take(pa, false));
-      if (nfc * rps > d) dev.memset(send, 0, n * static_cast<int64_t>(sizeof(T)), CS);  // padding rows: +0
-      const TilePartials<T> tp{send, w, rps, nfc, nt, 0};
+      const TilePartials<T> tp = partials_send(d, w, rps, nt);
       done = fill_partials(r, tp);
       if (done) merge_partials(tp, rps * w, part.data(), ph);
       arena_give();

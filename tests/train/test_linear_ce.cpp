@@ -337,20 +337,26 @@ TEST(LinearCE, ColumnSlicesBitwise) {
 
 // The rounded form (the single-rank reference's head): linear_ce_backward's bits rounded, whole and in column slices,
 // on 1-3 threads, with tiles summed in cache (up to 32 tiles, an empty one included) and through accumulators (more).
+// The whole vocabulary and two column slices, rounded per slice (rounded) or summed from the slices' tile partials
+// (partials), against the unsliced backward, on 1 to 3 threads.
+template <class T>
+void expect_slices_bitwise(const Problem<T>& p, bool rounded, bool partials) {
+  SCOPED_TRACE("repro: " + p.repro());
+  const auto ref = run_split(p, 5);
+  const int64_t vc = p.vocab_chunk, V = p.V;
+  const int saved = omp_get_max_threads();
+  for (int th : {1, 2, 3}) {
+    omp_set_num_threads(th);
+    expect_same(run_sliced(p, 5, {V}, rounded, partials), ref, fmt::format("whole, {} threads", th));
+    expect_same(run_sliced(p, 3, {vc, V}, rounded, partials), ref,
+                fmt::format("slices [0,vc) [vc,V), {} threads", th));
+  }
+  omp_set_num_threads(saved);
+  EXPECT_GT(l1(ref.dW), 0);
+}
+
 TEST(LinearCE, RoundedColumnsBitwise) {
-  auto check = [](auto p) {
-    SCOPED_TRACE("repro: " + p.repro());
-    const auto ref = run_split(p, 5);
-    const int64_t vc = p.vocab_chunk, V = p.V;
-    const int saved = omp_get_max_threads();
-    for (int th : {1, 2, 3}) {
-      omp_set_num_threads(th);
-      expect_same(run_sliced(p, 5, {V}, true), ref, fmt::format("whole, {} threads", th));
-      expect_same(run_sliced(p, 3, {vc, V}, true), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
-    }
-    omp_set_num_threads(saved);
-    EXPECT_GT(l1(ref.dW), 0);
-  };
+  auto check = [](auto p) { expect_slices_bitwise(p, true, false); };
   check(small_problem<double>(Policy::fp64));
   check(small_problem<float>(Policy::fp32));
   check(small_problem<float>(Policy::bf16));
@@ -378,19 +384,7 @@ TEST(LinearCE, RoundedColumnsBitwise) {
 // The distributed step's lm_head slices as tile partials (docs/parallel.md section 4): each slice's partials, summed
 // exactly per element and rounded, give the unsliced backward's bits, on 1 to 3 threads.
 TEST(LinearCE, ColumnPartialsSumToTheColumns) {
-  auto check = [](auto p) {
-    SCOPED_TRACE("repro: " + p.repro());
-    const auto ref = run_split(p, 5);
-    const int64_t vc = p.vocab_chunk, V = p.V;
-    const int saved = omp_get_max_threads();
-    for (int th : {1, 2, 3}) {
-      omp_set_num_threads(th);
-      expect_same(run_sliced(p, 5, {V}, false, true), ref, fmt::format("whole, {} threads", th));
-      expect_same(run_sliced(p, 3, {vc, V}, false, true), ref, fmt::format("slices [0,vc) [vc,V), {} threads", th));
-    }
-    omp_set_num_threads(saved);
-    EXPECT_GT(l1(ref.dW), 0);
-  };
+  auto check = [](auto p) { expect_slices_bitwise(p, false, true); };
   check(small_problem<double>(Policy::fp64));
   check(small_problem<float>(Policy::fp32));
   check(small_problem<float>(Policy::bf16));
