@@ -12,10 +12,10 @@
 // median of the N pairs' CPU ratios and the ratio of the two builds' least CPU times (the run least disturbed by
 // other load on a shared machine), besides every pair.
 //
-// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N] [--default-malloc]
-#if __has_include(<malloc.h>)
-#include <malloc.h>  // mallopt (glibc)
-#endif
+// The children use the host's allocator as `trident emulate` does (no mallopt): the ranks' device buffers come
+// from their workers' pools (emulator/block_pool.h), the host's heap holds only kernels' scratch.
+//
+// Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N]
 
 #include <algorithm>
 #include <chrono>
@@ -59,15 +59,7 @@ struct Out {  // written by the child to the fd it is given
 };
 
 // Child: runs one configuration and writes Out to fd.
-int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size_t eager) {
-  // Big per-rank buffers (gradient accumulators, gathered units) are allocated and freed tensor by tensor.
-  // A fixed mmap threshold returns each one to the OS when freed, so 1,024 threads do not fragment the malloc
-  // arenas (peak RSS ~ the sum of the ranks' tracked peaks); it costs page faults (sys time).
-#ifdef M_MMAP_THRESHOLD
-  if (tune_malloc) mallopt(M_MMAP_THRESHOLD, 64 << 10);
-#else
-  (void)tune_malloc;
-#endif
+int child(const std::string& name, int64_t steps, int fd, size_t eager) {
   const auto it = std::find_if(kConfs.begin(), kConfs.end(), [&](const Conf& c) { return c.name == name; });
   if (it == kConfs.end()) return 2;
   const Conf& c = *it;
@@ -106,10 +98,9 @@ int child(const std::string& name, int64_t steps, int fd, bool tune_malloc, size
 }
 
 // Parent: runs `exe --child NAME STEPS [...] --fd N` (bench/bench_child.h); false when the child failed.
-bool run_child(const std::string& exe, const Conf& c, int64_t steps, bool tune_malloc, size_t eager, Out& o,
+bool run_child(const std::string& exe, const Conf& c, int64_t steps, size_t eager, Out& o,
                double& user, double& sys, long& rss_kb) {
   std::vector<std::string> args = {"--child", c.name, std::to_string(steps), "--eager-bytes", std::to_string(eager)};
-  if (!tune_malloc) args.push_back("--default-malloc");
   bench::ChildUsage u;
   const bool ok = bench::run_child(exe, args, o, u);
   user = u.user;
@@ -123,7 +114,7 @@ bool run_child(const std::string& exe, const Conf& c, int64_t steps, bool tune_m
 int main(int argc, char** argv) {
   int64_t steps = 3, pairs = 1;
   std::string only, child_name;
-  bool plain = true, tune_malloc = true;
+  bool plain = true;
   int child_fd = -1;
   size_t eager = 0;
   for (int i = 1; i < argc; ++i) {
@@ -138,20 +129,18 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    else if (!std::strcmp(argv[i], "--default-malloc")) tune_malloc = false;
     else if (!std::strcmp(argv[i], "--eager-bytes") && i + 1 < argc) eager = static_cast<size_t>(std::atoll(argv[++i]));
     else if (!std::strcmp(argv[i], "--child") && i + 2 < argc) {
       child_name = argv[++i];
       steps = std::atoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--fd") && i + 1 < argc) child_fd = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N] "
-                           "[--default-malloc]\n");
+      std::fprintf(stderr, "usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N]\n");
       return 2;
     }
   }
   steps = std::min<int64_t>(std::max<int64_t>(steps, 1), 8);
-  if (!child_name.empty()) return child(child_name, steps, child_fd < 0 ? 1 : child_fd, tune_malloc, eager);
+  if (!child_name.empty()) return child(child_name, steps, child_fd < 0 ? 1 : child_fd, eager);
   if (kPlainBuild) {
     std::fprintf(stderr, "bench_step_plain is the plain-sum child of bench_step; run bench_step\n");
     return 2;
@@ -183,7 +172,7 @@ int main(int argc, char** argv) {
         double user = 0, sys = 0;
         long rss = 0;
         Out o;
-        if (!run_child(mode ? plain_exe : exact_exe, c, steps, tune_malloc, eager, o, user, sys, rss)) {
+        if (!run_child(mode ? plain_exe : exact_exe, c, steps, eager, o, user, sys, rss)) {
           std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
                       mode ? "plain" : "exact");
           ++failures;
