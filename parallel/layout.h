@@ -79,11 +79,12 @@ inline bool dense_grad_partials(const MeshShape& m, int64_t sequences, int64_t s
 }
 
 // The dense tensors the step exchanges as tile partials where dense_grad_partials holds: the attention projections
-// (wq, wk, wv, wo, wdkv, wuk, wuv), the dense MLP's and the shared expert's weights, embed and lm_head (slice by
-// slice). The norms, the router and the DSA indexer keep accumulators.
+// (wq, wk, wv, wo, wdkv, wuk, wuv), the dense MLP's and the shared expert's weights, the MoE router, embed and
+// lm_head (slice by slice). The norms and the DSA indexer keep accumulators.
 inline bool dense_grad_partial_tensor(const std::string& name) {
   if (name == "embed" || name == "lm_head") return true;
   const std::string w = name.substr(name.rfind('.') + 1);
+  if (w == "router") return name.find(".moe.") != std::string::npos;
   if (name.find(".attn.") != std::string::npos)
     return w == "wq" || w == "wk" || w == "wv" || w == "wo" || w == "wdkv" || w == "wuk" || w == "wuv";
   return name.find(".mlp.") != std::string::npos || name.find(".moe.shared.") != std::string::npos;

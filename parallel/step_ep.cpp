@@ -345,9 +345,11 @@ void StepImpl<T>::moe_bwd(int64_t i, LayerState& st, const T* dout, T* da, const
   Buf<T> dlogits = zeros(N * E, CS);
   K.router_backward(dgates.data(), st.scores.data(), st.sel.data(), N, E, Kt, cfg.routed_scale, dlogits.data(), CS);
   const std::vector<size_t> rg = names(i, {"moe.router"});
-  alloc_grads(rg);
-  K.wgrad_acc(pol, st.a2.data(), d, dlogits.data(), E, d, E, rows.segs, G(nm("router")), CS);
-  reduce_grads(rg, ph);
+  if (!wgrad_exchange(rg[0], st.a2.data(), d, dlogits.data(), E, d, E, ph)) {  // as tile partials, or accumulated
+    alloc_grads(rg);
+    K.wgrad_acc(pol, st.a2.data(), d, dlogits.data(), E, d, E, rows.segs, G(nm("router")), CS);
+    reduce_grads(rg, ph);
+  }
   K.mm(pol, N, d, E, dlogits.data(), E, W(nm("router")), E, true, tmp.data(), d, CS);
   K.residual_forward(da, da, tmp.data(), N * d, CS);
   for (Buf<T>* b : {&st.logits, &st.scores, &st.gates, &st.yk}) b->reset(CS);  // the router's, used up

@@ -106,7 +106,8 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
   const bool partials = !m.cp_2d() && !cfg.dsa() && !packed && static_cast<size_t>(nt) * t_bytes < acc_bytes;
   // Dense weight gradients as tile partials (docs/parallel.md section 4): the attention projections, the dense MLP's
   // and the shared expert's weights go through an fsdp*cp all-to-all instead of the accumulators' reduce-scatter where
-  // dense_grad_partials holds (the CPU kernel set has the ops); the norms, the router and the indexer do not.
+  // dense_grad_partials holds (the CPU kernel set has the ops), and so does the MoE router; the norms and the indexer
+  // do not.
   const bool dense_parts = dense_grad_partials(m, sequences, s.run.seq_len, cfg.tile, t_bytes, acc_bytes);
   auto partial_params = [&](const std::string& prefix) {
     int64_t n = 0;
