@@ -214,6 +214,15 @@ void StepImpl<T>::arena_give() {
   if (--arena_live == 0) arena_used = 0;
 }
 
+// Gives back the n accumulators at p, the view taken last: its space is free for the next take at once (a partial
+// receive buffer, whose successor in a group of tensors reuses it; later work on it is ordered on the compute stream).
+template <class T>
+void StepImpl<T>::arena_give_top(const Acc* p, size_t n) {
+  TD_CHECK(p + n == arena.data() + arena_used, "accumulator arena: the view given back is not the last taken");
+  arena_used -= n;
+  arena_give();
+}
+
 template <class T>
 void StepImpl<T>::alloc_grads(const std::vector<size_t>& list) {
   TD_CHECK(arena_live == 0, "gradient groups overlap");
@@ -301,12 +310,17 @@ TilePartials<T> StepImpl<T>::partials_send(int64_t rows, int64_t row, int64_t bl
   return tp;
 }
 
-// The arena the send and receive buffers of the dense tensors of `list` take, in accumulators.
+// The arena the send buffers of the dense tensors of `list` take, plus the largest receive buffer (merged one tensor
+// at a time, each receive buffer given back before the next is taken: merge_partials), in accumulators.
 template <class T>
 size_t StepImpl<T>::partials_need(const std::vector<size_t>& list, int64_t nt) const {
-  size_t total = 0;
-  for (size_t i : list) total += 2 * partial_accs(nt * ps[i].spec.n * ps[i].spec.shard_elems());
-  return total;
+  size_t total = 0, recv = 0;
+  for (size_t i : list) {
+    const size_t a = partial_accs(nt * ps[i].spec.n * ps[i].spec.shard_elems());
+    total += a;
+    recv = std::max(recv, a);
+  }
+  return total + recv;
 }
 
 // Send buffers for the dense tensors of `list` (partials_send), the arena grown once for all of them.
@@ -338,7 +352,9 @@ template <class T>
 void StepImpl<T>::merge_partials(const TilePartials<T>& tp, int64_t se, T* out, const std::string& ph) {
   const int64_t nb = tp.blocks, nt = tp.n_tiles;
   TD_CHECK_EQ(tp.block_elems(), se, "dense gradient partials: block size");
-  T* recv = reinterpret_cast<T*>(arena_take(partial_accs(tp.size()), false));
+  const size_t ra = partial_accs(tp.size());
+  Acc* ra_p = arena_take(ra, false);
+  T* recv = reinterpret_cast<T*>(ra_p);
   mc.fsdp_cp->all_to_all(tp.base, recv, sz(nt * se), dt<T>(), CS);
   note(ph, *mc.fsdp_cp, CollOp::all_to_all);
   Buf<Acc> part(dev, se, CS);
@@ -349,7 +365,7 @@ void StepImpl<T>::merge_partials(const TilePartials<T>& tp, int64_t se, T* out, 
   note(ph, *mc.d_rep, CollOp::all_reduce);
   K.exact_round(part.data(), out, se, CS);
   mem.sub(part.bytes());
-  arena_give();
+  arena_give_top(ra_p, ra);
 }
 
 // Dense tensor i's gradient X^T dY (its only contribution) exchanged as tile partials. Returns false, issuing
@@ -536,6 +552,7 @@ ShardState<T> StepImpl<T>::state() const {
   template void StepImpl<T>::grow_arena(size_t);                                                                   \
   template StepImpl<T>::Acc* StepImpl<T>::arena_take(size_t, bool);                                                \
   template void StepImpl<T>::arena_give();                                                                         \
+  template void StepImpl<T>::arena_give_top(const StepImpl<T>::Acc*, size_t);                                      \
   template void StepImpl<T>::alloc_grads(const std::vector<size_t>&);                                              \
   template void StepImpl<T>::reduce_grads(const std::vector<size_t>&, const std::string&);                         \
   template void StepImpl<T>::merge_dense(const Acc*, int64_t, T*, const std::string&);                             \

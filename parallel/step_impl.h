@@ -95,6 +95,7 @@ struct StepImpl {
   void grow_arena(size_t n);
   Acc* arena_take(size_t n, bool zero = true);
   void arena_give();
+  void arena_give_top(const Acc* p, size_t n);
   void alloc_grads(const std::vector<size_t>& list);
   void reduce_grads(const std::vector<size_t>& list, const std::string& ph);
   void merge_dense(const Acc* a, int64_t se, T* out, const std::string& ph);
