@@ -48,13 +48,29 @@ void MpiCommunicator::put(int peer, uint32_t sig, const void* data, size_t bytes
   f_.post(ctx_, global_rank(me_), global_rank(peer), sig, data, bytes);
 }
 
+Fabric::Channel* MpiCommunicator::out_channel(int peer) {
+  if (f_.process_of(global_rank(peer)) != f_.process()) return nullptr;
+  if (out_.empty()) out_.assign(static_cast<size_t>(size()), nullptr);
+  Fabric::Channel*& c = out_[static_cast<size_t>(peer)];
+  if (!c) c = f_.channel(ctx_, global_rank(me_), global_rank(peer));
+  return c;
+}
+
+Fabric::Channel* MpiCommunicator::in_channel(int peer) {
+  if (in_.empty()) in_.assign(static_cast<size_t>(size()), nullptr);
+  Fabric::Channel*& c = in_[static_cast<size_t>(peer)];
+  if (!c) c = f_.channel(ctx_, global_rank(peer), global_rank(me_));
+  return c;
+}
+
 void MpiCommunicator::put_ref(int peer, uint32_t sig, const void* data, size_t bytes) {
-  f_.post_ref(ctx_, global_rank(me_), global_rank(peer), sig, data, bytes);
+  if (Fabric::Channel* c = out_channel(peer)) f_.post_ref(c, sig, data, bytes);
+  else f_.post_ref(ctx_, global_rank(me_), global_rank(peer), sig, data, bytes);
 }
 
 Received MpiCommunicator::get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc) {
   const auto what = [&] { return fmt::format("{} on '{}' at {}", sig_name(sig), name(), where(loc)); };
-  Received m = f_.take(ctx_, global_rank(peer), global_rank(me_), what);
+  Received m = f_.take(in_channel(peer), what);
   if (m.sig != sig)
     fail(fmt::format("rank {} ('{}' rank {}) at {} expected {} from '{}' rank {} (rank {}) but received {}: the ranks "
                      "issued different calls",

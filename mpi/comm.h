@@ -63,7 +63,13 @@ class MpiCommunicator final : public Communicator {
   Received get(int peer, uint32_t sig, void* dst, size_t bytes, loc_t loc);
   void all_gather_impl(const void* send, void* recv, size_t bytes, uint32_t sig, loc_t loc);
 
+  // The channels to and from the peers in this process (Fabric::channel), made at first use: per peer, the queue
+  // of this communicator's messages from this rank in the peer's mailbox, and from the peer in this rank's.
+  Fabric::Channel* out_channel(int peer);
+  Fabric::Channel* in_channel(int peer);
+
   Fabric& f_;
+  std::vector<Fabric::Channel*> out_, in_;  // by communicator rank; null: not made yet (or the peer is remote)
   std::shared_ptr<const std::vector<int>> ranks_;
   int me_;
   uint64_t ctx_;

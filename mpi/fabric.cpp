@@ -288,9 +288,25 @@ void Fabric::run_ranks(const std::function<void(int)>& fn, const RankExecOptions
 
 void Fabric::fail(const std::string& msg) { set_failure(msg, true); }
 
+Fabric::Channel* Fabric::channel(uint64_t ctx, int src, int dst) {
+  TD_CHECK(process_of(dst) == proc_, "mpi: a channel to rank {}, which is not in process {}", dst, proc_);
+  Mailbox& b = box(dst);
+  std::lock_guard lk(b.m);
+  Queue& q = b.q[{ctx, src}];  // stays (unordered_map references are stable; emptied queues are kept)
+  q.ctx = ctx;
+  q.src = src;
+  q.dst = dst;
+  return &q;
+}
+
 void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
                      std::shared_ptr<const void> keep, void* owner) {
-  Mailbox& b = box(dst);
+  deliver(*channel(ctx, src, dst), sig, ptr, size, std::move(keep), owner);
+}
+
+void Fabric::deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
+                     void* owner) {
+  Mailbox& b = box(q.dst);
   {
     std::lock_guard lk(b.m);
     if (!failed_.load()) {
@@ -303,10 +319,9 @@ void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* p
       it->ptr = ptr;
       it->size = size;
       it->owner = owner;
-      Queue& q = b.q[{ctx, src}];
       (q.tail ? q.tail->next : q.head) = it;
       q.tail = it;
-      if (b.waiting && b.want == std::make_pair(ctx, src)) wake_locked(b);
+      if (b.waiting && b.want == std::make_pair(q.ctx, q.src)) wake_locked(b);
       return;
     }
   }
@@ -359,10 +374,14 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
 void Fabric::post_ref(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {
   if (process_of(dst) != proc_) return post(ctx, src, dst, sig, data, bytes);
   TD_CHECK(dst >= 0 && dst < world(), "mpi: destination rank {} out of range [0, {})", dst, world());
-  if (failed_.load()) trident::fail(fmt::format("rank {}: {}", src, failure()));
-  Mailbox& own = box(src);
+  post_ref(channel(ctx, src, dst), sig, data, bytes);
+}
+
+void Fabric::post_ref(Channel* c, uint32_t sig, const void* data, size_t bytes) {
+  if (failed_.load()) trident::fail(fmt::format("rank {}: {}", c->src, failure()));
+  Mailbox& own = box(c->src);
   own.refs.fetch_add(1, std::memory_order_relaxed);
-  deliver(ctx, src, dst, sig, static_cast<const char*>(data), bytes, nullptr, &own);
+  deliver(*c, sig, static_cast<const char*>(data), bytes, nullptr, &own);
 }
 
 // Waits until every post_ref message of src was released. With `what`, a wait past wait_timeout_s fails the run
@@ -406,10 +425,16 @@ void Fabric::wait_refs(int src, const Describe& what) {
 }
 
 Received Fabric::take(uint64_t ctx, int src, int dst, const Describe& what) {
+  return take(channel(ctx, src, dst), what);
+}
+
+Received Fabric::take(Channel* c, const Describe& what) {
+  Queue& q = *c;
+  const uint64_t ctx = q.ctx;
+  const int src = q.src, dst = q.dst;
   Mailbox& b = box(dst);
   const bool fiber = in_fiber();
   std::unique_lock lk(b.m);
-  Queue& q = b.q[{ctx, src}];  // stays (unordered_map references are stable)
   Clock::time_point t0{};
   for (;;) {
     if (failed_.load()) {  // checked first: after a failure no message is handed out (their senders may be gone)

@@ -197,6 +197,15 @@ class Fabric {
   // The next message on (ctx, src) for dst (a rank of this process); throws trident::Error on failure/timeout.
   Received take(uint64_t ctx, int src, int dst, const Describe& what);
 
+  // The queue of the messages (ctx, src) -> dst in the mailbox of dst (a rank of this process), looked up once: a
+  // communicator keeps its peers' channels, so that sending to and taking from a rank of this process needs no
+  // look-up per message. Valid while the fabric lives.
+  struct Channel;
+  Channel* channel(uint64_t ctx, int src, int dst);
+  // post_ref and take on a channel (its dst a rank of this process, src the calling rank for post_ref).
+  void post_ref(Channel* c, uint32_t sig, const void* data, size_t bytes);
+  Received take(Channel* c, const Describe& what);
+
   // This process failed with `msg` (a rank threw): wakes every waiter here and tells the other processes.
   void fail(const std::string& msg);
   bool failed() const { return failed_.load(); }
@@ -232,10 +241,17 @@ class Fabric {
     std::shared_ptr<const void> keep;
     void* owner = nullptr;
   };
-  struct Queue {
+
+ public:
+  struct Channel {  // public as a name only (declared above); its fields are the fabric's
     Item* head = nullptr;
     Item* tail = nullptr;
+    uint64_t ctx = 0;  // the key it was made for
+    int src = -1, dst = -1;
   };
+
+ private:
+  using Queue = Channel;
   struct Mailbox {
     std::mutex m;
     Item* free_items = nullptr;
@@ -257,6 +273,8 @@ class Fabric {
   // Queues a message for dst (a rank of this process); after a failure it is dropped (and released) instead.
   void deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
                std::shared_ptr<const void> keep, void* owner);
+  void deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
+               void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
   bool in_fiber() const;
   void await_refs(int src, const Describe* what);  // wait_refs (what: the timeout and its error) / drain_refs
