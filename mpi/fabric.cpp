@@ -301,7 +301,16 @@ Fabric::Channel* Fabric::channel(uint64_t ctx, int src, int dst) {
 
 void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
                      std::shared_ptr<const void> keep, void* owner) {
-  deliver(*channel(ctx, src, dst), sig, ptr, size, std::move(keep), owner);
+  Mailbox& b = box(dst);
+  {
+    std::lock_guard lk(b.m);
+    Queue& q = b.q[{ctx, src}];  // one look-up under the lock (the progress thread's deliveries)
+    q.ctx = ctx;
+    q.src = src;
+    q.dst = dst;
+    if (push_locked(b, q, sig, ptr, size, keep, owner)) return;
+  }
+  if (owner) release_ref(owner);  // the run failed: nobody takes it
 }
 
 void Fabric::deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
@@ -309,23 +318,29 @@ void Fabric::deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std
   Mailbox& b = box(q.dst);
   {
     std::lock_guard lk(b.m);
-    if (!failed_.load()) {
-      Item* it = b.free_items;
-      if (it) b.free_items = it->next;
-      else it = new Item;
-      it->next = nullptr;
-      it->sig = sig;
-      it->keep = std::move(keep);
-      it->ptr = ptr;
-      it->size = size;
-      it->owner = owner;
-      (q.tail ? q.tail->next : q.head) = it;
-      q.tail = it;
-      if (b.waiting && b.want == std::make_pair(q.ctx, q.src)) wake_locked(b);
-      return;
-    }
+    if (push_locked(b, q, sig, ptr, size, keep, owner)) return;
   }
   if (owner) release_ref(owner);  // the run failed: nobody takes it
+}
+
+// Under b.m: appends the message to q (a queue of b) and wakes b's rank if it waits for q; false after a failure
+// (the message is not queued: the caller releases it).
+bool Fabric::push_locked(Mailbox& b, Queue& q, uint32_t sig, const char* ptr, size_t size,
+                         std::shared_ptr<const void>& keep, void* owner) {
+  if (failed_.load()) return false;
+  Item* it = b.free_items;
+  if (it) b.free_items = it->next;
+  else it = new Item;
+  it->next = nullptr;
+  it->sig = sig;
+  it->keep = std::move(keep);
+  it->ptr = ptr;
+  it->size = size;
+  it->owner = owner;
+  (q.tail ? q.tail->next : q.head) = it;
+  q.tail = it;
+  if (b.waiting && b.want == std::make_pair(q.ctx, q.src)) wake_locked(b);
+  return true;
 }
 
 void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data, size_t bytes) {

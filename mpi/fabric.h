@@ -275,6 +275,8 @@ class Fabric {
                std::shared_ptr<const void> keep, void* owner);
   void deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
                void* owner);
+  bool push_locked(Mailbox& b, Queue& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void>& keep,
+                   void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
   bool in_fiber() const;
   void await_refs(int src, const Describe* what);  // wait_refs (what: the timeout and its error) / drain_refs
