@@ -647,6 +647,30 @@ class EmuComm final : public Communicator {
     }
   }
 
+  // all_to_all as a collective: one rendezvous, then each rank copies its block of every member's send buffer (read in
+  // place, as all_gather does) and a completion barrier, instead of 2n matched send/recv. The same bytes, the same
+  // trace entry (on_helper_done; the collectives' sequence numbers are not advanced: the helper's own count is the
+  // rendezvous's, so a member calling something else is reported as a mismatch).
+  bool do_all_to_all(const void* send, void* recv, size_t count, DataType t, Stream s, loc_t loc) override {
+    check_no_open_group(loc);
+    const size_t es = dtype_size(t), n = static_cast<size_t>(size()), one = count * es;
+    const Access acc[2] = {Access{send, static_cast<int64_t>(n * one), false},
+                           Access{recv, static_cast<int64_t>(n * one), true}};
+    dev_.before_comm(s, "all_to_all", {acc, 2}, loc);
+    const CallDesc c{CollOp::all_to_all, count, t, ReduceOp::sum, -1, helper_seq_, loc.file_name(), loc.line()};
+    arrive(c, send, recv, -1, -1, 0, {}, /*collective_seq=*/false);
+    if (!dev_.options().shapes_only && one > 0) {
+      const size_t r = static_cast<size_t>(crank_);
+      for (size_t k = 1; k <= n; ++k) {  // start after self: spreads the readers over the sources
+        const size_t j = (r + k) % n;
+        std::memcpy(static_cast<char*>(recv) + j * one,
+                    static_cast<const char*>(g_->slots[j].send) + r * one, one);
+      }
+    }
+    group_barrier(w_, *g_);  // nobody reuses a send buffer another rank may still read
+    return true;
+  }
+
   bool native_exact_sum() const override { return !w_.opts.lower_exact_sum; }
   Device* lowering_device() override { return &dev_; }
 
@@ -672,15 +696,17 @@ class EmuComm final : public Communicator {
   // Rendezvous of a collective (or split). Returns the split result when op == split.
   // eager_parity >= 0: an eager call; the last arriver computes a reduction's result once, into the group's
   // result buffer of that parity (instead of every rank reducing all inputs: O(n) instead of O(n^2)).
+  // collective_seq: false for a helper (all_to_all), whose CallDesc carries the helper count instead.
   std::pair<std::shared_ptr<Group>, int> arrive(const CallDesc& c, const void* send, void* recv, int eager_parity,
-                                                int color = -1, int key = 0, std::string split_name = {}) {
+                                                int color = -1, int key = 0, std::string split_name = {},
+                                                bool collective_seq = true) {
     std::unique_lock lk(w_.mu);
     Group& g = *g_;
     me_.last_desc = c;
     me_.last_p2p_count = 0;
     if (me_.last_group != g_) me_.last_group = g_;
     if (g.aborted) throw Error(g.abort_reason);
-    ++seq_;
+    if (collective_seq) ++seq_;
     ++w_.progress;
     Slot& mine = g.slots[static_cast<size_t>(crank_)];
     mine.call = c;

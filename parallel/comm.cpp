@@ -197,6 +197,11 @@ void Communicator::all_to_all(const void* send_, void* recv_, size_t count_, Dat
   const size_t es = dtype_size(t), n = static_cast<size_t>(size());
   TD_CHECK(!overlaps(send_, n * count_ * es, recv_, n * count_ * es),
            "all_to_all on '{}' at {}: send and recv overlap (all_to_all is out of place only)", name_, where(loc));
+  if (group_depth_ == 0 && do_all_to_all(send_, recv_, count_, t, s, loc)) {
+    count(CollOp::all_to_all, n * count_ * es, t);
+    on_helper_done(CollOp::all_to_all, count_, t, n * count_ * es, n * count_ * es, s, loc);
+    return;
+  }
   ++helper_depth_;
   try {
     group_start(loc);

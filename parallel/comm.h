@@ -138,6 +138,12 @@ class Communicator {
   virtual void do_group_start(loc_t loc) = 0;
   virtual void do_group_end(loc_t loc) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name, loc_t loc) = 0;
+  // all_to_all as one operation of the backend (outside a group only; validated): true when done, false to have it
+  // built from grouped send/recv (the default, NCCL's way). Either way on_helper_done follows.
+  virtual bool do_all_to_all(const void* send, void* recv, size_t count, DataType t, Stream s, loc_t loc) {
+    (void)send, (void)recv, (void)count, (void)t, (void)s, (void)loc;
+    return false;
+  }
   // Whether do_collective implements ReduceOp::exact_sum on exact_f32/exact_f64 itself (the emulator does, unless
   // SpawnOptions::lower_exact_sum). When false, reduce_scatter / all_reduce / reduce with exact_sum pack the
   // accumulators into int64 words, call do_collective with DataType::i64 and ReduceOp::sum on the packed buffer
