@@ -8,9 +8,11 @@
 // value, with the step's code unchanged. Each row runs in its own child process (fork + exec of this binary or
 // of the twin), so its peak RSS is its own.
 //
-// --pairs N (1..20, default 1) runs each configuration's exact and plain children N times, alternating, and prints the
-// median of the N pairs' CPU ratios and the ratio of the two builds' least CPU times (the run least disturbed by
-// other load on a shared machine), besides every pair.
+// --pairs N (1..20, default 1) runs each configuration's exact and plain children N times, alternating (exact first in
+// even pairs, plain first in odd ones), and prints the medians of the N pairs' CPU and user-CPU ratios and the ratio of
+// the two builds' least CPU times (the run least disturbed by other load on a shared machine), besides every pair.
+// The order alternates because the kernel's time to fault in pages that the previous run did not leave free (system
+// time, 'sys s') varies widely on a virtual machine and would otherwise always fall on the build that needs more.
 //
 // The children use the host's allocator as `trident emulate` does (no mallopt): the ranks' device buffers come
 // from their workers' pools (emulator/block_pool.h), the host's heap holds only kernels' scratch.
@@ -18,6 +20,7 @@
 // Usage: bench_step [--steps N] [--only 256|1024] [--no-plain] [--pairs N]
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -164,57 +167,70 @@ int main(int argc, char** argv) {
   for (const Conf& c : kConfs) {
     const std::string ranks = std::to_string(c.mesh.world());
     if (!only.empty() && only != ranks) continue;
-    std::vector<double> ratios, cpu_e, cpu_p;  // per pair
+    std::vector<double> ratios, user_ratios, cpu_e, cpu_p;  // per pair
     const int failed_before = failures;
-    for (int64_t pair = 0; pair < (plain ? pairs : 1) && failures == failed_before; ++pair) {
-      double wall_exact = 0, cpu_exact = 0, loss_exact = 0, norm_exact = 0;
-      for (int mode = 0; mode < (plain ? 2 : 1); ++mode) {
-        double user = 0, sys = 0;
-        long rss = 0;
-        Out o;
-        if (!run_child(mode ? plain_exe : exact_exe, c, steps, eager, o, user, sys, rss)) {
-          std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
-                      mode ? "plain" : "exact");
-          ++failures;
-          break;
-        }
-        std::string per;
-        double tot = 0;
-        for (int64_t k = 0; k < o.steps; ++k) {
-          per += fmt::format("{}{:.2f}", k ? " " : "", o.step_s[k]);
-          tot += o.step_s[k];
-        }
-        const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
-                                             c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
-        std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", ranks.c_str(), mesh.c_str(),
-                    fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
-                    per.c_str(), user, sys, static_cast<double>(rss) / 1024.0,
-                    static_cast<double>(o.tracked_max) / (1024.0 * 1024.0));
-        std::fflush(stdout);
-        if (mode == 0) {
-          wall_exact = tot;
-          cpu_exact = user + sys;
-          loss_exact = o.loss_last;
-          norm_exact = o.norm_last;
-        } else {
-          std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f (plain: every accumulator a plain fp32 "
-                      "running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs "
-                      "%.9g, grad norm %.9g vs %.9g\n",
-                      wall_exact / tot, cpu_exact / (user + sys), loss_exact, o.loss_last, norm_exact, o.norm_last);
-          ratios.push_back(cpu_exact / (user + sys));
-          cpu_e.push_back(cpu_exact);
-          cpu_p.push_back(user + sys);
-        }
+    struct Run {
+      double wall = 0, user = 0, sys = 0, loss = 0, norm = 0;
+    };
+    // One child (mode 0 exact, 1 plain): prints its row; false when it failed.
+    auto run_one = [&](int mode, Run& out) {
+      long rss = 0;
+      Out o;
+      if (!run_child(mode ? plain_exe : exact_exe, c, steps, eager, o, out.user, out.sys, rss)) {
+        std::printf("%-5s %s: the %s run failed (see stderr)\n", ranks.c_str(), c.name.c_str(),
+                    mode ? "plain" : "exact");
+        ++failures;
+        return false;
       }
+      std::string per;
+      for (int64_t k = 0; k < o.steps; ++k) {
+        per += fmt::format("{}{:.2f}", k ? " " : "", o.step_s[k]);
+        out.wall += o.step_s[k];
+      }
+      out.loss = o.loss_last;
+      out.norm = o.norm_last;
+      const std::string mesh = fmt::format("({},{},{})x({},{}){}", c.mesh.d_rep, c.mesh.fsdp, c.mesh.cp,
+                                           c.mesh.e_fsdp, c.mesh.ep, c.recompute ? " recomp" : "");
+      std::printf("%-5s %-24s %-22s %-6s %-28s %8.2f %8.2f %9.1f %8.2fMiB\n", ranks.c_str(), mesh.c_str(),
+                  fmt::format("{}x{} T={}", c.seqs, c.seq_len, c.tile).c_str(), mode ? "plain" : "exact",
+                  per.c_str(), out.user, out.sys, static_cast<double>(rss) / 1024.0,
+                  static_cast<double>(o.tracked_max) / (1024.0 * 1024.0));
+      std::fflush(stdout);
+      return true;
+    };
+    for (int64_t pair = 0; pair < (plain ? pairs : 1) && failures == failed_before; ++pair) {
+      Run r[2];
+      if (!plain) {
+        run_one(0, r[0]);
+        break;
+      }
+      // Pairs alternate which build runs first (exact, plain; then plain, exact; ...): on a virtual machine the pages
+      // a run needs beyond what the previous run freed can be far slower to fault in, which would otherwise always
+      // fall on the build that needs more memory.
+      const int first = static_cast<int>(pair % 2);
+      if (!run_one(first, r[first]) || !run_one(1 - first, r[1 - first])) break;
+      const Run& e = r[0];
+      const Run& pl = r[1];
+      std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f, user CPU %.3f (plain: every accumulator a plain "
+                  "fp32 running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs %.9g, "
+                  "grad norm %.9g vs %.9g\n",
+                  e.wall / pl.wall, (e.user + e.sys) / (pl.user + pl.sys), e.user / pl.user, e.loss, pl.loss, e.norm,
+                  pl.norm);
+      ratios.push_back((e.user + e.sys) / (pl.user + pl.sys));
+      user_ratios.push_back(e.user / pl.user);
+      cpu_e.push_back(e.user + e.sys);
+      cpu_p.push_back(pl.user + pl.sys);
     }
     if (ratios.size() > 1) {
-      std::vector<double> r = ratios;
-      std::sort(r.begin(), r.end());
-      const size_t n = r.size();
-      const double median = n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
-      std::printf("      over %zu alternating pairs: exact / plain CPU median %.3f (%.3f-%.3f); least exact CPU / least "
-                  "plain CPU %.3f (%.2f / %.2f s)\n",
-                  n, median, r.front(), r.back(),
+      auto median = [](std::vector<double> r) {
+        std::sort(r.begin(), r.end());
+        const size_t n = r.size();
+        return std::array<double, 3>{n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2, r.front(), r.back()};
+      };
+      const auto m = median(ratios), u = median(user_ratios);
+      std::printf("      over %zu alternating pairs: exact / plain CPU median %.3f (%.3f-%.3f), user CPU median %.3f "
+                  "(%.3f-%.3f); least exact CPU / least plain CPU %.3f (%.2f / %.2f s)\n",
+                  ratios.size(), m[0], m[1], m[2], u[0], u[1], u[2],
                   *std::min_element(cpu_e.begin(), cpu_e.end()) / *std::min_element(cpu_p.begin(), cpu_p.end()),
                   *std::min_element(cpu_e.begin(), cpu_e.end()), *std::min_element(cpu_p.begin(), cpu_p.end()));
     }
