@@ -540,6 +540,23 @@ void Fabric::progress_main() {
   MPI_Request barrier{};
   auto stop_at = Clock::time_point::max();
   auto backoff = std::chrono::microseconds(20);
+  // The channels of arriving messages, direct-mapped by (context, source, destination): a hit queues the message
+  // without the mailbox's hash-map look-up (a channel stays valid while the fabric lives).
+  struct ChannelSlot {
+    uint64_t ctx = 0;
+    int src = -1, dst = -1;
+    Channel* c = nullptr;
+  };
+  constexpr size_t kChannelSlots = size_t{1} << 13;
+  std::vector<ChannelSlot> channels(kChannelSlots);
+  auto channel_of = [&](uint64_t ctx, int src, int dst) -> Channel& {
+    const uint64_t h = (ctx ^ (static_cast<uint64_t>(static_cast<uint32_t>(src)) << 20) ^ static_cast<uint32_t>(dst)) *
+                       0x9E3779B97F4A7C15ull;
+    ChannelSlot& e = channels[static_cast<size_t>(h >> 51)];  // the top 13 bits
+    if (e.c == nullptr || e.ctx != ctx || e.src != src || e.dst != dst)
+      e = ChannelSlot{ctx, src, dst, channel(ctx, src, dst)};
+    return *e.c;
+  };
   auto mpi_failed = [&](int rc, const char* call) {
     if (rc == MPI_SUCCESS) return false;
     set_failure(fmt::format("process {}: {} failed: {}", proc_, call, mpi_error(rc)), true);
@@ -642,12 +659,12 @@ void Fabric::progress_main() {
           try {
             reassembly.take_bundle(from, buf.data(), buf.size(), [&](Delivery&& d) {
               if (d.in_place) {
-                deliver(d.ctx, d.src, d.dst, d.msg.sig, d.view, d.view_size, a.buf, nullptr);
+                deliver(channel_of(d.ctx, d.src, d.dst), d.msg.sig, d.view, d.view_size, a.buf, nullptr);
               } else {
                 auto whole = std::make_shared<const std::vector<char>>(std::move(d.msg.data));
                 const char* at = whole->data();
                 const size_t n = whole->size();
-                deliver(d.ctx, d.src, d.dst, d.msg.sig, at, n, std::move(whole), nullptr);
+                deliver(channel_of(d.ctx, d.src, d.dst), d.msg.sig, at, n, std::move(whole), nullptr);
               }
             });
           } catch (const Error& e) {

@@ -211,9 +211,9 @@ int main(int argc, char** argv) {
       if (!run_one(first, r[first]) || !run_one(1 - first, r[1 - first])) break;
       const Run& e = r[0];
       const Run& pl = r[1];
-      std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f, user CPU %.3f (plain: every accumulator a plain "
-                  "fp32 running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs %.9g, "
-                  "grad norm %.9g vs %.9g\n",
+      std::printf("      exact / plain cost ratio: wall %.3f, CPU %.3f, user CPU %.3f (plain: every accumulator a "
+                  "plain fp32 running sum, 4 B instead of 56 B, in-kernel and across ranks); last step's loss %.9g vs "
+                  "%.9g, grad norm %.9g vs %.9g\n",
                   e.wall / pl.wall, (e.user + e.sys) / (pl.user + pl.sys), e.user / pl.user, e.loss, pl.loss, e.norm,
                   pl.norm);
       ratios.push_back((e.user + e.sys) / (pl.user + pl.sys));
