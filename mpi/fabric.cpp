@@ -292,11 +292,20 @@ Fabric::Channel* Fabric::channel(uint64_t ctx, int src, int dst) {
   TD_CHECK(process_of(dst) == proc_, "mpi: a channel to rank {}, which is not in process {}", dst, proc_);
   Mailbox& b = box(dst);
   std::lock_guard lk(b.m);
-  Queue& q = b.q[{ctx, src}];  // stays (unordered_map references are stable; emptied queues are kept)
-  q.ctx = ctx;
-  q.src = src;
-  q.dst = dst;
-  return &q;
+  return &queue_locked(b, ctx, src, dst);
+}
+
+// Under b.m: the queue of (ctx, src) in b, the mailbox of dst, made on first use. It stays (unordered_map references
+// are stable; emptied queues are kept) and its key is written only when it is made, so a channel's key can be read
+// without the lock.
+Fabric::Queue& Fabric::queue_locked(Mailbox& b, uint64_t ctx, int src, int dst) {
+  const auto [it, made] = b.q.try_emplace({ctx, src});
+  if (made) {
+    it->second.ctx = ctx;
+    it->second.src = src;
+    it->second.dst = dst;
+  }
+  return it->second;
 }
 
 void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* ptr, size_t size,
@@ -304,11 +313,7 @@ void Fabric::deliver(uint64_t ctx, int src, int dst, uint32_t sig, const char* p
   Mailbox& b = box(dst);
   {
     std::lock_guard lk(b.m);
-    Queue& q = b.q[{ctx, src}];  // one look-up under the lock (the progress thread's deliveries)
-    q.ctx = ctx;
-    q.src = src;
-    q.dst = dst;
-    if (push_locked(b, q, sig, ptr, size, keep, owner)) return;
+    if (push_locked(b, queue_locked(b, ctx, src, dst), sig, ptr, size, keep, owner)) return;
   }
   if (owner) release_ref(owner);  // the run failed: nobody takes it
 }

@@ -275,6 +275,7 @@ class Fabric {
                std::shared_ptr<const void> keep, void* owner);
   void deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
                void* owner);
+  Queue& queue_locked(Mailbox& b, uint64_t ctx, int src, int dst);
   bool push_locked(Mailbox& b, Queue& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void>& keep,
                    void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
