@@ -174,6 +174,36 @@ TEST(Faults, SendRecvCountMismatch) {
   EXPECT_HAS(msg, "rank 1 (world rank 1): recv(count=12, f32, from 0) #0 at " + at(l_recv));
 }
 
+// all_to_all is one collective on the emulator (Communicator::do_all_to_all): a count that differs, or another call in
+// its place, is the collective mismatch report (naming the call site of each rank), not a hang.
+TEST(Faults, AllToAllCountMismatch) {
+  const auto l_a = source_location::current();
+  const auto l_b = source_location::current();
+  const auto msg = expect_failure(3, [&](emu::RankContext& ctx) {
+    std::vector<float> s(9, 1.f), d(9);
+    const bool odd = ctx.rank() == 1;
+    ctx.world().all_to_all(s.data(), d.data(), odd ? 2 : 3, DataType::f32, {}, odd ? l_b : l_a);
+  });
+  EXPECT_HAS(msg, "collective mismatch on communicator 'world'");
+  EXPECT_HAS(msg, "disagree on count");
+  EXPECT_HAS(msg, "rank 1 (world rank 1): all_to_all(count=2, f32) #0 at " + at(l_b));
+  EXPECT_HAS(msg, "rank 0 (world rank 0): all_to_all(count=3, f32) #0 at " + at(l_a));
+}
+
+TEST(Faults, AllToAllAgainstAllGather) {
+  const auto l_a2a = source_location::current();
+  const auto l_ag = source_location::current();
+  const auto msg = expect_failure(4, [&](emu::RankContext& ctx) {
+    std::vector<float> s(8, 1.f), d(8);
+    if (ctx.rank() == 2) ctx.world().all_gather(s.data(), d.data(), 2, DataType::f32, {}, l_ag);
+    else ctx.world().all_to_all(s.data(), d.data(), 2, DataType::f32, {}, l_a2a);
+  });
+  EXPECT_HAS(msg, "collective mismatch on communicator 'world'");
+  EXPECT_HAS(msg, "disagree on operation");
+  EXPECT_HAS(msg, "rank 2 (world rank 2): all_gather(count=2, f32) #0 at " + at(l_ag));
+  EXPECT_HAS(msg, "rank 3 (world rank 3): all_to_all(count=2, f32) #0 at " + at(l_a2a));
+}
+
 TEST(Faults, AllToAllvInconsistentCounts) {
   // Rank 1 expects 3 elements from rank 2, which sends 2: the grouped send/recv pair disagrees.
   const auto l_a2a = source_location::current();
