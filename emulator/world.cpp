@@ -659,14 +659,7 @@ class EmuComm final : public Communicator {
     dev_.before_comm(s, "all_to_all", {acc, 2}, loc);
     const CallDesc c{CollOp::all_to_all, count, t, ReduceOp::sum, -1, helper_seq_, loc.file_name(), loc.line()};
     arrive(c, send, recv, -1, -1, 0, {}, /*collective_seq=*/false);
-    if (!dev_.options().shapes_only && one > 0) {
-      const size_t r = static_cast<size_t>(crank_);
-      for (size_t k = 1; k <= n; ++k) {  // start after self: spreads the readers over the sources
-        const size_t j = (r + k) % n;
-        std::memcpy(static_cast<char*>(recv) + j * one,
-                    static_cast<const char*>(g_->slots[j].send) + r * one, one);
-      }
-    }
+    if (!dev_.options().shapes_only) execute({CollOp::all_to_all, send, recv, count, t, ReduceOp::sum, -1});
     group_barrier(w_, *g_);  // nobody reuses a send buffer another rank may still read
     return true;
   }
@@ -875,6 +868,13 @@ class EmuComm final : public Communicator {
         if (src != a.recv && cnt) std::memcpy(a.recv, src, cnt * es);
         break;
       }
+      case CollOp::all_to_all:  // (do_all_to_all) block r of every member's send buffer, read in place
+        for (int k = 1; k <= n && cnt; ++k) {  // start after self: spreads the readers over the sources
+          const int j = (r + k) % n;
+          std::memcpy(static_cast<char*>(a.recv) + static_cast<size_t>(j) * cnt * es,
+                      static_cast<const char*>(slot(j).send) + static_cast<size_t>(r) * cnt * es, cnt * es);
+        }
+        break;
       case CollOp::reduce: {  // every rank reduces one segment of the root's result
         const size_t lo = seg_lo(cnt, n, r), hi = seg_lo(cnt, n, r + 1);
         srcs_.resize(static_cast<size_t>(n));
