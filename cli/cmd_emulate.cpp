@@ -337,10 +337,15 @@ int run(const Opts& o, emu::EmulateSpec spec) {
       std::fflush(stdout);
     });
     if (!mr.root) return 0;
-    int64_t mx = 0, sum = 0;
-    for (int64_t b : mr.process_rss) mx = std::max(mx, b), sum += b;
-    std::printf("peak RSS per process: max %s, all %d processes %s\n", mib(mx).c_str(), mr.processes,
-                mib(sum).c_str());
+    int64_t mx = 0, sum = 0, shared = 0, once = 0;
+    for (size_t p = 0; p < mr.process_rss.size(); ++p) {
+      const int64_t b = mr.process_rss[p], sh = std::min(mr.process_shared_rss[p], b);
+      mx = std::max(mx, b), sum += b, shared = std::max(shared, sh), once += b - sh;
+    }
+    // The sum counts the pages every process maps (the program, its libraries, MPI's shared memory) once per
+    // process; the machine holds them once.
+    std::printf("peak RSS per process: max %s, all %d processes %s; %s with shared pages counted once\n",
+                mib(mx).c_str(), mr.processes, mib(sum).c_str(), mib(once + shared).c_str());
     std::printf("between processes (MPI): %lld messages, %s, in %lld MPI messages\n",
                 static_cast<long long>(mr.remote_messages), mib(mr.remote_bytes).c_str(),
                 static_cast<long long>(mr.mpi_messages));
@@ -487,6 +492,18 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
   const emu::MemoryEstimate& est = info.est;
   std::printf("wall time %.2f s (%.2f s/step)\n", r.seconds,
               r.seconds / static_cast<double>(std::max<int64_t>(spec.run.steps, 1)));
+  if (const std::vector<double>& c = r.step_cpu_seconds; !c.empty()) {
+    // CPU time beside wall time: on a shared machine the wall time stretches, the CPU time much less.
+    const size_t n = c.size();
+    std::string after;
+    const int64_t first = spec.first_step + 1, last = spec.first_step + static_cast<int64_t>(n);
+    if (n > 1)  // the first step also sets the ranks up and touches their memory for the first time
+      after = fmt::format("; {}: {:.2f} s/step",
+                          n > 2 ? fmt::format("steps {}-{}", first + 1, last) : fmt::format("step {}", last),
+                          (c[n - 1] - c[0]) / static_cast<double>(n - 1));
+    std::printf("CPU time %.2f s, user + system%s (%.2f s/step%s)\n", c[n - 1],
+                o.backend == "mpi" ? " of every process" : "", c[n - 1] / static_cast<double>(n), after.c_str());
+  }
   // peak memory per rank
   std::vector<int64_t> pk = r.peak_bytes;
   const auto mx = std::max_element(pk.begin(), pk.end());
@@ -546,6 +563,8 @@ int report(const Opts& o, const emu::EmulateSpec& spec, const emu::EmulateResult
       steps.push_back({{"step", spec.first_step + static_cast<int64_t>(s) + 1}, {"loss", r.steps[s].loss},
                        {"grad_norm", r.steps[s].grad_norm}, {"clip", r.steps[s].clip},
                        {"valid_targets", r.steps[s].n_valid}});
+    for (size_t s = 0; s < r.steps.size() && s < r.step_cpu_seconds.size(); ++s)
+      steps[s]["cpu_seconds"] = r.step_cpu_seconds[s] - (s ? r.step_cpu_seconds[s - 1] : 0.0);
     if (spec.cfg.dsa())
       for (size_t s = 0; s < r.steps.size(); ++s) steps[s]["indexer_loss"] = r.steps[s].indexer_loss;
     doc["steps"] = std::move(steps);

@@ -14,6 +14,7 @@
 #include "emulator/fake_nccl.h"
 #include "emulator/world.h"
 #include "parallel/mesh_comm.h"
+#include "platform/memory_info.h"
 #include "reference/counted.h"
 #include "reference/check.h"
 #include "reference/model/repro.h"
@@ -234,6 +235,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
     fake_world.emplace(no);
   }
   const auto t0 = std::chrono::steady_clock::now();
+  StepCpuClock cpu(W, steps);
   SpawnResult sr = spawn(
       W,
       [&](RankContext& ctx) {
@@ -261,6 +263,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
             step.write_grads(res.grads[static_cast<size_t>(s)]);
             step.write_params(res.params[static_cast<size_t>(s)]);
           }
+          cpu.done(s);
           if (r == 0 && spec.progress) spec.progress(s, st);
         }
         if (spec.keep_state) res.state[static_cast<size_t>(r)] = step.state();
@@ -270,6 +273,7 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
       },
       so);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.step_cpu_seconds = cpu.seconds();
   for (auto& rr : sr.ranks) {
     res.rank_stats.push_back(std::move(rr.stats));
     if (spec.record_trace) res.traces.push_back(std::move(rr.trace));
@@ -286,6 +290,17 @@ EmulateResult<T> emulate(const EmulateSpec& spec, const KernelFactory<T>& kernel
   }
   res.routing = std::move(routing);
   return res;
+}
+
+StepCpuClock::StepCpuClock(int ranks, int64_t steps)
+    : t0_(platform::cpu_seconds()), left_(new std::atomic<int>[static_cast<size_t>(steps)]),
+      at_(static_cast<size_t>(steps), 0.0) {
+  for (int64_t s = 0; s < steps; ++s) left_[static_cast<size_t>(s)].store(ranks);
+}
+
+void StepCpuClock::done(int64_t step) {
+  if (left_[static_cast<size_t>(step)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+    at_[static_cast<size_t>(step)] = platform::cpu_seconds() - t0_;
 }
 
 // ---- reference check --------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // communicators, runs N optimizer steps, and assembles every rank's shards into full tensors so they can be
 // compared bit for bit with the single-rank reference (reference/model/train.h).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -112,6 +113,23 @@ struct EmulateResult {
   RoutingCounts routing;                       // record_routing: the router's counts; shapes only: those used
   CommStats total() const;                     // summed over ranks
   double seconds = 0;                          // wall time of the steps (spawn included)
+  // Per step: CPU seconds (user + system, every thread; with --backend mpi every process) from the start of the
+  // steps (spawn included) to the end of that step on its last rank, cumulative.
+  std::vector<double> step_cpu_seconds;
+};
+
+// This process's CPU time at the end of each step: the last of `ranks` ranks to finish step s stamps it, counted
+// from construction (platform::cpu_seconds). done() is thread-safe; seconds() is read after every rank finished.
+class StepCpuClock {
+ public:
+  StepCpuClock(int ranks, int64_t steps);
+  void done(int64_t step);
+  const std::vector<double>& seconds() const { return at_; }
+
+ private:
+  double t0_ = 0;
+  std::unique_ptr<std::atomic<int>[]> left_;
+  std::vector<double> at_;
 };
 
 // kernels: one kernel set per rank, launching on that rank's device (nullptr factory: CpuKernels).

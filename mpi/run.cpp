@@ -13,6 +13,7 @@
 
 #include "mpi/comm.h"
 #include "parallel/mesh_comm.h"
+#include "platform/memory_info.h"
 #include "reference/check.h"
 
 namespace trident::mpi {
@@ -274,6 +275,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
   std::mutex err_m;
   std::string first_error;
   const auto t0 = std::chrono::steady_clock::now();
+  emu::StepCpuClock cpu(k, steps);  // this process's CPU at the end of each step
   const std::function<void(int)> rank_main = [&](int g) {
     try {
       omp_set_num_threads(1);  // ranks are the parallelism
@@ -297,6 +299,7 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
             step.write_grads(grads[static_cast<size_t>(s)]);
             step.write_params(params[static_cast<size_t>(s)]);
           }
+          cpu.done(s);
           if (g == 0 && spec.progress) spec.progress(s, st);
         }
         out.peak = step.memory().peak;
@@ -334,9 +337,11 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
     if (fabric.failed()) fail(fabric.failure());  // a rank that could not start
     Writer w;
     w.pod<int64_t>(Fabric::peak_rss());
+    w.pod<int64_t>(platform::shared_rss_bytes());
     w.pod<int64_t>(fabric.remote_messages() + (r.root ? 0 : 1));  // this tensor message included
     w.pod<int64_t>(fabric.remote_bytes());
     w.pod<int64_t>(fabric.mpi_messages() + (r.root ? 0 : 1));  // the bundle of this tensor message included
+    for (double c : cpu.seconds()) w.pod<double>(c);
     append_tensors(w.b, grads);
     append_tensors(w.b, params);
     if (!r.root) {
@@ -347,11 +352,14 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       std::vector<RankOut> outs;
       for (int g = 0; g < W; ++g) outs.push_back(unpack(fabric.take(kResultCtx, g, 0, "its results")));
       r.process_rss.push_back(Fabric::peak_rss());
+      r.process_shared_rss.push_back(platform::shared_rss_bytes());
+      res.step_cpu_seconds = cpu.seconds();
       if (spec.keep_tensors) {
         res.grads = std::move(grads);
         res.params = std::move(params);
       }
-      constexpr size_t kHead = 4 * sizeof(int64_t);  // rss, remote messages, remote bytes, MPI messages
+      // rss, shared rss, remote messages, remote bytes, MPI messages; CPU seconds per step
+      const size_t kHead = 5 * sizeof(int64_t) + static_cast<size_t>(steps) * sizeof(double);
       const size_t want = kHead + tensor_bytes(res.grads) + tensor_bytes(res.params);
       r.remote_messages = fabric.remote_messages();
       r.remote_bytes = fabric.remote_bytes();
@@ -359,12 +367,18 @@ MpiRunResult<T> run_mpi(const emu::EmulateSpec& spec, const FabricOptions& opt, 
       for (int p = 1; p < fabric.processes(); ++p) {
         const Received m = fabric.take(kTensorCtx, p * k, 0, "its gradients and parameters");
         TD_CHECK_EQ(m.size(), want, "mpi: tensor message of process {}", p);
-        int64_t head[4] = {};
+        int64_t head[5] = {};
         std::memcpy(head, m.data(), sizeof head);
         r.process_rss.push_back(head[0]);
-        r.remote_messages += head[1];
-        r.remote_bytes += head[2] + static_cast<int64_t>(m.size());
-        r.mpi_messages += head[3];
+        r.process_shared_rss.push_back(head[1]);
+        r.remote_messages += head[2];
+        r.remote_bytes += head[3] + static_cast<int64_t>(m.size());
+        r.mpi_messages += head[4];
+        for (int64_t s = 0; s < steps; ++s) {
+          double c = 0;
+          std::memcpy(&c, m.data() + sizeof head + static_cast<size_t>(s) * sizeof c, sizeof c);
+          res.step_cpu_seconds[static_cast<size_t>(s)] += c;
+        }
         const size_t at = kHead + or_tensors(res.grads, m.data() + kHead);
         or_tensors(res.params, m.data() + at);
       }

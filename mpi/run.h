@@ -23,6 +23,9 @@ struct MpiRunResult {
   int ranks_per_process = 1;
   emu::EmulateResult<T> res;         // root only
   std::vector<int64_t> process_rss;  // root only: peak resident set per process (VmHWM), bytes
+  // root only: per process, its resident pages other processes may share (program, libraries, MPI's shared-memory
+  // segments: platform::shared_rss_bytes) at the end of the run, bytes
+  std::vector<int64_t> process_shared_rss;
   // root only: messages and payload bytes between processes (over MPI), summed over processes; the results and
   // tensors gathered to process 0 after the steps included
   int64_t remote_messages = 0, remote_bytes = 0;

@@ -88,4 +88,26 @@ int64_t peak_rss_bytes() {
 #endif
 }
 
+int64_t shared_rss_bytes() {
+#if defined(__linux__) && !defined(TRIDENT_PORTABLE)
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0, sum = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "RssFile: %lld kB", &kb) == 1 || std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) sum += kb;
+  std::fclose(f);
+  return sum * 1024;
+#else
+  return 0;
+#endif
+}
+
+double cpu_seconds() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  const auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
 }  // namespace trident::platform

@@ -5,6 +5,9 @@
 // (host_statistics64), else hw.memsize (sysctl); elsewhere the free pages sysconf reports.
 // peak_rss_bytes(): VmHWM of /proc/self/status on Linux by default; getrusage's ru_maxrss with TRIDENT_PORTABLE
 // and elsewhere (kilobytes on Linux, bytes on macOS).
+// shared_rss_bytes(): RssFile + RssShmem of /proc/self/status on Linux (resident pages other processes may map too:
+// the program, its libraries, shared-memory segments); 0 with TRIDENT_PORTABLE and elsewhere.
+// cpu_seconds(): user + system CPU time of this process, every thread (getrusage RUSAGE_SELF).
 #pragma once
 #include <cstdint>
 
@@ -14,5 +17,9 @@ namespace trident::platform {
 double available_memory_bytes();
 // Bytes; 0 when unknown.
 int64_t peak_rss_bytes();
+// Bytes; 0 when unknown.
+int64_t shared_rss_bytes();
+// Seconds; 0 when unknown.
+double cpu_seconds();
 
 }  // namespace trident::platform

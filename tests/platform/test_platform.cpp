@@ -153,4 +153,27 @@ TEST(PlatformMemory, Queries) {
   EXPECT_EQ(touched[12345], 1);
 }
 
+TEST(PlatformMemory, SharedPagesAndCpuTime) {
+  // The program's own text is a resident file page; 32 MiB of private anonymous memory must not count as shared.
+  const int64_t before = shared_rss_bytes();
+  std::vector<char> touched(32 << 20);
+  std::memset(touched.data(), 1, touched.size());
+  const int64_t after = shared_rss_bytes();
+#if defined(__linux__) && !defined(TRIDENT_PORTABLE)
+  EXPECT_GT(before, 0) << "RssFile of a running program";
+  EXPECT_LT(after - before, int64_t{16} << 20) << "private pages counted as shared";
+  EXPECT_LT(after, peak_rss_bytes());
+#else
+  EXPECT_EQ(before, 0);
+  EXPECT_EQ(after, 0);
+#endif
+  const double c0 = cpu_seconds();
+  volatile double x = 0;
+  for (int i = 0; i < 50'000'000; ++i) x = x + 1e-9 * i;
+  const double c1 = cpu_seconds();
+  EXPECT_GT(c1, c0) << "50 M additions took no CPU time";
+  EXPECT_LT(c1 - c0, 60.0);
+  EXPECT_EQ(touched[777], 1);
+}
+
 }  // namespace
