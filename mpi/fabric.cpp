@@ -155,17 +155,11 @@ void Fabric::set_failure(const std::string& msg, bool tell_others) {
     std::vector<void*> owners;
     {
       std::lock_guard lk(b->m);
-      for (auto& [key, q] : b->q) {
-        while (Item* it = q.head) {
-          q.head = it->next;
+      for (auto& [key, q] : b->q)
+        while (Item* it = front(q)) {
           if (it->owner) owners.push_back(it->owner);
-          it->keep.reset();
-          it->owner = nullptr;
-          it->next = b->free_items;
-          b->free_items = it;
+          pop(*b, q);
         }
-        q.tail = nullptr;
-      }
       wake_locked(*b);
     }
     for (void* o : owners) release_ref(o);
@@ -328,22 +322,42 @@ void Fabric::deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std
   if (owner) release_ref(owner);  // the run failed: nobody takes it
 }
 
+void Fabric::pop(Mailbox& b, Queue& q) {
+  Item* it = &q.slot;
+  if (q.slot_full) {
+    q.slot_full = false;
+  } else {
+    it = q.head;
+    q.head = it->next;
+    if (!q.head) q.tail = nullptr;
+    it->next = b.free_items;
+    b.free_items = it;
+  }
+  it->keep.reset();
+  it->owner = nullptr;
+}
+
 // Under b.m: appends the message to q (a queue of b) and wakes b's rank if it waits for q; false after a failure
 // (the message is not queued: the caller releases it).
 bool Fabric::push_locked(Mailbox& b, Queue& q, uint32_t sig, const char* ptr, size_t size,
                          std::shared_ptr<const void>& keep, void* owner) {
   if (failed_.load()) return false;
-  Item* it = b.free_items;
-  if (it) b.free_items = it->next;
-  else it = new Item;
-  it->next = nullptr;
+  Item* it = &q.slot;
+  if (!q.slot_full && !q.head) {
+    q.slot_full = true;
+  } else {
+    it = b.free_items;
+    if (it) b.free_items = it->next;
+    else it = new Item;
+    it->next = nullptr;
+    (q.tail ? q.tail->next : q.head) = it;
+    q.tail = it;
+  }
   it->sig = sig;
   it->keep = std::move(keep);
   it->ptr = ptr;
   it->size = size;
   it->owner = owner;
-  (q.tail ? q.tail->next : q.head) = it;
-  q.tail = it;
   if (b.waiting && b.want == std::make_pair(q.ctx, q.src)) wake_locked(b);
   return true;
 }
@@ -461,9 +475,7 @@ Received Fabric::take(Channel* c, const Describe& what) {
       lk.unlock();
       trident::fail(fmt::format("rank {}: {} (while waiting for {} from rank {})", dst, failure(), what(), src));
     }
-    if (Item* it = q.head) {
-      q.head = it->next;
-      if (!q.head) q.tail = nullptr;
+    if (Item* it = front(q)) {
       Received r;
       r.f_ = this;
       r.sig = it->sig;
@@ -471,9 +483,7 @@ Received Fabric::take(Channel* c, const Describe& what) {
       r.ptr_ = it->ptr;
       r.size_ = it->size;
       r.owner_ = it->owner;
-      it->owner = nullptr;
-      it->next = b.free_items;
-      b.free_items = it;
+      pop(b, q);
       return r;
     }
     if (t0 == Clock::time_point{}) t0 = Clock::now();

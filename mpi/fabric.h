@@ -244,10 +244,15 @@ class Fabric {
 
  public:
   struct Channel {  // public as a name only (declared above); its fields are the fabric's
-    Item* head = nullptr;
-    Item* tail = nullptr;
     uint64_t ctx = 0;  // the key it was made for
     int src = -1, dst = -1;
+    // The queue, oldest first: `slot` when full, then the list head..tail (items of the mailbox's free list). The
+    // slot lives in the channel itself, so that queueing and taking the usual one message in flight touch no other
+    // memory (a free-list item is cold by the time its rank runs again); it is filled only when the list is empty.
+    bool slot_full = false;
+    Item slot;
+    Item* head = nullptr;
+    Item* tail = nullptr;
   };
 
  private:
@@ -276,6 +281,8 @@ class Fabric {
   void deliver(Channel& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void> keep,
                void* owner);
   Queue& queue_locked(Mailbox& b, uint64_t ctx, int src, int dst);
+  static Item* front(Queue& q) { return q.slot_full ? &q.slot : q.head; }  // under b.m: the oldest, or nullptr
+  static void pop(Mailbox& b, Queue& q);  // under b.m: removes front(q) (not null); a list item goes to b's free list
   bool push_locked(Mailbox& b, Queue& q, uint32_t sig, const char* ptr, size_t size, std::shared_ptr<const void>& keep,
                    void* owner);
   void release_ref(void* owner);  // a post_ref message of that mailbox's rank was released
