@@ -178,12 +178,11 @@ CpKeySide cp_key_side(const EmulateMemoryInputs& in) {
   k.gather = (S + (m.cp_2d() ? S + no * 2 * ch : 0)) * P * ebd;     // gbuf (2D: + ibuf, obuf)
   k.acc = (S + ch + 2 * ch + (m.cp_2d() ? S + no * 2 * ch : 0)) * P * abd;  // kacc, blk, mine (2D: + tacc, part)
   // 1D CP, causal core: the tile partials, sent and received (StepImpl::key_partials), where they are fewer bytes
-  // than accumulators, carved from the arena with the owner's accumulators: nt = S / (cp T) tiles per local
-  // sequence, nt * S * P values each way, plus 2 S/cp * P accumulators.
-  const double nt = S / (cp * static_cast<double>(cfg.tile));
+  // than accumulators, carved from the arena with the owner's accumulators: one query tile's S * P values each way
+  // (the tiles go one at a time), plus 2 S/cp * P accumulators.
   if (key_side_partials(m, in.run.seq_len, cfg.tile, !cfg.dsa() && in.run.docs_per_seq <= 1, elem_bytes(cfg),
                         acc_bytes(cfg)))
-    k.acc = (2 * nt * S * ebd / abd + 2 * S / cp) * P * abd;
+    k.acc = (2 * S * ebd / abd + 2 * S / cp) * P * abd;
   return k;
 }
 

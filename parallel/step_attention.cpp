@@ -84,18 +84,21 @@ void StepImpl<T>::attention_fwd(int64_t i, const md::AttnW<T>& w, LayerState& st
 
 // The causal core's key side exchanged as tile partials (docs/parallel.md section 5), where that moves fewer bytes than
 // accumulators: each of a rank's nt = 2ch/T query tiles gives every key one partial of P values in T, so the
-// all-to-all sends nt * S * P values of T against the reduce-scatter's S * P accumulators; taken where
+// all-to-alls send nt * S * P values of T against the reduce-scatter's S * P accumulators; taken where
 // key_side_partials says so (1D CP, causal core, nt * sizeof(T) < sizeof(Acc): exact float nt <= 13; never in the
-// plain-sum twin, whose accumulator is one float) and the kernel set has the op. The owner sums its keys' cp * nt partial rows exactly (sum_acc over one-row tiles) and rounds once: the
-// exact sum of the same tile partials as the reduce-scatter's, so the same bits. Returns false, issuing nothing, when
-// not taken (the same on every cp rank: it depends on the layout and the kernel set only).
+// plain-sum twin, whose accumulator is one float) and the kernel set has the op. One query tile at a time: the kernel
+// writes the tile's S partial rows (cp blocks of the keys' owners), one all-to-all of S / cp rows per rank sends them,
+// and the owner adds the cp received rows of each of its keys into its accumulators (sum_acc over one-row tiles), so
+// the buffers hold one tile's partials, not nt. After the last tile it rounds once: the exact sum of the same tile
+// partials as the reduce-scatter's, so the same bits. Returns false, issuing nothing, when not taken (the same on every
+// cp rank: it depends on the layout and the kernel set only).
 template <class T>
 bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, const std::string& ph) {
   const md::CoreDims cd = md::CoreDims::from(cfg);
   const int64_t P = cd.P, nt = 2 * ch / cfg.tile;  // tiles per local sequence (layout rule 7: T divides ch)
   if (!key_side_partials(sh.mesh, S, cfg.tile, !cfg.dsa() && !packed, sizeof(T), sizeof(Acc))) return false;
   const md::AttnBufs<T>& A = st.attn;
-  const int64_t n = nt * S * P, nm = 2 * ch * P;  // partials sent (and received); this rank's key-side values
+  const int64_t n = S * P, nm = 2 * ch * P;  // one tile's partials sent (and received); this rank's key-side values
   // All three from the accumulator arena (free between gradient groups; no memory of their own): the partial buffers
   // as raw bytes, in whole accumulators.
   const size_t pa = (sz(n) * sizeof(T) + sizeof(Acc) - 1) / sizeof(Acc);
@@ -103,27 +106,31 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
   Acc* mine = arena_take(sz(nm), false);
   T* send = reinterpret_cast<T*>(arena_take(pa, false));
   T* recv = reinterpret_cast<T*>(arena_take(pa, false));
-  const std::vector<int64_t> one_row = uniform_segments(cp * nt, 1);  // every received row its own tile
+  const std::vector<int64_t> one_row = uniform_segments(cp, 1);  // every received row its own tile
   bool taken = true;
   for (int64_t j = 0; j < nseq && taken; ++j) {
     const int64_t r0 = j * 2 * ch;
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
     TD_CHECK_EQ(static_cast<int64_t>(qsegs.size()) - 1, nt, "key-side partials: the local sequence's query tiles");
-    md::CoreDims cdj = cd;
-    cdj.pairs = core_pairs[sz(j)];
-    taken = K.attn_core_backward_partials(pol, cdj, A.qc + r0 * cd.H * cd.Dq, pos.data() + r0, 2 * ch,
-                                          st.kv.data() + j * S * P, S, A.o + r0 * cd.H * cd.Dv,
-                                          A.stats + r0 * cd.H * 2, dO + r0 * cd.H * cd.Dv, qsegs,
-                                          dqc + r0 * cd.H * cd.Dq, send, cp, CS);
-    if (!taken) {
-      TD_CHECK(j == 0, "key-side partials: the kernel set declined after the first sequence");
-      break;
-    }
-    mc.cp->all_to_all(send, recv, sz(nt * 2 * ch * P), dt<T>(), CS);
-    note(ph, *mc.cp, CollOp::all_to_all);
     dev.memset(mine, 0, static_cast<int64_t>(sz(nm) * sizeof(Acc)), CS);
-    K.sum_acc(recv, nm, one_row, mine, CS);      // (cp * nt rows of nm): source rank major, then tile
-    K.exact_round(mine, dpay + r0 * P, nm, CS);  // the single rounding of the key side
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t q0 = r0 + qsegs[sz(t)], nq = qsegs[sz(t) + 1] - qsegs[sz(t)];
+      const std::vector<int64_t> tile = {0, nq};
+      md::CoreDims cdt = cd;  // the tile's (query, key) pairs, for the cost model: the causal core's pos + 1 each
+      for (int64_t r = q0; r < q0 + nq; ++r) cdt.pairs += rows.pos[sz(r)] + 1;
+      taken = K.attn_core_backward_partials(pol, cdt, A.qc + q0 * cd.H * cd.Dq, pos.data() + q0, nq,
+                                            st.kv.data() + j * S * P, S, A.o + q0 * cd.H * cd.Dv,
+                                            A.stats + q0 * cd.H * 2, dO + q0 * cd.H * cd.Dv, tile,
+                                            dqc + q0 * cd.H * cd.Dq, send, cp, CS);
+      if (!taken) {
+        TD_CHECK(j == 0 && t == 0, "key-side partials: the kernel set declined after the first tile");
+        break;
+      }
+      mc.cp->all_to_all(send, recv, sz(2 * ch * P), dt<T>(), CS);
+      note(ph, *mc.cp, CollOp::all_to_all);
+      K.sum_acc(recv, nm, one_row, mine, CS);  // (cp rows of nm): source rank major
+    }
+    if (taken) K.exact_round(mine, dpay + r0 * P, nm, CS);  // the single rounding of the key side
   }
   for (int k = 0; k < 3; ++k) arena_give();
   return taken;

@@ -96,8 +96,8 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
   const int64_t n = chunks;
   const auto AG = CollOp::all_gather, RS = CollOp::reduce_scatter, AR = CollOp::all_reduce,
              A2A = CollOp::all_to_all, A2AV = CollOp::all_to_allv;
-  // The causal core's key side: tile partials in an all-to-all where they are fewer bytes than accumulators (1D CP,
-  // no DSA, no packed documents; StepImpl::key_partials), else the accumulators' reduce-scatter.
+  // The causal core's key side: tile partials in an all-to-all per query tile where they are fewer bytes than
+  // accumulators (1D CP, no DSA, no packed documents; StepImpl::key_partials), else the accumulators' reduce-scatter.
   const bool packed = std::any_of(s.batches.begin(), s.batches.end(),
                                   [](const model::Batch& b) { return !b.doc_start.empty(); });
   const int64_t nt = 2 * (s.run.seq_len / (2 * m.cp)) / cfg.tile;
@@ -132,7 +132,7 @@ inline Counts expected_schedule(const emu::EmulateSpec& s) {
     for (const std::string& cpc : cp_comms) {
       add(c, f, cpc, AG, q);
       add(c, b, cpc, AG, recompute ? q : 0);
-      add(c, b, cpc, partials ? A2A : RS, q);
+      add(c, b, cpc, partials ? A2A : RS, partials ? q * nt : q);  // partials: one all-to-all per query tile
     }
     const int64_t Pp = partial_params(fmt::format("layers.{}.", i));
     add(c, b, "fsdp*cp", RS, P - Pp);
