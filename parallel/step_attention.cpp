@@ -112,7 +112,6 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
     const int64_t r0 = j * 2 * ch;
     const std::vector<int64_t> qsegs = rows.segs_in(r0, r0 + 2 * ch);
     TD_CHECK_EQ(static_cast<int64_t>(qsegs.size()) - 1, nt, "key-side partials: the local sequence's query tiles");
-    dev.memset(mine, 0, static_cast<int64_t>(sz(nm) * sizeof(Acc)), CS);
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t q0 = r0 + qsegs[sz(t)], nq = qsegs[sz(t) + 1] - qsegs[sz(t)];
       const std::vector<int64_t> tile = {0, nq};
@@ -126,6 +125,7 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
         TD_CHECK(j == 0 && t == 0, "key-side partials: the kernel set declined after the first tile");
         break;
       }
+      if (t == 0) dev.memset(mine, 0, static_cast<int64_t>(sz(nm) * sizeof(Acc)), CS);  // after the op was taken
       mc.cp->all_to_all(send, recv, sz(2 * ch * P), dt<T>(), CS);
       note(ph, *mc.cp, CollOp::all_to_all);
       K.sum_acc(recv, nm, one_row, mine, CS);  // (cp rows of nm): source rank major
