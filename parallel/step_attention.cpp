@@ -114,7 +114,7 @@ bool StepImpl<T>::key_partials(LayerState& st, const T* dO, T* dqc, T* dpay, con
     TD_CHECK_EQ(static_cast<int64_t>(qsegs.size()) - 1, nt, "key-side partials: the local sequence's query tiles");
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t q0 = r0 + qsegs[sz(t)], nq = qsegs[sz(t) + 1] - qsegs[sz(t)];
-      const std::vector<int64_t> tile = {0, nq};
+      const int64_t tile[2] = {0, nq};  // the one tile (the kernel set copies the segments at issue)
       md::CoreDims cdt = cd;  // the tile's (query, key) pairs, for the cost model: the causal core's pos + 1 each
       for (int64_t r = q0; r < q0 + nq; ++r) cdt.pairs += rows.pos[sz(r)] + 1;
       taken = K.attn_core_backward_partials(pol, cdt, A.qc + q0 * cd.H * cd.Dq, pos.data() + q0, nq,

@@ -45,6 +45,9 @@ run() {
   echo "$name $wall $cpu $step2 $rss $once $loss"
 }
 
+# ratio X Y: X / Y to 3 decimals
+ratio() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.3f", x / y }'; }
+
 # A process with many ranks on an oversubscribed machine can go seconds without its progress thread being
 # scheduled: a longer peer timeout than the default 6 s keeps that from counting as a dead process.
 mpi=(--backend mpi --mpi-peer-timeout 120)
@@ -75,7 +78,6 @@ for c in $configs; do
     read -r na wa ca c2a ra oa la <<<"$a"
     read -r _ wb cb c2b rb ob lb <<<"$b"
     [ "$la" = "$lb" ] || echo "bench_mpi: WARNING: losses differ ($la / $lb)"
-    ratio() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.3f", x / y }'; }
     cpu_r+=("$(ratio "$ca" "$cb")")
     s2_r+=("$(ratio "$c2a" "$c2b")")
     step_r+=("$(ratio "$wa" "$wb")")
