@@ -54,7 +54,9 @@ struct Blocking {
   static constexpr int NC = sizeof(T) == 4 ? 128 : 64;               // columns per OpenMP tile (mult. of NR)
 };
 
-// B(k, n) for k in [k0, k0+kc), n in [n0, n0+nc) packed as ceil(nc/NR) panels of [kc][NR], zero padded.
+// B(k, n) for k in [k0, k0+kc), n in [n0, n0+nc) packed as ceil(nc/NR) panels of [kc][NR], zero padded. Without
+// trans_b only the last panel is packed, and only when it is partial: the micro-kernel reads a full panel's rows of
+// NR in place (gemm_tile), which moves B once instead of twice.
 template <class T>
 void pack_b(const T* B, int64_t ldb, bool trans_b, int64_t k0, int64_t kc, int64_t n0, int64_t nc, T* out) {
   constexpr int NR = Blocking<T>::NR;
@@ -62,6 +64,7 @@ void pack_b(const T* B, int64_t ldb, bool trans_b, int64_t k0, int64_t kc, int64
     const int w = static_cast<int>(std::min<int64_t>(NR, nc - j0));
     T* p = out + j0 * kc;
     if (!trans_b) {
+      if (w == NR) continue;  // read in place
       for (int64_t k = 0; k < kc; ++k) {
         const T* src = B + (k0 + k) * ldb + n0 + j0;
         T* dst = p + k * NR;
@@ -87,10 +90,11 @@ inline VA broadcast(T x) {
   return x - VA{};
 }
 
-// C[0..mr, 0..nr) (+)= A[0..mr, 0..kc) * Bp, in-order over k. Bp is one packed [kc][NR] panel.
+// C[0..mr, 0..nr) (+)= A[0..mr, 0..kc) * Bp, in-order over k. Bp is one [kc][NR] panel whose rows are b_ks elements
+// apart: NR packed (64-byte aligned), or B's own row stride for a panel read in place (unaligned loads).
 template <class T, int MR>
-inline void micro_kernel(int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, T* C, int64_t ldc,
-                         int nr, bool load_c) {
+inline void micro_kernel(int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, int64_t b_ks, T* C,
+                         int64_t ldc, int nr, bool load_c) {
   using V = typename Vec<T>::V;
   using VA = typename Vec<T>::VA;
   constexpr int W = Blocking<T>::W, NV = Blocking<T>::NV, NR = Blocking<T>::NR;
@@ -112,7 +116,7 @@ inline void micro_kernel(int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, con
   for (int64_t k = 0; k < kc; ++k) {
     VA b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const VA*>(Bp + k * NR + v * W);
+    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const V*>(Bp + k * b_ks + v * W);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const VA ai = broadcast<VA>(A[i * a_rs + k * a_ks]);
@@ -138,15 +142,15 @@ inline void micro_kernel(int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, con
 }
 
 template <class T>
-void micro_dispatch(int mr, int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, T* C, int64_t ldc,
-                    int nr, bool load_c) {
+void micro_dispatch(int mr, int64_t kc, const T* A, int64_t a_rs, int64_t a_ks, const T* Bp, int64_t b_ks, T* C,
+                    int64_t ldc, int nr, bool load_c) {
   switch (mr) {
-    case 6: micro_kernel<T, 6>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
-    case 5: micro_kernel<T, 5>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
-    case 4: micro_kernel<T, 4>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
-    case 3: micro_kernel<T, 3>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
-    case 2: micro_kernel<T, 2>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
-    case 1: micro_kernel<T, 1>(kc, A, a_rs, a_ks, Bp, C, ldc, nr, load_c); break;
+    case 6: micro_kernel<T, 6>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
+    case 5: micro_kernel<T, 5>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
+    case 4: micro_kernel<T, 4>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
+    case 3: micro_kernel<T, 3>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
+    case 2: micro_kernel<T, 2>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
+    case 1: micro_kernel<T, 1>(kc, A, a_rs, a_ks, Bp, b_ks, C, ldc, nr, load_c); break;
     default: break;
   }
 }
@@ -172,10 +176,12 @@ void gemm_tile(int64_t m0, int64_t mc, int64_t n0, int64_t nc, int64_t K, const 
     const bool load_c = accumulate || k0 > 0;
     for (int64_t j0 = 0; j0 < nc; j0 += Bl::NR) {
       const int nr = static_cast<int>(std::min<int64_t>(Bl::NR, nc - j0));
-      const T* Bp = pack + j0 * kc;
+      const bool in_place = !trans_b && nr == Bl::NR;
+      const T* Bp = in_place ? B + k0 * ldb + n0 + j0 : pack + j0 * kc;
+      const int64_t b_ks = in_place ? ldb : Bl::NR;
       for (int64_t i0 = 0; i0 < mc; i0 += Bl::MR) {
         const int mr = static_cast<int>(std::min<int64_t>(Bl::MR, mc - i0));
-        micro_dispatch<T>(mr, kc, A + (m0 + i0) * a_rs + k0 * a_ks, a_rs, a_ks, Bp,
+        micro_dispatch<T>(mr, kc, A + (m0 + i0) * a_rs + k0 * a_ks, a_rs, a_ks, Bp, b_ks,
                           C + (m0 + i0) * ldc + n0 + j0, ldc, nr, load_c);
       }
     }
