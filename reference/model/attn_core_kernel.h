@@ -97,14 +97,102 @@ inline void axpy(T* __restrict y, T a, const T* __restrict x, int64_t n) {
   for (; i < n; ++i) y[i] = y[i] + a * x[i];
 }
 
+// This copy's vectors: 64 bytes (AVX-512F), 32 (AVX2) or 16 (the baseline: SSE2, NEON). Loads and stores are
+// unaligned; each lane is one output element with its own chain of operations, as a scalar loop would do them.
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX2__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+template <class T, int B>
+struct Vec {
+  typedef T V __attribute__((vector_size(B), aligned(sizeof(T)), __may_alias__));
+  static constexpr int W = B / static_cast<int>(sizeof(T));
+};
+// Splat: x - (+0) is x for every x (-0, Inf and NaN included).
+template <class V, class T>
+inline V splat(T x) {
+  return x - V{};
+}
+
+// out[j] = dot(x, column j of XT) for j in [j, n), in blocks of U vectors of B bytes, then single vectors, then
+// narrower vectors; returns the first column left (fewer than one 16-byte vector). Per lane: s = +0; for c ascending:
+// s = s + x[c] * XT[c, j], the running sums held in registers.
+template <class T, int B>
+inline int64_t dots_t_vec(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t j, int64_t n) {
+  using V = typename Vec<T, B>::V;
+  constexpr int W = Vec<T, B>::W, U = 4;
+  for (; j + U * W <= n; j += U * W) {
+    V a[U];  // unrolled, so the sums stay in registers (the add's first operand: NaN propagation as in scalar code)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) a[u] = V{};
+    for (int64_t c = 0; c < D; ++c) {
+      const V xc = splat<V>(x[c]);
+      const T* row = XT + c * S + j;
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) a[u] = a[u] + xc * *reinterpret_cast<const V*>(row + u * W);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) *reinterpret_cast<V*>(out + j + u * W) = a[u];
+  }
+  for (; j + W <= n; j += W) {
+    V a = V{};
+    for (int64_t c = 0; c < D; ++c) a = a + splat<V>(x[c]) * *reinterpret_cast<const V*>(XT + c * S + j);
+    *reinterpret_cast<V*>(out + j) = a;
+  }
+  if constexpr (B > 16) return dots_t_vec<T, B / 2>(out, x, XT, D, S, j, n);
+  return j;
+}
+
 // out[j] = dot(x, column j of XT) for j < n: s = +0; for c ascending: s = s + x[c]*XT[c, j].
 template <class T>
 inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = T(0);
-  for (int64_t c = 0; c < D; ++c) {
-    const T xc = x[c];
-    const T* row = XT + c * S;
-    axpy(out, xc, row, n);
+  for (int64_t j = dots_t_vec<T, kVecBytes>(out, x, XT, D, S, 0, n); j < n; ++j) {
+    T s = T(0);
+    for (int64_t c = 0; c < D; ++c) s = s + x[c] * XT[c * S + j];
+    out[j] = s;
+  }
+}
+
+// out[c] = +0 + a[j0] * X[j0, c] + ... + a[j1-1] * X[j1-1, c] (rows j ascending, ld apart) for c in [c, n), in blocks
+// as dots_t_vec; returns the first element left.
+template <class T, int B>
+inline int64_t rows_axpy_vec(T* out, const T* a, const T* X, int64_t ld, int64_t j0, int64_t j1, int64_t c,
+                             int64_t n) {
+  using V = typename Vec<T, B>::V;
+  constexpr int W = Vec<T, B>::W, U = 4;
+  for (; c + U * W <= n; c += U * W) {
+    V s[U];  // in registers, as dots_t_vec's
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) s[u] = V{};
+    for (int64_t j = j0; j < j1; ++j) {
+      const V aj = splat<V>(a[j]);
+      const T* row = X + j * ld + c;
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) s[u] = s[u] + aj * *reinterpret_cast<const V*>(row + u * W);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) *reinterpret_cast<V*>(out + c + u * W) = s[u];
+  }
+  for (; c + W <= n; c += W) {
+    V s = V{};
+    for (int64_t j = j0; j < j1; ++j) s = s + splat<V>(a[j]) * *reinterpret_cast<const V*>(X + j * ld + c);
+    *reinterpret_cast<V*>(out + c) = s;
+  }
+  if constexpr (B > 16) return rows_axpy_vec<T, B / 2>(out, a, X, ld, j0, j1, c, n);
+  return c;
+}
+
+// out[c] for c < n: +0, then for rows j in [j0, j1) ascending: out[c] = out[c] + a[j] * X[j*ld + c] (axpy's
+// arithmetic, row by row).
+template <class T>
+inline void rows_axpy(T* out, const T* a, const T* X, int64_t ld, int64_t j0, int64_t j1, int64_t n) {
+  for (int64_t c = rows_axpy_vec<T, kVecBytes>(out, a, X, ld, j0, j1, 0, n); c < n; ++c) {
+    T s = T(0);
+    for (int64_t j = j0; j < j1; ++j) s = s + a[j] * X[j * ld + c];
+    out[c] = s;
   }
 }
 
@@ -159,13 +247,8 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
       dm::exp_n(s.data() + j0, s.data() + j0, np - j0);  // exp's bits, many elements at once
       T l = T(0);
       for (int64_t j = j0; j < np; ++j) l = l + s[j];
-      T* oh = o + (r * H + h) * Dv;
-      for (int64_t c = 0; c < Dv; ++c) oh[c] = T(0);
-      for (int64_t j = j0; j < np; ++j) {
-        const T p = op1(pol, s[j] / l);
-        const T* v = kr + j * P + cd.val_base + g * Dv;
-        axpy(oh, p, v, Dv);
-      }
+      for (int64_t j = j0; j < np; ++j) s[j] = op1(pol, s[j] / l);  // p_j
+      rows_axpy(o + (r * H + h) * Dv, s.data(), kr + cd.val_base + g * Dv, P, j0, np, Dv);
       stats[(r * H + h) * 2 + 0] = m;
       stats[(r * H + h) * 2 + 1] = l;
     }
@@ -242,12 +325,7 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
           pp[j] = op1(pol, p);
           dd[j] = op1(pol, (p * (dp - D)) * sc);
         }
-        T* dqh = dq + (r * H + h) * Dq;
-        for (int64_t c = 0; c < Dq; ++c) dqh[c] = T(0);
-        for (int64_t j = j0; j < np; ++j) {
-          const T* k = kr + j * P + g * Dq;
-          axpy(dqh, dd[j], k, Dq);
-        }
+        rows_axpy(dq + (r * H + h) * Dq, dd, kr + g * Dq, P, j0, np, Dq);
       }
     }
     }
