@@ -905,17 +905,85 @@ namespace {
     for (int64_t i = 0; i < len; ++i) y[b0 + i] = settled[i] ? out[i] : exp(in[i]);
   }
 }
+
+// sigmoid_n, silu_n and their fused form: per block of 64 elements, sigmoid_fast and silu_fast for every element at
+// once, each lane the same double operations as the scalar functions (exp_fast(-|x|) as in exp_n, then
+// 1 / (1 + e) for x >= 0 and e / (1 + e) otherwise, silu x times that), then sigmoid() / silu() itself for each
+// element the fast stage does not settle (|x| > 104, NaN, or too near a rounding boundary). So every element gets the
+// scalar function's bits. sg or si may be null (not wanted); either may be x.
+[[gnu::always_inline]] inline void sigmoid_silu_n_body(const float* x, float* sg, float* si, int64_t n) {
+  typedef double VD __attribute__((vector_size(64)));
+  typedef int64_t VI __attribute__((vector_size(64)));
+  typedef float VF __attribute__((vector_size(32)));
+  constexpr int64_t kB = 64, kL = 8;
+  float in[kB], out_sg[kB], out_si[kB];
+  int64_t ok_sg[kB], ok_si[kB];
+  // ok = dom & float_rounding_safe(d), lane by lane (as exp_n); by reference (no vector return: the baseline ABI).
+  auto safe = [](const VD& d, const VI& dom, VI& ok) {
+    const VI db = (VI)d;
+    const VI normal = (VD)(db & INT64_MAX) >= 0x1p-126;
+    const VI dist = (db & ((int64_t{1} << 29) - 1)) - (int64_t{1} << 28);
+    ok = dom & normal & ((dist > 256) | (dist < -256));
+  };
+  for (int64_t b0 = 0; b0 < n; b0 += kB) {
+    const int64_t len = n - b0 < kB ? n - b0 : kB;
+    for (int64_t i = 0; i < len; ++i) in[i] = x[b0 + i];  // the outputs may be x
+    for (int64_t i = len; i < (len + kL - 1) / kL * kL; ++i) in[i] = 0.0f;
+    for (int64_t i = 0; i < len; i += kL) {
+      VF xf;
+      std::memcpy(&xf, in + i, sizeof xf);
+      const VD v = __builtin_convertvector(xf, VD);
+      const VD a = (VD)((VI)v & INT64_MAX);  // |x|
+      const VI dom = a <= 104.0;             // NaN: not in the domain
+      const VD na = -(a <= 104.0 ? a : VD{} + 104.0);  // outside the domain a clamped value; its result is not used
+      VD kd;
+      const VD r = exp_fast_reduced(na, kd);
+      const VD e = r * (VD)((((VI)(kd + 0x1.8p52)) + 1023) << 52);  // exp_fast(-|x|)
+      const VD one = VD{} + 1.0;
+      const VD d = v >= 0.0 ? one / (one + e) : e / (one + e);  // sigmoid_fast(x)
+      VI s1;
+      safe(d, dom, s1);
+      const VF f1 = __builtin_convertvector(d, VF);
+      std::memcpy(out_sg + i, &f1, sizeof f1);
+      std::memcpy(ok_sg + i, &s1, sizeof s1);
+      const VD dl = v * d;  // silu_fast(x)
+      VI s2;
+      safe(dl, dom, s2);
+      const VF f2 = __builtin_convertvector(dl, VF);
+      std::memcpy(out_si + i, &f2, sizeof f2);
+      std::memcpy(ok_si + i, &s2, sizeof s2);
+    }
+    if (sg)
+      for (int64_t i = 0; i < len; ++i) sg[b0 + i] = ok_sg[i] ? out_sg[i] : sigmoid(in[i]);
+    if (si)
+      for (int64_t i = 0; i < len; ++i) si[b0 + i] = ok_si[i] ? out_si[i] : silu(in[i]);
+  }
+}
 #else  // other compilers: element by element
 inline void exp_n_body(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = exp(x[i]);
 }
+inline void sigmoid_silu_n_body(const float* x, float* sg, float* si, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    if (sg) sg[i] = sigmoid(xi);
+    if (si) si[i] = silu(xi);
+  }
+}
 #endif
 
 void exp_n_baseline(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
+void sigmoid_silu_n_baseline(const float* x, float* sg, float* si, int64_t n) { sigmoid_silu_n_body(x, sg, si, n); }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TRIDENT_DM_DISPATCH 1
 [[gnu::target("avx2")]] void exp_n_avx2(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
 [[gnu::target("avx512f")]] void exp_n_avx512(const float* x, float* y, int64_t n) { exp_n_body(x, y, n); }
+[[gnu::target("avx2")]] void sigmoid_silu_n_avx2(const float* x, float* sg, float* si, int64_t n) {
+  sigmoid_silu_n_body(x, sg, si, n);
+}
+[[gnu::target("avx512f")]] void sigmoid_silu_n_avx512(const float* x, float* sg, float* si, int64_t n) {
+  sigmoid_silu_n_body(x, sg, si, n);
+}
 #endif
 
 }  // namespace
@@ -933,6 +1001,25 @@ void exp_n(const float* x, float* y, int64_t n) {
 
 void exp_n(const double* x, double* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = exp(x[i]);
+}
+
+void sigmoid_silu_n(const float* x, float* sg, float* si, int64_t n) {
+#ifdef TRIDENT_DM_DISPATCH
+  switch (gemm_isa()) {
+    case GemmIsa::avx512: return sigmoid_silu_n_avx512(x, sg, si, n);
+    case GemmIsa::avx2: return sigmoid_silu_n_avx2(x, sg, si, n);
+    case GemmIsa::baseline: break;
+  }
+#endif
+  sigmoid_silu_n_baseline(x, sg, si, n);
+}
+
+void sigmoid_silu_n(const double* x, double* sg, double* si, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[i];
+    if (sg) sg[i] = sigmoid(xi);
+    if (si) si[i] = silu(xi);
+  }
 }
 #endif  // TRIDENT_DM_HOST
 

@@ -33,5 +33,10 @@ double pow(double base, double e);  // exp(e * log(base)) in double-double; Anne
 // evaluates the fast stage for many elements at once (SIMD), which is where the attention core's softmax spends.
 void exp_n(const float* x, float* y, int64_t n);
 void exp_n(const double* x, double* y, int64_t n);
+// sg[i] = sigmoid(x[i]) and si[i] = silu(x[i]) for i < n, the same bits as the scalar functions; either output may be
+// null (not computed) or x itself. The float form evaluates the fast stage for many elements at once, one exp for
+// both (SwiGLU, the router).
+void sigmoid_silu_n(const float* x, float* sg, float* si, int64_t n);
+void sigmoid_silu_n(const double* x, double* sg, double* si, int64_t n);
 
 }  // namespace trident::dm

@@ -108,17 +108,28 @@ const T* h_rows(const T* hidden, int64_t d, int64_t r0, int64_t rows, bool bf16,
   return hidden + r0 * d;
 }
 
+// The calling thread's buffer of at least n elements for lse_update's exponentials (kept across calls).
+template <class T>
+std::vector<T>& exp_scratch(int64_t n) {
+  static thread_local std::vector<T> v;
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  return v;
+}
+
 // Online LSE: merge the chunk [j0, j0 + w) of each row's logits L (rows, w) row stride ldl into (M, S); record
 // the target logit when the target falls in the chunk.
 template <class T>
 void lse_update(const T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int32_t* targets, T* M, T* S,
                 T* tl, bool first) {
+  std::vector<T>& e = exp_scratch<T>(w);
   for (int64_t r = 0; r < rows; ++r) {
     const T* l = L + r * ldl;
     T m = l[0];
     for (int64_t j = 1; j < w; ++j) m = l[j] > m ? l[j] : m;
+    for (int64_t j = 0; j < w; ++j) e[static_cast<size_t>(j)] = l[j] - m;
+    dm::exp_n(e.data(), e.data(), w);  // exp's bits, many elements at once
     T s = T(0);
-    for (int64_t j = 0; j < w; ++j) s = s + dm::exp(l[j] - m);  // vocabulary order
+    for (int64_t j = 0; j < w; ++j) s = s + e[static_cast<size_t>(j)];  // vocabulary order
     if (first) {
       M[r] = m;
       S[r] = s;
@@ -154,10 +165,9 @@ void to_dlogit(T* L, int64_t ldl, int64_t rows, int64_t j0, int64_t w, const int
       continue;
     }
     const T z = lse[r];
-    for (int64_t j = 0; j < w; ++j) {
-      const T p = dm::exp(l[j] - z);
-      l[j] = (j0 + j == t ? p - T(1) : p) * grad_scale;
-    }
+    for (int64_t j = 0; j < w; ++j) l[j] = l[j] - z;
+    dm::exp_n(l, l, w);  // p, exp's bits
+    for (int64_t j = 0; j < w; ++j) l[j] = (j0 + j == t ? l[j] - T(1) : l[j]) * grad_scale;
     if constexpr (std::is_same_v<T, float>)
       if (bf16)
         for (int64_t j = 0; j < w; ++j) l[j] = round_bf16(l[j]);

@@ -369,7 +369,8 @@ void swiglu_forward(Policy pol, const T* x, const T* wg, const T* wu, const T* w
   if (N == 0) return;
   mm<T>(pol, N, F, d, x, d, wg, F, false, ug, F);
   mm<T>(pol, N, F, d, x, d, wu, F, false, uu, F);
-  for (int64_t i = 0; i < N * F; ++i) h[i] = dm::silu(ug[i]) * uu[i];
+  dm::sigmoid_silu_n(ug, static_cast<T*>(nullptr), h, N * F);  // silu's bits, many elements at once
+  for (int64_t i = 0; i < N * F; ++i) h[i] = h[i] * uu[i];
   mm<T>(pol, N, d, F, h, F, wd, d, false, y, d);
 }
 
@@ -380,10 +381,11 @@ void swiglu_backward_dgrad(Policy pol, const T* dy, const T* wg, const T* wu, co
   if (N == 0) return;
   std::vector<T> dh(static_cast<size_t>(N * F)), t2(static_cast<size_t>(N * d));
   mm<T>(pol, N, F, d, dy, d, wd, d, true, dh.data(), F);
+  dm::sigmoid_silu_n(ug, dug, duu, N * F);  // sigmoid into dug, silu into duu: the scalar functions' bits
   for (int64_t i = 0; i < N * F; ++i) {
-    const T sg = dm::sigmoid(ug[i]);
+    const T sg = dug[i];
     dug[i] = (dh[i] * uu[i]) * (sg * (T(1) + ug[i] * (T(1) - sg)));
-    duu[i] = dh[i] * dm::silu(ug[i]);
+    duu[i] = dh[i] * duu[i];
   }
   mm<T>(pol, N, d, F, dug, F, wg, F, true, dx, d);
   mm<T>(pol, N, d, F, duu, F, wu, F, true, t2.data(), d);
@@ -417,10 +419,10 @@ void router_forward(Policy pol, const T* a, const T* wr, const T* bias, int64_t 
   const T al = static_cast<T>(alpha);
   std::vector<char> taken(static_cast<size_t>(E));
   std::vector<T> biased(static_cast<size_t>(E));
+  dm::sigmoid_silu_n(logits, scores, static_cast<T*>(nullptr), N * E);  // sigmoid's bits, many at once
   for (int64_t r = 0; r < N; ++r) {
     T* s = scores + r * E;
     for (int64_t e = 0; e < E; ++e) {
-      s[e] = dm::sigmoid(logits[r * E + e]);
       TD_CHECK(!std::isnan(s[e]), "router: NaN score at row {} expert {}", r, e);
       biased[e] = s[e] + bias[e];
       taken[e] = 0;

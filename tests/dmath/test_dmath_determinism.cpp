@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "reference/dmath.h"
@@ -138,6 +139,59 @@ TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
   trident::dm::exp_n(xd.data(), yd.data(), static_cast<int64_t>(xd.size()));
   for (size_t i = 0; i < xd.size(); ++i)
     EXPECT_EQ(std::bit_cast<uint64_t>(yd[i]), std::bit_cast<uint64_t>(trident::dm::exp(xd[i]))) << "x=" << xd[i];
+}
+
+// sigmoid_silu_n against sigmoid and silu, bit for bit, on every copy: the same stride through all float patterns,
+// a dense sweep of [-110, 110] (the fast stage's domain is |x| <= 104), the domain edges; both outputs, one of them,
+// in place and not, lengths that end mid-block.
+TEST(DmathArrays, SigmoidSiluNAreTheScalarFunctionsBitwiseOnEveryCopy) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4093) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (int i = 0; i < (1 << 20); ++i) x.push_back(-110.0f + 220.0f * static_cast<float>(i) / (1 << 20));
+  for (float e : {-104.0f, 104.0f, 0.0f, -0.0f, 88.72284f, -87.33655f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min()})
+    for (float d : {0.0f, 1.0f, -1.0f})
+      x.push_back(d == 0.0f ? e : std::nextafter(e, d * std::numeric_limits<float>::infinity()));
+  std::vector<uint32_t> want_sg(x.size()), want_si(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    want_sg[i] = std::bit_cast<uint32_t>(trident::dm::sigmoid(x[i]));
+    want_si[i] = std::bit_cast<uint32_t>(trident::dm::silu(x[i]));
+  }
+  const trident::GemmIsa saved = trident::gemm_isa();
+  for (trident::GemmIsa isa : {trident::GemmIsa::baseline, trident::GemmIsa::avx2, trident::GemmIsa::avx512}) {
+    if (!trident::gemm_isa_supported(isa)) {
+      std::printf("copy %s: not run by this CPU or build\n", trident::gemm_isa_name(isa));
+      continue;
+    }
+    trident::set_gemm_isa(isa);
+    for (const int64_t len : {int64_t{1}, int64_t{63}, int64_t{65}, static_cast<int64_t>(x.size())}) {
+      std::vector<float> sg(x.size(), -1.0f), si(x.size(), -1.0f), z(x.begin(), x.end()), only(x.size(), -1.0f);
+      trident::dm::sigmoid_silu_n(x.data(), sg.data(), si.data(), len);
+      trident::dm::sigmoid_silu_n(z.data(), static_cast<float*>(nullptr), z.data(), len);  // silu in place
+      trident::dm::sigmoid_silu_n(x.data(), only.data(), static_cast<float*>(nullptr), len);
+      for (int64_t i = 0; i < len; ++i) {
+        const std::string repro = std::string("repro: copy=") + trident::gemm_isa_name(isa) +
+                                  " len=" + std::to_string(len) + " i=" + std::to_string(i);
+        ASSERT_EQ(std::bit_cast<uint32_t>(sg[i]), want_sg[i]) << "sigmoid x=" << x[i] << " " << repro;
+        ASSERT_EQ(std::bit_cast<uint32_t>(si[i]), want_si[i]) << "silu x=" << x[i] << " " << repro;
+        ASSERT_EQ(std::bit_cast<uint32_t>(z[i]), want_si[i]) << "silu in place x=" << x[i] << " " << repro;
+        ASSERT_EQ(std::bit_cast<uint32_t>(only[i]), want_sg[i]) << "sigmoid alone x=" << x[i] << " " << repro;
+      }
+      if (len < static_cast<int64_t>(x.size())) {
+        EXPECT_EQ(sg[static_cast<size_t>(len)], -1.0f) << "wrote past n";
+        EXPECT_EQ(si[static_cast<size_t>(len)], -1.0f) << "wrote past n";
+      }
+    }
+  }
+  trident::set_gemm_isa(saved);
+  std::vector<double> xd = {-800.0, -1.5, -0.0, 0.0, 0.5, 700.0, std::numeric_limits<double>::quiet_NaN()};
+  std::vector<double> sd(xd.size()), ld(xd.size());
+  trident::dm::sigmoid_silu_n(xd.data(), sd.data(), ld.data(), static_cast<int64_t>(xd.size()));
+  for (size_t i = 0; i < xd.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(sd[i]), std::bit_cast<uint64_t>(trident::dm::sigmoid(xd[i]))) << "x=" << xd[i];
+    EXPECT_EQ(std::bit_cast<uint64_t>(ld[i]), std::bit_cast<uint64_t>(trident::dm::silu(xd[i]))) << "x=" << xd[i];
+  }
 }
 
 }  // namespace
