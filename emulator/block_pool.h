@@ -4,13 +4,21 @@
 // The step allocates and frees a few hundred device buffers per rank and step. From the host's allocator, shared by
 // the 500-odd ranks of a worker thread, each cost a search of its bins, and their pages went back to the system and
 // were faulted in again step after step. The pool keeps them: blocks are carved from slabs of 16 MiB that it maps
-// once (2 MiB aligned and offered to transparent huge pages, so a first touch faults in 2 MiB at once), best fit
-// (the smallest free range that holds the request, the lowest address among equal sizes), and a returned block is
-// coalesced with the free ranges beside it. Small blocks (< 64 KiB) and large ones come from separate slabs, so a
-// long-lived large buffer never pins a slab of short-lived small ones; a slab that becomes empty is kept as a spare
-// that either kind takes before a new slab is mapped (a request above 16 MiB gets a slab of its own, unmapped when
-// freed). The pool's host memory is therefore the largest total its slabs reached (reserved_peak()): what its ranks
-// had live at their common peak, plus fragmentation.
+// once (2 MiB aligned and offered to transparent huge pages, so a first touch faults in 2 MiB at once), and a returned
+// block is coalesced with the free ranges beside it. Small blocks (< 64 KiB) and large ones come from separate slabs,
+// so a long-lived large buffer never pins a slab of short-lived small ones; a slab that becomes empty is kept as a
+// spare that either kind takes before a new slab is mapped (a request above 16 MiB gets a slab of its own, unmapped
+// when freed). The pool's host memory is therefore the largest total its slabs reached (reserved_peak()): what its
+// ranks had live at their common peak, plus fragmentation.
+//
+// Free ranges are found in constant time, two-level segregated fit: per kind, lists of free ranges by size class (a
+// power of two split into 8 classes; below 512 bytes one class per 64 bytes) with a bitmap of the non-empty lists, so
+// a request takes the first range of the smallest non-empty class whose every range holds it (the lowest class that
+// can, above the request's own class unless the request is a class's lower bound) and splits off the rest. A free
+// range keeps its list links and size in its own first 64 bytes and its size again in its last 8 (unless it ends its
+// slab); two bits per 64 bytes of slab (its first and its last granule) say where free ranges start and end, so a
+// returned block finds its free neighbours without a search. The bookkeeping lives in memory that was free anyway
+// and beside blocks in use: a slab's untouched tail is not written.
 //
 // Blocks are 64-byte aligned, their sizes rounded up to 64 bytes (allocate(0) gives 64). Not thread-safe: the ranks
 // of one worker run one at a time on its thread.
@@ -18,9 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -67,23 +73,36 @@ class BlockPool {
   size_t spare_slabs() const { return spare_.size(); }
 
  private:
+  static constexpr int kSL = 8;  // classes per power of two
+  static constexpr int kFL = 48;  // power-of-two bands: granule counts below 2^50
   struct Slab {
     uintptr_t base;
     size_t bytes;
-    int kind;  // 0 small, 1 large, -1 spare (empty)
+    int kind;                     // 0 small, 1 large, -1 spare (empty)
+    std::vector<uint64_t> start;  // bit g: a free range starts at granule g
+    std::vector<uint64_t> end;    // bit g: a free range ends at granule g (its last)
   };
-  struct Heap {  // the free ranges of one kind's slabs
-    std::map<uintptr_t, size_t> by_addr;                 // start -> bytes (coalescing)
-    std::set<std::pair<size_t, uintptr_t>> by_size;      // (bytes, start) (best fit)
-    void insert(uintptr_t p, size_t n);                  // strong guarantee
-    void erase(std::map<uintptr_t, size_t>::iterator it);
+  struct Free {  // the first bytes of a free range
+    size_t bytes;
+    Free* prev;
+    Free* next;
   };
+  struct Lists {  // one kind's free ranges by class
+    uint64_t fl_map = 0;
+    uint32_t sl_map[kFL] = {};
+    Free* head[kFL][kSL] = {};
+  };
+  static void class_of(size_t granules, int& fl, int& sl);
+  void link(int kind, Free* f);
+  void unlink(int kind, Free* f);
+  Free* take(int kind, size_t need);  // a free range of at least need bytes, unlinked; nullptr if none
+  void make_free(Slab& s, uintptr_t p, size_t n);  // marks, links and tags [p, p+n) of s as a free range
   bool add_slab(int kind, size_t need);
   Slab& slab_of(uintptr_t p);
 
-  std::vector<Slab> slabs_;      // by base address
+  std::vector<Slab> slabs_;       // by base address
   std::vector<uintptr_t> spare_;  // bases of empty kSlabBytes slabs
-  Heap heaps_[2];
+  Lists lists_[2];
   int64_t used_ = 0, used_peak_ = 0, reserved_ = 0, reserved_peak_ = 0;
 };
 
