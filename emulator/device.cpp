@@ -50,7 +50,7 @@ EmuDevice::~EmuDevice() {
     }
   }
   if (opt_.shapes_only) return;  // nothing was allocated
-  for (auto& [p, bytes] : sizes_) raw_release(reinterpret_cast<void*>(p), bytes);
+  sizes_.for_each([this](uintptr_t p, int64_t bytes) { raw_release(reinterpret_cast<void*>(p), bytes); });
   for (auto& [p, bytes] : unreleased_) raw_release(p, bytes);
 }
 
@@ -360,7 +360,7 @@ void* EmuDevice::allocate(int64_t bytes, Stream s, loc_t loc) {
                      over ? fmt::format(", device limit {}", opt_.max_bytes) : "", base_name(loc.file_name()),
                      loc.line()));
   if (deferred_ && !opt_.shapes_only) std::memset(p, 0xFF, n);  // poison: uninitialised reads show up as NaN
-  sizes_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  sizes_.insert(reinterpret_cast<uintptr_t>(p), bytes);
   if (checking_) allocs_[reinterpret_cast<uintptr_t>(p)] = Alloc{bytes, {}};
   mem_.cur += bytes;
   mem_.peak = std::max(mem_.peak, mem_.cur);
@@ -390,14 +390,14 @@ void EmuDevice::free(void* p, Stream s, loc_t loc) {
 }
 
 void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
-  auto it = sizes_.find(reinterpret_cast<uintptr_t>(p));
-  if (it == sizes_.end() || s.id < 0 || static_cast<size_t>(s.id) >= streams_.size()) {
+  const int64_t* found = sizes_.find(reinterpret_cast<uintptr_t>(p));
+  if (found == nullptr || s.id < 0 || static_cast<size_t>(s.id) >= streams_.size()) {
     if (pending_error_.empty())
       pending_error_ = fmt::format("rank {}: free of {} that no allocate returned (or freed twice) at {}:{}", rank_,
                                    p, base_name(loc.file_name()), loc.line());
     return;
   }
-  const int64_t bytes = it->second;
+  const int64_t bytes = *found;
   if (checking_) {
     try {
       tick(s.id + 1);
@@ -407,7 +407,7 @@ void EmuDevice::free_impl(void* p, Stream s, loc_t loc) {
       if (pending_error_.empty()) pending_error_ = e.what();
     }
   }
-  sizes_.erase(it);
+  sizes_.erase(reinterpret_cast<uintptr_t>(p));
   trace_memory(s, TraceEntry::Kind::free, bytes, loc);
   if (checking_) allocs_.erase(reinterpret_cast<uintptr_t>(p));  // checker state goes with it
   if (!deferred_) {  // eager: the free is an op of s that runs now (what issue() would do, without the closure)

@@ -23,9 +23,9 @@
 #include <set>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "emulator/addr_map.h"
 #include "emulator/block_pool.h"
 #include "emulator/trace_hash.h"
 #include "parallel/device.h"
@@ -168,10 +168,11 @@ class EmuDevice final : public Device {
   std::vector<StreamQ> streams_;
   std::vector<Ev> events_;
   std::vector<Clock> clocks_;  // per agent
-  // Every live allocation's bytes, found by address in O(1): the step allocates and frees a buffer per tensor and
-  // layer, and an ordered tree of a rank's allocations, cold in the cache after the other ranks ran, cost more
-  // than the allocation itself. allocs_ (address-ordered, with the access records) is kept only while checking.
-  std::unordered_map<uintptr_t, int64_t> sizes_;
+  // Every live allocation's bytes, found by address in O(1) (emulator/addr_map.h): the step allocates and frees a
+  // buffer per tensor and layer, and an ordered tree of a rank's allocations, cold in the cache after the other ranks
+  // ran, cost more than the allocation itself. allocs_ (address-ordered, with the access records) is kept only while
+  // checking.
+  AddrMap sizes_;
   std::map<uintptr_t, Alloc> allocs_;
   std::map<void*, int64_t> unreleased_;  // freed, the free not run yet (deferred): bytes
   DeviceMemory mem_;

@@ -150,9 +150,10 @@ int64_t sum_group_partials(const T* x, int64_t ldx, std::span<const int64_t> seg
   for (int64_t t = t0; t < std::min(n_tiles, t0 + kTBMax); ++t) {
     if (segs[t] == segs[t + 1]) continue;  // an empty tile contributes nothing
     T* __restrict part = P + n_live * jb;
+    const T* __restrict first = x + segs[t] * ldx + j0;
 #pragma omp simd
-    for (int64_t j = 0; j < jb; ++j) part[j] = T(0);
-    for (int64_t r = segs[t]; r < segs[t + 1]; ++r) {  // token order inside the tile
+    for (int64_t j = 0; j < jb; ++j) part[j] = T(0) + first[j];  // +0 + the first row: no separate zeroing pass
+    for (int64_t r = segs[t] + 1; r < segs[t + 1]; ++r) {  // token order inside the tile
       const T* __restrict row = x + r * ldx + j0;
 #pragma omp simd
       for (int64_t j = 0; j < jb; ++j) part[j] = part[j] + row[j];
