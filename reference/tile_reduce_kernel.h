@@ -81,7 +81,8 @@ struct GroupSums {
   bool on = false;  // sums formed for the current group
 
   template <class T>
-  void form(const T* P, int64_t n_live, int64_t n) {
+  void form(const T* P, int64_t n_live, int64_t n, int64_t ldu = -1) {  // ldu: elements from one partial to the next
+    if (ldu < 0) ldu = n;
     on = false;
     if constexpr (kWideAdds<T>) {
       if (n_live < 2) return;
@@ -94,7 +95,7 @@ struct GroupSums {
 #pragma omp simd
       for (int64_t e = 0; e < n; ++e) sm[e] = 0.0, hi[e] = 0.0f, lo[e] = std::numeric_limits<float>::infinity();
       for (int64_t u = 0; u < n_live; ++u) {
-        const T* p = P + u * n;
+        const T* p = P + u * ldu;
 #pragma omp simd
         for (int64_t e = 0; e < n; ++e) {
           const float x = p[e], ax = std::fabs(x);
@@ -118,7 +119,9 @@ struct GroupSums {
 // element whose group sum g formed exactly goes in as that one double (ExactAcc<float>::add_unchecked_wide), any other
 // partial by partial. The same exact sum either way, so the same bits.
 template <class T>
-void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i, const GroupSums& g) {
+void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_t mb, int64_t i, const GroupSums& g,
+                  int64_t ldu = -1) {  // ldu: elements from one tile's partials to the next (kb * mb packed)
+  if (ldu < 0) ldu = kb * mb;
   for (int64_t j = 0; j < mb; ++j) a[j].reserve_adds(static_cast<uint32_t>(n_live));
   if constexpr (kWideAdds<T>) {
     if (g.on) {
@@ -128,14 +131,14 @@ void add_partials(ExactAcc<T>* a, const T* P, int64_t n_live, int64_t kb, int64_
         if (wide[j]) [[likely]] {
           a[j].add_unchecked_wide(sum[j]);
         } else {
-          for (int64_t u = 0; u < n_live; ++u) a[j].add_unchecked(P[(u * kb + i) * mb + j]);
+          for (int64_t u = 0; u < n_live; ++u) a[j].add_unchecked(P[u * ldu + i * mb + j]);
         }
       }
       return;
     }
   }
   for (int64_t u = 0; u < n_live; ++u) {
-    const T* p = P + (u * kb + i) * mb;
+    const T* p = P + u * ldu + i * mb;
     for (int64_t j = 0; j < mb; ++j) a[j].add_unchecked(p[j]);
   }
 }
@@ -219,6 +222,16 @@ void tile_sum_acc_k(const T* x, int64_t J, std::span<const int64_t> segs, ExactA
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
       for (int64_t t0 = 0; t0 < n_tiles; t0 += kTBMax) {
+        const int64_t t1 = std::min(n_tiles, t0 + kTBMax);
+        if (segs[t1] - segs[t0] == t1 - t0 && std::all_of(segs.begin() + t0, segs.begin() + t1,
+                                                           [&](const int64_t& s) { return (&s)[1] - s == 1; })) {
+          // Every tile one row: its partial is +0 + the row, which adds as the row does (+0 and -0 add nothing
+          // exactly, and the group's double sum starts from +0): the rows serve as the partials in place.
+          const T* rows = x + segs[t0] * J + j0;
+          g.form(rows, t1 - t0, jb, J);
+          add_partials(acc + j0, rows, t1 - t0, 1, jb, 0, g, J);
+          continue;
+        }
         const int64_t n_live = sum_group_partials<T>(x, J, segs, t0, j0, jb, P.data());
         if (n_live == 0) continue;
         g.form(P.data(), n_live, jb);

@@ -272,6 +272,54 @@ TYPED_TEST(TileTest, SumRoundEqualsAccumulateThenRound) {
   }
 }
 
+// One-row tiles (the exchanged partials' merge: uniform_segments(n, 1)) are summed from the rows in place: the
+// accumulators' bytes equal those of adding every element one by one (ExactAcc::add), for groups that are all
+// one-row tiles (1, 31, 32, 33 and 130 rows: partial and several groups), a group with a two-row tile (its rounded
+// partial, the generic path), -0,
+// subnormals, cancellation, wide windows (the one-by-one path), Inf and NaN.
+TYPED_TEST(TileTest, OneRowTilesSumInPlaceAsAddedOneByOne) {
+  using T = TypeParam;
+  const uint64_t seed = 151;
+  std::mt19937_64 rng(seed);
+  const int64_t J = 300;
+  for (int64_t n_rows : {1, 31, 32, 33, 130}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<T> x(static_cast<size_t>(n_rows * J));
+      std::normal_distribution<double> nd(0.0, 1.0);
+      const int span = variant == 2 ? 121 : 21;  // variant 2: windows too wide for the grouped double
+      for (auto& v : x) v = static_cast<T>(std::ldexp(nd(rng), static_cast<int>(rng() % span) - span / 2));
+      if (variant >= 1) {
+        for (int64_t j = 0; j < J; j += 5) x[static_cast<size_t>(j)] = T(-0.0);
+        if (n_rows >= 2)
+          for (int64_t j = 1; j < J; j += 3) x[static_cast<size_t>(J + j)] = -x[static_cast<size_t>(j)];
+        x[static_cast<size_t>(n_rows * J - 2)] = std::numeric_limits<T>::denorm_min();
+        x[7] = std::numeric_limits<T>::infinity();
+        x[static_cast<size_t>((n_rows - 1) * J + 9)] = std::numeric_limits<T>::quiet_NaN();
+      }
+      for (bool mixed : {false, true}) {
+        if (mixed && n_rows < 3) continue;
+        std::vector<int64_t> segs = uniform_segments(n_rows, 1);
+        if (mixed) segs.erase(segs.begin() + 1);  // rows 0-1 one tile (its partial rounded): the generic path
+        std::vector<ExactAcc<T>> want(static_cast<size_t>(J));
+        for (int64_t j = 0; j < J; ++j) {
+          const auto at = [&](int64_t r) { return x[static_cast<size_t>(r * J + j)]; };
+          if (mixed) want[static_cast<size_t>(j)].add((T(0) + at(0)) + at(1));
+          for (int64_t r = mixed ? 2 : 0; r < n_rows; ++r) want[static_cast<size_t>(j)].add(at(r));
+        }
+        std::vector<ExactAcc<T>> got(static_cast<size_t>(J));
+        tile_sum_acc<T>(x.data(), J, segs, got.data());
+        for (int64_t j = 0; j < J; ++j) {
+          ExactAcc<T> a = got[static_cast<size_t>(j)], b = want[static_cast<size_t>(j)];
+          a.normalize();
+          b.normalize();
+          ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "repro: seed=" << seed << " rows=" << n_rows
+                                                       << " variant=" << variant << " mixed=" << mixed << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
 // Any partition of the tiles over P parts ("ranks"), each accumulated separately, merged exactly.
 // tile_wgrad_partials: each partial at its documented place in the send layout (blocks of rows, then tile, then the
 // block's rows), a column block of a wider tensor (off, ld) included, and padding rows untouched; the partials of each
