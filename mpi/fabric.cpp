@@ -394,9 +394,12 @@ void Fabric::post(uint64_t ctx, int src, int dst, uint32_t sig, const void* data
       if (const size_t want = b.size() + rec; want > b.capacity())
         b.reserve(std::max(want, want <= kSmallBundle ? std::min(kSmallBundle, bundle_cap_) : bundle_cap_));
       const Header h{ctx, src, dst, sig, static_cast<uint32_t>(n), bytes, off};
-      const char* hp = reinterpret_cast<const char*>(&h);
-      b.insert(b.end(), hp, hp + sizeof h);
-      b.insert(b.end(), p + off, p + off + n);
+      // resize leaves the new bytes unset (WireAlloc's construct), then two copies: insert() would go through the
+      // allocator's construct byte by byte.
+      const size_t at = b.size();
+      b.resize(at + rec);
+      std::memcpy(b.data() + at, &h, sizeof h);
+      if (n) std::memcpy(b.data() + at + sizeof h, p + off, n);
       off += n;
     } while (off < bytes);
     wake = !out_pending_;
