@@ -117,54 +117,17 @@ inline V splat(T x) {
   return x - V{};
 }
 
-// out[j] = dot(x, column j of XT) for j in [j, n), in blocks of U vectors of B bytes, then single vectors, then
-// narrower vectors; returns the first column left (fewer than one 16-byte vector). Per lane: s = +0; for c ascending:
-// s = s + x[c] * XT[c, j], the running sums held in registers.
-template <class T, int B>
-inline int64_t dots_t_vec(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t j, int64_t n) {
-  using V = typename Vec<T, B>::V;
-  constexpr int W = Vec<T, B>::W, U = 4;
-  for (; j + U * W <= n; j += U * W) {
-    V a[U];  // unrolled, so the sums stay in registers (the add's first operand: NaN propagation as in scalar code)
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) a[u] = V{};
-    for (int64_t c = 0; c < D; ++c) {
-      const V xc = splat<V>(x[c]);
-      const T* row = XT + c * S + j;
-#pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) a[u] = a[u] + xc * *reinterpret_cast<const V*>(row + u * W);
-    }
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) *reinterpret_cast<V*>(out + j + u * W) = a[u];
-  }
-  for (; j + W <= n; j += W) {
-    V a = V{};
-    for (int64_t c = 0; c < D; ++c) a = a + splat<V>(x[c]) * *reinterpret_cast<const V*>(XT + c * S + j);
-    *reinterpret_cast<V*>(out + j) = a;
-  }
-  if constexpr (B > 16) return dots_t_vec<T, B / 2>(out, x, XT, D, S, j, n);
-  return j;
-}
-
-// out[j] = dot(x, column j of XT) for j < n: s = +0; for c ascending: s = s + x[c]*XT[c, j].
-template <class T>
-inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t n) {
-  for (int64_t j = dots_t_vec<T, kVecBytes>(out, x, XT, D, S, 0, n); j < n; ++j) {
-    T s = T(0);
-    for (int64_t c = 0; c < D; ++c) s = s + x[c] * XT[c * S + j];
-    out[j] = s;
-  }
-}
-
 // out[c] = +0 + a[j0] * X[j0, c] + ... + a[j1-1] * X[j1-1, c] (rows j ascending, ld apart) for c in [c, n), in blocks
-// as dots_t_vec; returns the first element left.
+// of U vectors of B bytes, then single vectors, then narrower vectors; returns the first element left (fewer than
+// one 16-byte vector). The U running sums of a block stay in registers (unrolled), and each add takes the running sum
+// as its first operand, so NaN propagation is the scalar loop's.
 template <class T, int B>
 inline int64_t rows_axpy_vec(T* out, const T* a, const T* X, int64_t ld, int64_t j0, int64_t j1, int64_t c,
                              int64_t n) {
   using V = typename Vec<T, B>::V;
   constexpr int W = Vec<T, B>::W, U = 4;
   for (; c + U * W <= n; c += U * W) {
-    V s[U];  // in registers, as dots_t_vec's
+    V s[U];
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) s[u] = V{};
     for (int64_t j = j0; j < j1; ++j) {
@@ -194,6 +157,13 @@ inline void rows_axpy(T* out, const T* a, const T* X, int64_t ld, int64_t j0, in
     for (int64_t j = j0; j < j1; ++j) s = s + a[j] * X[j * ld + c];
     out[c] = s;
   }
+}
+
+// out[j] = dot(x, column j of XT) for j < n: s = +0; for c ascending: s = s + x[c]*XT[c, j] (rows_axpy over the D
+// rows of XT).
+template <class T>
+inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_t n) {
+  rows_axpy(out, x, XT, S, 0, D, n);
 }
 
 }  // namespace

@@ -108,10 +108,10 @@ std::vector<float> exp_inputs() {
   return v;
 }
 
-TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
-  const std::vector<float> x = exp_inputs();
-  std::vector<uint32_t> want(x.size());
-  for (size_t i = 0; i < x.size(); ++i) want[i] = std::bit_cast<uint32_t>(trident::dm::exp(x[i]));
+// Runs f(isa) on every instruction-set copy this CPU and build run (printing the ones skipped), then restores the
+// copy that was chosen.
+template <class F>
+void on_every_copy(F f) {
   const trident::GemmIsa saved = trident::gemm_isa();
   for (trident::GemmIsa isa : {trident::GemmIsa::baseline, trident::GemmIsa::avx2, trident::GemmIsa::avx512}) {
     if (!trident::gemm_isa_supported(isa)) {
@@ -119,6 +119,16 @@ TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
       continue;
     }
     trident::set_gemm_isa(isa);
+    f(isa);
+  }
+  trident::set_gemm_isa(saved);
+}
+
+TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
+  const std::vector<float> x = exp_inputs();
+  std::vector<uint32_t> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = std::bit_cast<uint32_t>(trident::dm::exp(x[i]));
+  on_every_copy([&](trident::GemmIsa isa) {
     for (const int64_t len : {int64_t{1}, int64_t{63}, int64_t{65}, static_cast<int64_t>(x.size())}) {
       std::vector<float> y(x.size(), -1.0f), z(x.begin(), x.end());
       trident::dm::exp_n(x.data(), y.data(), len);
@@ -133,8 +143,7 @@ TEST(DmathArrays, ExpNIsExpBitwiseOnEveryCopy) {
         EXPECT_EQ(y[static_cast<size_t>(len)], -1.0f) << "exp_n wrote past n";
       }
     }
-  }
-  trident::set_gemm_isa(saved);
+  });
   std::vector<double> xd = {-800.0, -1.5, 0.0, 0.5, 700.0, std::numeric_limits<double>::quiet_NaN()}, yd(xd.size());
   trident::dm::exp_n(xd.data(), yd.data(), static_cast<int64_t>(xd.size()));
   for (size_t i = 0; i < xd.size(); ++i)
@@ -158,13 +167,7 @@ TEST(DmathArrays, SigmoidSiluNAreTheScalarFunctionsBitwiseOnEveryCopy) {
     want_sg[i] = std::bit_cast<uint32_t>(trident::dm::sigmoid(x[i]));
     want_si[i] = std::bit_cast<uint32_t>(trident::dm::silu(x[i]));
   }
-  const trident::GemmIsa saved = trident::gemm_isa();
-  for (trident::GemmIsa isa : {trident::GemmIsa::baseline, trident::GemmIsa::avx2, trident::GemmIsa::avx512}) {
-    if (!trident::gemm_isa_supported(isa)) {
-      std::printf("copy %s: not run by this CPU or build\n", trident::gemm_isa_name(isa));
-      continue;
-    }
-    trident::set_gemm_isa(isa);
+  on_every_copy([&](trident::GemmIsa isa) {
     for (const int64_t len : {int64_t{1}, int64_t{63}, int64_t{65}, static_cast<int64_t>(x.size())}) {
       std::vector<float> sg(x.size(), -1.0f), si(x.size(), -1.0f), z(x.begin(), x.end()), only(x.size(), -1.0f);
       trident::dm::sigmoid_silu_n(x.data(), sg.data(), si.data(), len);
@@ -183,8 +186,7 @@ TEST(DmathArrays, SigmoidSiluNAreTheScalarFunctionsBitwiseOnEveryCopy) {
         EXPECT_EQ(si[static_cast<size_t>(len)], -1.0f) << "wrote past n";
       }
     }
-  }
-  trident::set_gemm_isa(saved);
+  });
   std::vector<double> xd = {-800.0, -1.5, -0.0, 0.0, 0.5, 700.0, std::numeric_limits<double>::quiet_NaN()};
   std::vector<double> sd(xd.size()), ld(xd.size());
   trident::dm::sigmoid_silu_n(xd.data(), sd.data(), ld.data(), static_cast<int64_t>(xd.size()));
