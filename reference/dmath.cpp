@@ -867,12 +867,31 @@ TD_DM float rsqrt(float xf) {
 namespace {
 
 #if defined(__GNUC__) && !defined(__clang__)
+// 8 lanes of GCC vectors: the compiler maps them onto the target's registers (4 SSE2, 2 AVX2 or 1 AVX-512
+// register); every lane is one element's own computation. The lane helpers take and give vectors by reference (a
+// vector argument or result would change the baseline copy's ABI).
+typedef double VD __attribute__((vector_size(64)));
+typedef int64_t VI __attribute__((vector_size(64)));
+typedef float VF __attribute__((vector_size(32)));
+
+// y = exp_fast(x) per lane: exp_fast_reduced, then 2^kd from kd's bits (kd + 1.5 * 2^52 holds kd in its low
+// mantissa bits; + 1023 and << 52 leave the biased exponent).
+[[gnu::always_inline]] inline void exp_fast_lanes(const VD& x, VD& y) {
+  VD kd;
+  const VD r = exp_fast_reduced(x, kd);
+  y = r * (VD)((((VI)(kd + 0x1.8p52)) + 1023) << 52);
+}
+
+// ok = dom & float_rounding_safe(d) per lane: |d| >= 2^-126 and the 29 bits a float drops more than 256 away from
+// the midpoint pattern.
+[[gnu::always_inline]] inline void settles(const VD& d, const VI& dom, VI& ok) {
+  const VI db = (VI)d;
+  const VI normal = (VD)(db & INT64_MAX) >= 0x1p-126;
+  const VI dist = (db & ((int64_t{1} << 29) - 1)) - (int64_t{1} << 28);
+  ok = dom & normal & ((dist > 256) | (dist < -256));
+}
+
 [[gnu::always_inline]] inline void exp_n_body(const float* x, float* y, int64_t n) {
-  // 8 lanes of GCC vectors: the compiler maps them onto the target's registers (4 SSE2, 2 AVX2 or 1 AVX-512
-  // register); every lane is one element's own computation.
-  typedef double VD __attribute__((vector_size(64)));
-  typedef int64_t VI __attribute__((vector_size(64)));
-  typedef float VF __attribute__((vector_size(32)));
   constexpr int64_t kB = 64, kL = 8;
   float in[kB], out[kB];
   int64_t settled[kB];
@@ -888,16 +907,10 @@ namespace {
       // Outside the domain (NaN too) the lane runs the fast stage on a clamped value; its result is not used.
       const VD lo = v < -104.0 ? VD{} - 104.0 : v;
       const VD vs = lo > 89.0 ? VD{} + 89.0 : lo;
-      VD kd;
-      const VD r = exp_fast_reduced(vs, kd);
-      // 2^kd: kd + 1.5 * 2^52 holds kd in its low mantissa bits; + 1023 and << 52 leave the biased exponent.
-      const VD d = r * (VD)((((VI)(kd + 0x1.8p52)) + 1023) << 52);
-      // float_rounding_safe(d), lane by lane: |d| >= 2^-126 and the 29 bits a float drops more than 256 away
-      // from the midpoint pattern.
-      const VI db = (VI)d;
-      const VI normal = (VD)(db & INT64_MAX) >= 0x1p-126;
-      const VI dist = (db & ((int64_t{1} << 29) - 1)) - (int64_t{1} << 28);
-      const VI ok = dom & normal & ((dist > 256) | (dist < -256));
+      VD d;
+      exp_fast_lanes(vs, d);
+      VI ok;
+      settles(d, dom, ok);
       const VF f = __builtin_convertvector(d, VF);
       std::memcpy(out + i, &f, sizeof f);
       std::memcpy(settled + i, &ok, sizeof ok);
@@ -912,19 +925,9 @@ namespace {
 // element the fast stage does not settle (|x| > 104, NaN, or too near a rounding boundary). So every element gets the
 // scalar function's bits. sg or si may be null (not wanted); either may be x.
 [[gnu::always_inline]] inline void sigmoid_silu_n_body(const float* x, float* sg, float* si, int64_t n) {
-  typedef double VD __attribute__((vector_size(64)));
-  typedef int64_t VI __attribute__((vector_size(64)));
-  typedef float VF __attribute__((vector_size(32)));
   constexpr int64_t kB = 64, kL = 8;
   float in[kB], out_sg[kB], out_si[kB];
   int64_t ok_sg[kB], ok_si[kB];
-  // ok = dom & float_rounding_safe(d), lane by lane (as exp_n); by reference (no vector return: the baseline ABI).
-  auto safe = [](const VD& d, const VI& dom, VI& ok) {
-    const VI db = (VI)d;
-    const VI normal = (VD)(db & INT64_MAX) >= 0x1p-126;
-    const VI dist = (db & ((int64_t{1} << 29) - 1)) - (int64_t{1} << 28);
-    ok = dom & normal & ((dist > 256) | (dist < -256));
-  };
   for (int64_t b0 = 0; b0 < n; b0 += kB) {
     const int64_t len = n - b0 < kB ? n - b0 : kB;
     for (int64_t i = 0; i < len; ++i) in[i] = x[b0 + i];  // the outputs may be x
@@ -936,22 +939,24 @@ namespace {
       const VD a = (VD)((VI)v & INT64_MAX);  // |x|
       const VI dom = a <= 104.0;             // NaN: not in the domain
       const VD na = -(a <= 104.0 ? a : VD{} + 104.0);  // outside the domain a clamped value; its result is not used
-      VD kd;
-      const VD r = exp_fast_reduced(na, kd);
-      const VD e = r * (VD)((((VI)(kd + 0x1.8p52)) + 1023) << 52);  // exp_fast(-|x|)
+      VD e;
+      exp_fast_lanes(na, e);  // exp_fast(-|x|)
       const VD one = VD{} + 1.0;
       const VD d = v >= 0.0 ? one / (one + e) : e / (one + e);  // sigmoid_fast(x)
-      VI s1;
-      safe(d, dom, s1);
-      const VF f1 = __builtin_convertvector(d, VF);
-      std::memcpy(out_sg + i, &f1, sizeof f1);
-      std::memcpy(ok_sg + i, &s1, sizeof s1);
-      const VD dl = v * d;  // silu_fast(x)
-      VI s2;
-      safe(dl, dom, s2);
-      const VF f2 = __builtin_convertvector(dl, VF);
-      std::memcpy(out_si + i, &f2, sizeof f2);
-      std::memcpy(ok_si + i, &s2, sizeof s2);
+      VI ok;
+      if (sg) {
+        settles(d, dom, ok);
+        const VF f = __builtin_convertvector(d, VF);
+        std::memcpy(out_sg + i, &f, sizeof f);
+        std::memcpy(ok_sg + i, &ok, sizeof ok);
+      }
+      if (si) {
+        const VD dl = v * d;  // silu_fast(x)
+        settles(dl, dom, ok);
+        const VF f = __builtin_convertvector(dl, VF);
+        std::memcpy(out_si + i, &f, sizeof f);
+        std::memcpy(ok_si + i, &ok, sizeof ok);
+      }
     }
     if (sg)
       for (int64_t i = 0; i < len; ++i) sg[b0 + i] = ok_sg[i] ? out_sg[i] : sigmoid(in[i]);

@@ -223,8 +223,9 @@ void tile_sum_acc_k(const T* x, int64_t J, std::span<const int64_t> segs, ExactA
       const int64_t j0 = b * kJB, jb = std::min(kJB, J - j0);
       for (int64_t t0 = 0; t0 < n_tiles; t0 += kTBMax) {
         const int64_t t1 = std::min(n_tiles, t0 + kTBMax);
-        if (segs[t1] - segs[t0] == t1 - t0 && std::all_of(segs.begin() + t0, segs.begin() + t1,
-                                                           [&](const int64_t& s) { return (&s)[1] - s == 1; })) {
+        bool one_row = true;
+        for (int64_t t = t0; t < t1 && one_row; ++t) one_row = segs[t + 1] - segs[t] == 1;
+        if (one_row) {
           // Every tile one row: its partial is +0 + the row, which adds as the row does (+0 and -0 add nothing
           // exactly, and the group's double sum starts from +0): the rows serve as the partials in place.
           const T* rows = x + segs[t0] * J + j0;

@@ -34,11 +34,23 @@ CoreDims CoreDims::from(const Config& c) {
   return d;
 }
 
+namespace {
+void check_queries(const int64_t* qpos, const int64_t* qdoc, int64_t Nq, int64_t S) {
+  for (int64_t r = 0; r < Nq; ++r) {
+    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
+    if (qdoc)
+      TD_CHECK(qdoc[r] >= 0 && qdoc[r] <= qpos[r], "attention: document start {} of the query at position {} is "
+               "outside [0, {}]", qdoc[r], qpos[r], qpos[r]);
+  }
+}
+}  // namespace
+
 namespace attn_isa {
-// The copy of the core for the GEMM's instruction set (reference/model/attn_core_kernel.h).
+// The core's arguments checked, then the copy for the GEMM's instruction set (reference/model/attn_core_kernel.h).
 template <class T>
 void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                   const T* kv, int64_t S, T* o, T* stats) {
+  check_queries(qpos, qdoc, Nq, S);
 #if TRIDENT_GEMM_DISPATCH
   switch (gemm_isa()) {
     case GemmIsa::avx512: return avx512::core_forward<T>(pol, cd, q, qpos, qdoc, Nq, kv, S, o, stats);
@@ -52,6 +64,9 @@ template <class T>
 void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpos, const int64_t* qdoc, int64_t Nq,
                    const T* kv, int64_t S, const T* o, const T* stats, const T* dO, std::span<const int64_t> qsegs,
                    T* dq, KeySide<T> ks) {
+  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
+           "attn_core_backward: query segments must cover rows [0, {})", Nq);
+  check_queries(qpos, qdoc, Nq, S);
 #if TRIDENT_GEMM_DISPATCH
   switch (gemm_isa()) {
     case GemmIsa::avx512:
@@ -67,7 +82,6 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
 namespace {
 // The baseline copy's helpers serve the DSA core below.
 using attn_isa::base::axpy;
-using attn_isa::base::check_queries;
 using attn_isa::base::dot;
 using attn_isa::base::first_key;
 using attn_isa::base::op1;

@@ -23,7 +23,6 @@ struct KeySide {
   int64_t blk = 0;
 };
 
-
 #define TRIDENT_ATTN_CORE_DECLARE(ns)                                                                                 \
   namespace ns {                                                                                                      \
   template <class T>                                                                                                  \

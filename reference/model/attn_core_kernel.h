@@ -1,6 +1,7 @@
 // The attention core's loops (reference/model/attention.h: attn_core_forward/backward and their row, partial and
 // document forms), compiled once per instruction set like the GEMM kernel (reference/gemm_kernel.h): in
-// reference/model/attention.cpp (the build's baseline ISA, plus the argument checks and the choice of copy),
+// reference/model/attention.cpp (the build's baseline ISA, plus the argument checks and the choice of copy: the
+// copies take checked arguments),
 // attn_core_avx2.cpp (-mavx2) and attn_core_avx512.cpp (-mavx512f). The includer defines TRIDENT_GEMM_NS, the namespace
 // of this copy (trident::model::attn_isa::TRIDENT_GEMM_NS). Every copy computes the same bits: each dot product,
 // softmax term and key-side partial is an in-order chain of IEEE operations per element (vectorised across keys or
@@ -17,7 +18,6 @@
 #include <vector>
 
 #include "reference/bf16.h"
-#include "reference/check.h"
 #include "reference/dmath.h"
 #include "reference/model/attn_core.h"
 #include "reference/profile.h"
@@ -166,21 +166,8 @@ inline void dots_t(T* out, const T* x, const T* XT, int64_t D, int64_t S, int64_
   rows_axpy(out, x, XT, S, 0, D, n);
 }
 
-}  // namespace
-
-namespace {
-
 // Query r's first key: its document's start (packed sequences) or 0.
 inline int64_t first_key(const int64_t* qdoc, int64_t r) { return qdoc ? qdoc[r] : 0; }
-
-void check_queries(const int64_t* qpos, const int64_t* qdoc, int64_t Nq, int64_t S) {
-  for (int64_t r = 0; r < Nq; ++r) {
-    TD_CHECK(qpos[r] >= 0 && qpos[r] < S, "attention: query position {} outside the key range [0, {})", qpos[r], S);
-    if (qdoc)
-      TD_CHECK(qdoc[r] >= 0 && qdoc[r] <= qpos[r], "attention: document start {} of the query at position {} is "
-               "outside [0, {}]", qdoc[r], qpos[r], qpos[r]);
-  }
-}
 
 }  // namespace
 
@@ -191,7 +178,6 @@ void core_forward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qpo
   prof::OpSection prof_section(prof::Op::attn_core_fwd);
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
-  check_queries(qpos, qdoc, Nq, S);
   std::vector<T> qb, kb;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);   // rounded copies (bf16) for the dot products
   const T* kr = operand(pol, kv, S * P, kb);
@@ -245,9 +231,6 @@ void core_backward(Policy pol, const CoreDims& cd, const T* q, const int64_t* qp
   };
   const int64_t H = cd.H, Dq = cd.Dq, Dv = cd.Dv, P = cd.P, hpg = cd.H / cd.G;
   const T sc = static_cast<T>(cd.scale);
-  TD_CHECK(!qsegs.empty() && qsegs.front() == 0 && qsegs.back() == Nq,
-           "attn_core_backward: query segments must cover rows [0, {})", Nq);
-  check_queries(qpos, qdoc, Nq, S);
   std::vector<T> qb, kb, db;
   const T* qr = operand(pol, q, Nq * H * Dq, qb);
   const T* kr = operand(pol, kv, S * P, kb);
